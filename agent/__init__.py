@@ -1,0 +1,1 @@
+"""Node agent, the simulated LLM replica and its engine model."""

@@ -1,0 +1,1 @@
+"""Control plane: fleet membership, telemetry, table computation, Admin API."""

@@ -1,0 +1,1 @@
+"""Data plane proxy: the public Inference API, admission, pick and forwarding."""

@@ -1,0 +1,170 @@
+"""Config flows one way: a TOML file and flags, then frozen dataclasses, then constructors.
+
+:func:`from_mapping` builds a frozen dataclass from a mapping and fails on the
+first unknown or ill-typed key with :class:`ferry.errors.ConfigError` naming
+its dotted path. Each plane declares the dataclass of the sections it reads;
+the sections shared by several planes (tenants, models, limits) are here.
+
+File layout (every section optional)::
+
+    [[tenants]]      # read by the proxy
+    name = "acme"
+    api_key_sha256 = "…"            # sha256 hex of the API key; keys are never stored
+    plan = "enterprise"              # free | paid | enterprise
+    tiers = ["interactive", "standard", "batch"]
+
+    [[models]]       # the catalog, read by the control plane
+    name = "chat-large"
+    default_version = "v1"
+    min_gpus = 8
+
+    [limits]         # read by the proxy
+    [proxy]          # dataplane.config.ProxySettings
+    [controlplane]   # controlplane.config.ControlPlaneSettings
+    [agent]          # agent.config.AgentSettings
+    [replica]        # agent.engine.EngineParams
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ferry.errors import ConfigError
+
+T = TypeVar("T")
+
+SECTIONS = ("tenants", "models", "limits", "proxy", "controlplane", "agent", "replica")
+PLANS = ("free", "paid", "enterprise")
+TIERS = ("interactive", "standard", "batch")
+
+
+def hash_api_key(key: str) -> str:
+    """The stored form of an API key: its sha256 in hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TenantConfig:
+    """A customer: found from the API key; its plan and the tiers it may use."""
+
+    name: str
+    api_key_sha256: str
+    plan: str = "paid"
+    tiers: tuple[str, ...] = TIERS
+
+    def __post_init__(self) -> None:
+        if self.plan not in PLANS:
+            raise ConfigError(f"tenants.{self.name}.plan", f"must be one of {', '.join(PLANS)}")
+        for tier in self.tiers:
+            if tier not in TIERS:
+                raise ConfigError(f"tenants.{self.name}.tiers", f"unknown tier {tier!r}")
+        if len(self.api_key_sha256) != 64:
+            raise ConfigError(f"tenants.{self.name}.api_key_sha256", "must be a sha256 in hex (64 characters)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A model of the catalog: a name, its default version and minimum GPU count."""
+
+    name: str
+    default_version: str = "v1"
+    min_gpus: int = 1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Bounds on public requests, enforced by the proxy."""
+
+    max_prompt_bytes: int = 4 * 1024 * 1024
+    max_tokens: int = 8192
+    max_model_bytes: int = 128
+    max_version_bytes: int = 64
+    max_prefix_key_bytes: int = 256
+    max_idempotency_key_bytes: int = 128
+    max_message_bytes: int = 8 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FileConfig:
+    """The sections of a config file, each still a raw mapping except the shared ones."""
+
+    tenants: tuple[TenantConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = ()
+    limits: Limits = dataclasses.field(default_factory=Limits)
+    sections: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def section(self, cls: type[T], name: str) -> T:
+        """Build the plane-owned dataclass ``cls`` from section ``name`` (defaults when absent)."""
+        return from_mapping(cls, self.sections.get(name, {}), name)
+
+
+def load_file(path: str | Path | None) -> FileConfig:
+    """Read a TOML config file; None gives the defaults."""
+    if path is None:
+        return FileConfig()
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(str(path), "file not found") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from exc
+    return parse(data)
+
+
+def parse(data: Mapping[str, Any]) -> FileConfig:
+    """Validate the top level of a config mapping and build the shared sections."""
+    for key in data:
+        if key not in SECTIONS:
+            raise ConfigError(key, f"unknown section (known: {', '.join(SECTIONS)})")
+    tenants = tuple(from_mapping(TenantConfig, t, f"tenants[{i}]") for i, t in enumerate(data.get("tenants", [])))
+    names = [t.name for t in tenants]
+    if len(set(names)) != len(names):
+        raise ConfigError("tenants", "tenant names must be unique")
+    models = tuple(from_mapping(ModelConfig, m, f"models[{i}]") for i, m in enumerate(data.get("models", [])))
+    limits = from_mapping(Limits, data.get("limits", {}), "limits")
+    other = {k: v for k, v in data.items() if k in ("proxy", "controlplane", "agent", "replica")}
+    return FileConfig(tenants=tenants, models=models, limits=limits, sections=other)
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """Build frozen dataclass ``cls`` from ``data``; unknown or ill-typed keys raise ConfigError."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, "must be a table")
+    assert dataclasses.is_dataclass(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"{where}.{key}", f"unknown key (known: {', '.join(sorted(fields))})")
+        kwargs[key] = _coerce(hints[key], value, f"{where}.{key}")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(where, str(exc)) from exc
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return from_mapping(hint, value, where)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(where, "must be a list")
+        (item,) = typing.get_args(hint)[:1]
+        return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value is None else _coerce(args[0], value, where)
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, str, bool) and (type(value) is not hint):
+        raise ConfigError(where, f"must be {hint.__name__}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,102 @@
+"""gRPC plumbing shared by every server and client of Ferry.
+
+- :func:`start_server` binds a ``grpc.aio`` server (port 0 allowed: the bound
+  port is returned), registers the given services with gRPC health checking
+  and server reflection, and starts it.
+- :func:`status_for` maps a :class:`ferry.errors.FerryError` to a gRPC status
+  code; servicers call it at the boundary and nowhere else is a status chosen.
+- :func:`split_address` parses ``host:port``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ferry import errors
+
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Options for servers and channels: message size limits and keepalive that notices dead peers."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", 10_000),
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
+    """Server options: the channel options plus permission for client keepalive pings."""
+    return [
+        *channel_options(max_message_bytes),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ]
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` to its parts; raises ValueError naming the address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"address {address!r}: expected host:port")
+    return host, int(port)
+
+
+async def start_server(
+    services: Sequence[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]],
+    listen: str,
+    *,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> tuple[grpc.aio.Server, int]:
+    """Start a server for ``services`` (each ``(add_fn, servicer, full_service_name)``) on ``listen``.
+
+    Adds gRPC health checking (every service and the server as a whole report
+    SERVING) and reflection. Returns the server and the port it bound.
+    """
+    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=list(interceptors))
+    names = []
+    for add, servicer, name in services:
+        add(servicer, server)
+        names.append(name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"could not bind {listen}")
+    await server.start()
+    return server, port
+
+
+_STATUS: list[tuple[type[errors.FerryError], grpc.StatusCode]] = [
+    (errors.ConfigError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+    (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.NoReplica, grpc.StatusCode.UNAVAILABLE),
+    (errors.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.ReplicaFailed, grpc.StatusCode.UNAVAILABLE),
+    (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+]
+
+
+def status_for(error: errors.FerryError) -> grpc.StatusCode:
+    """The gRPC status code for a Ferry error (INTERNAL for an unmapped one)."""
+    for cls, code in _STATUS:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL

@@ -1,0 +1,34 @@
+"""Prometheus naming and exposition shared by every component.
+
+Names start with ``ferry_``, durations are in seconds, counters end in
+``_total``; labels are model, tier, region, status, branch and similar bounded
+sets, never a request or tenant id. Each process serves its default registry
+over HTTP with :func:`start_metrics_server` (port 0 allowed).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import start_http_server
+
+from ferry.grpcutil import split_address
+
+PREFIX = "ferry_"
+
+# Latency buckets from 1 ms to 60 s, for request, queue and first-token times.
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+
+
+def name(metric: str) -> str:
+    """The full metric name: ``ferry_`` + ``metric`` (given without the prefix)."""
+    if metric.startswith(PREFIX):
+        raise ValueError(f"metric {metric!r}: pass it without the {PREFIX!r} prefix")
+    return PREFIX + metric
+
+
+def start_metrics_server(listen: str) -> int:
+    """Serve the default registry at ``http://listen/metrics``; returns the bound port."""
+    host, port = split_address(listen)
+    server, _thread = start_http_server(port, addr=host)
+    return int(server.server_port)

@@ -1,0 +1,1 @@
+"""Generated stubs of the Ferry wire contract (proto/ferry/v1)."""

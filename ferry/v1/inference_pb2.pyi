@@ -1,0 +1,65 @@
+from ferry.v1 import common_pb2 as _common_pb2
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class InferRequest(_message.Message):
+    __slots__ = ("model", "version", "tier", "prompt", "max_tokens", "prefix_key", "idempotency_key")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_KEY_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    tier: _common_pb2.Tier
+    prompt: str
+    max_tokens: int
+    prefix_key: str
+    idempotency_key: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prefix_key: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class InferResponse(_message.Message):
+    __slots__ = ("text", "prompt_tokens", "completion_tokens", "replica_id", "region", "queue_seconds", "service_seconds", "request_id", "attempts", "model_version", "cached_prompt_tokens", "ttft_seconds")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    replica_id: str
+    region: str
+    queue_seconds: float
+    service_seconds: float
+    request_id: str
+    attempts: int
+    model_version: str
+    cached_prompt_tokens: int
+    ttft_seconds: float
+    def __init__(self, text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ..., region: _Optional[str] = ..., queue_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ..., request_id: _Optional[str] = ..., attempts: _Optional[int] = ..., model_version: _Optional[str] = ..., cached_prompt_tokens: _Optional[int] = ..., ttft_seconds: _Optional[float] = ...) -> None: ...
+
+class InferChunk(_message.Message):
+    __slots__ = ("text", "tokens", "final", "summary")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    tokens: int
+    final: bool
+    summary: InferResponse
+    def __init__(self, text: _Optional[str] = ..., tokens: _Optional[int] = ..., final: _Optional[bool] = ..., summary: _Optional[_Union[InferResponse, _Mapping]] = ...) -> None: ...

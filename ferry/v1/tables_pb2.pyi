@@ -1,0 +1,88 @@
+from ferry.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WatchRequest(_message.Message):
+    __slots__ = ("subscribe", "ack")
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    subscribe: Subscribe
+    ack: Ack
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+
+class Subscribe(_message.Message):
+    __slots__ = ("proxy_id", "region", "have_version")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    region: str
+    have_version: int
+    def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., have_version: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("version", "nonce", "applied", "error")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    nonce: str
+    applied: bool
+    error: str
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class TableSnapshot(_message.Message):
+    __slots__ = ("version", "nonce", "region", "computed_at", "models")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    nonce: str
+    region: str
+    computed_at: float
+    models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...
+
+class ModelRoute(_message.Message):
+    __slots__ = ("model", "default_version", "replicas")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    default_version: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRoute]
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ...) -> None: ...
+
+class ReplicaRoute(_message.Message):
+    __slots__ = ("replica_id", "node", "region", "version", "address", "kserve_model", "max_concurrency", "kv_block_tokens", "max_context_tokens", "load", "telemetry_age_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KSERVE_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    node: str
+    region: str
+    version: str
+    address: str
+    kserve_model: str
+    max_concurrency: int
+    kv_block_tokens: int
+    max_context_tokens: int
+    load: _common_pb2.ReplicaLoad
+    telemetry_age_seconds: float
+    def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...

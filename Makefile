@@ -1,0 +1,38 @@
+# Ferry: two commands on a fresh machine — `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint unit bench proto clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(PY) -m tools.demo
+
+lint: venv
+	$(PY) -m tools.genproto --check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: venv lint
+	GRPC_VERBOSITY=ERROR $(VENV)/bin/pytest -q
+
+unit: venv
+	GRPC_VERBOSITY=ERROR $(VENV)/bin/pytest -q -m 'not e2e and not etcd and not triton and not slow'
+
+bench: venv
+	$(PY) -m tools.bench_overhead
+
+proto: venv
+	$(PY) -m tools.genproto
+
+clean:
+	rm -rf $(VENV) bench-results .mypy_cache .ruff_cache

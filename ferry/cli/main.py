@@ -1,0 +1,43 @@
+"""The ``ferry`` command: runs components, the whole system, or one call.
+
+``ferry up`` runs everything on one machine (see :mod:`ferry.cli.up`);
+``ferry call`` sends one request; ``ferry controlplane``, ``ferry proxy``,
+``ferry node`` and ``ferry batch-runtime`` run one component each and forward
+their arguments to the component's own ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMPONENTS = {
+    "controlplane": ("controlplane.main", "the control plane: fleet membership, tables, Admin API"),
+    "proxy": ("dataplane.main", "a data-plane proxy: the public Inference API"),
+    "node": ("agent.main", "a node: its agent and simulated replicas"),
+    "batch-runtime": ("agent.batch.main", "the fixed-batch runtime (a KServe v2 server)"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in COMPONENTS:
+        module = importlib.import_module(COMPONENTS[argv[0]][0])
+        return int(module.main(argv[1:]))
+    parser = argparse.ArgumentParser(prog="ferry", description="Ferry, an inference router for GPU fleets.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from ferry.cli import call, up
+
+    up.add_arguments(sub.add_parser("up", help="run the whole system on this machine"))
+    call.add_arguments(sub.add_parser("call", help="send one request to a data plane"))
+    for name, (_module, text) in COMPONENTS.items():
+        sub.add_parser(name, help=text, add_help=False)
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up.run(args)
+    return call.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

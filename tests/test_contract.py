@@ -67,5 +67,7 @@ def test_planes_meet_only_on_the_wire(plane):
 
 def test_shared_helpers_import_no_plane():
     for path in sorted((ROOT / "ferry").glob("*.py")):
+        if path.name == "__main__.py":  # the `python -m ferry` entry point sits above the planes
+            continue
         bad = [n for n in _imports(path) if n.split(".")[0] in (*PLANES, "tools") or n.startswith("ferry.cli")]
         assert bad == [], f"{path.name} imports {bad}"

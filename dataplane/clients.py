@@ -1,0 +1,96 @@
+"""One KServe v2 client per replica address, created on demand, closed when its replica leaves the table.
+
+:class:`ClientPool` hands out ``tritonclient.grpc.aio.InferenceServerClient``
+objects by address inside :meth:`ClientPool.use` (a reference count).
+:meth:`ClientPool.retain` is called with the address set of every new table:
+clients of addresses that left it are closed as soon as no call uses them, so
+a draining replica's running streams are never cut. An address outside the
+current table (a request picked just before a table change) still gets a
+client, closed again when its last call ends. The pool is thus bounded by
+the table's addresses plus the proxy's in-flight requests.
+
+Cost: a dict lookup per call; a channel (lazy connect) per new address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection
+from typing import Any
+
+from tritonclient.grpc.aio import InferenceServerClient
+
+from ferry.grpcutil import channel_options
+
+ClientFactory = Callable[[str], Any]
+
+
+def default_factory(max_message_bytes: int) -> ClientFactory:
+    """Build clients with Ferry's channel options (message size limits, keepalive)."""
+    options = channel_options(max_message_bytes)
+
+    def make(address: str) -> Any:
+        return InferenceServerClient(address, channel_args=options)
+
+    return make
+
+
+class ClientPool:
+    """Clients by replica address, reference-counted and pruned to the current table."""
+
+    def __init__(self, factory: ClientFactory) -> None:
+        self._factory = factory
+        self._clients: dict[str, Any] = {}
+        self._uses: dict[str, int] = {}
+        self._wanted: frozenset[str] | None = None  # None: no table yet, keep everything
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def addresses(self) -> frozenset[str]:
+        """Addresses that have an open client."""
+        return frozenset(self._clients)
+
+    @contextlib.asynccontextmanager
+    async def use(self, address: str) -> AsyncIterator[Any]:
+        """The client of ``address`` for the duration of one call."""
+        client = self._clients.get(address)
+        if client is None:
+            client = self._factory(address)
+            self._clients[address] = client
+        self._uses[address] = self._uses.get(address, 0) + 1
+        try:
+            yield client
+        finally:
+            left = self._uses[address] - 1
+            if left:
+                self._uses[address] = left
+            else:
+                del self._uses[address]
+                if self._wanted is not None and address not in self._wanted:
+                    self._close(address)
+
+    def retain(self, addresses: Collection[str]) -> None:
+        """Keep the clients of ``addresses``; close the others once idle."""
+        self._wanted = frozenset(addresses)
+        for address in list(self._clients):
+            if address not in self._wanted and address not in self._uses:
+                self._close(address)
+
+    def _close(self, address: str) -> None:
+        client = self._clients.pop(address, None)
+        if client is None:
+            return
+        task = asyncio.get_running_loop().create_task(client.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        """Close every client (at proxy stop)."""
+        self._wanted = frozenset()
+        for address in list(self._clients):
+            self._close(address)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,251 @@
+"""Forwarding to a replica over KServe v2 gRPC with tritonclient's asyncio client.
+
+Tensors follow docs/CONTRACTS.md: ``text_input`` (BYTES [1, 1]),
+``max_tokens`` (INT32 [1, 1]), ``stream`` (BOOL [1, 1], streams only) in;
+``text_output`` (BYTES [1, 1]) out. The proxy's request id is the KServe
+request id; ``ferry_tier``, ``ferry_tenant``, ``ferry_plan`` go as request
+parameters and the tier as Triton's ``priority`` (interactive 1, standard 2,
+batch 3). The remaining deadline is the call's ``client_timeout`` (unary) or
+``stream_timeout`` (stream). Cancelling the awaiting task cancels the call,
+so a client that goes away frees the replica.
+
+The ``ferry_*`` response parameters are read when present; a real Triton
+sends none, and then the proxy falls back to its own measurements (service
+time = wall time of the call, queue time 0) and whitespace token counts.
+
+Failures raise :class:`ForwardFailed` (a :class:`ferry.errors.ReplicaFailed`
+with a bounded ``kind`` for metric labels): before any output, unreachable,
+UNAVAILABLE, INTERNAL, UNKNOWN, ABORTED, CANCELLED, NOT_FOUND and
+RESOURCE_EXHAUSTED are retryable on another replica; INVALID_ARGUMENT and
+the like are not; nothing is retryable once output started. A replica's
+DEADLINE_EXCEEDED becomes :class:`ferry.errors.DeadlineExceeded`.
+
+Cost per call: three tiny numpy arrays, one parameter map, one gRPC call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferInput
+from tritonclient.utils import InferenceServerException
+
+from dataplane.clients import ClientPool
+from dataplane.table import Replica
+from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
+from ferry.tokens import count_tokens
+
+RETRYABLE = frozenset(
+    {"UNAVAILABLE", "INTERNAL", "UNKNOWN", "ABORTED", "CANCELLED", "NOT_FOUND", "RESOURCE_EXHAUSTED", "STREAM_ERROR"}
+)
+MAX_REASON_CHARS = 300
+
+
+class ForwardFailed(ReplicaFailed):
+    """A replica failure with ``kind``: the lower-case gRPC code or ``stream_error`` / ``bad_response``."""
+
+    def __init__(self, replica_id: str, kind: str, reason: str, *, output_started: bool, retryable: bool) -> None:
+        super().__init__(replica_id, reason, output_started=output_started, retryable=retryable)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Call:
+    """What one forward sends; built once per request and reused across attempts."""
+
+    request_id: str
+    prompt: bytes
+    prompt_tokens: int
+    max_tokens: int
+    tier: str
+    priority: int
+    tenant: str
+    plan: str
+
+
+@dataclasses.dataclass(slots=True)
+class Outcome:
+    """What a replica answered, with the proxy's fallbacks filled in."""
+
+    text: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    queue_seconds: float = 0.0
+    service_seconds: float = 0.0
+    ttft_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Piece:
+    """A streamed piece of text and its token count."""
+
+    text: str
+    tokens: int
+
+
+def _inputs(call: Call, stream: bool) -> list[InferInput]:
+    text = InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[call.prompt]], dtype=np.object_))
+    tokens = InferInput("max_tokens", [1, 1], "INT32")
+    tokens.set_data_from_numpy(np.array([[call.max_tokens]], dtype=np.int32))
+    inputs = [text, tokens]
+    if stream:
+        flag = InferInput("stream", [1, 1], "BOOL")
+        flag.set_data_from_numpy(np.array([[True]], dtype=np.bool_))
+        inputs.append(flag)
+    return inputs
+
+
+def _parameters(call: Call) -> dict[str, Any]:
+    return {"ferry_tier": call.tier, "ferry_tenant": call.tenant, "ferry_plan": call.plan}
+
+
+def _param(params: Any, name: str) -> Any:
+    if name not in params:
+        return None
+    value = params[name]
+    which = value.WhichOneof("parameter_choice")
+    return getattr(value, which) if which else None
+
+
+def _text(result: Any, replica_id: str, started: bool) -> str:
+    array = result.as_numpy("text_output")
+    if array is None or array.size == 0:
+        raise ForwardFailed(replica_id, "bad_response", "response has no text_output", output_started=started,
+                            retryable=not started)
+    item = array.reshape(-1)[0]
+    return item.decode(errors="replace") if isinstance(item, bytes) else str(item)
+
+
+def failure(replica_id: str, exc: BaseException, *, output_started: bool) -> FerryError:
+    """The Ferry error for an exception of a replica call."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code, message = exc.code().name, exc.details() or ""
+    elif isinstance(exc, InferenceServerException):
+        status = exc.status()
+        code = status.rpartition(".")[2] if status else "STREAM_ERROR"
+        message = exc.message() or ""
+    else:
+        code, message = "UNKNOWN", type(exc).__name__
+    if code == "DEADLINE_EXCEEDED":
+        return DeadlineExceeded(f"deadline exceeded waiting for replica {replica_id}")
+    retryable = code in RETRYABLE and not output_started
+    reason = f"{code}: {message}"[:MAX_REASON_CHARS]
+    return ForwardFailed(replica_id, code.lower(), reason, output_started=output_started, retryable=retryable)
+
+
+def _fill(outcome: Outcome, params: Any) -> bool:
+    """Copy the ferry_* parameters into ``outcome``; returns whether service time was reported."""
+    prompt = _param(params, "ferry_prompt_tokens")
+    if prompt is not None:
+        outcome.prompt_tokens = int(prompt)
+    cached = _param(params, "ferry_cached_tokens")
+    if cached is not None:
+        outcome.cached_tokens = int(cached)
+    queue = _param(params, "ferry_queue_seconds")
+    if queue is not None:
+        outcome.queue_seconds = float(queue)
+    service = _param(params, "ferry_service_seconds")
+    if service is not None:
+        outcome.service_seconds = float(service)
+    return service is not None
+
+
+class Forwarder:
+    """Sends calls to replicas through a :class:`ClientPool`; clock injected for the fallbacks."""
+
+    def __init__(self, pool: ClientPool, *, clock: Callable[[], float]) -> None:
+        self._pool = pool
+        self._clock = clock
+
+    async def infer(self, replica: Replica, call: Call, remaining: float) -> Outcome:
+        """One unary ``ModelInfer``; raises ForwardFailed or DeadlineExceeded."""
+        if remaining <= 0:
+            raise DeadlineExceeded("deadline exceeded before forwarding")
+        start = self._clock()
+        async with self._pool.use(replica.address) as client:
+            try:
+                result = await client.infer(
+                    replica.kserve_model,
+                    _inputs(call, stream=False),
+                    request_id=call.request_id,
+                    priority=call.priority,
+                    client_timeout=remaining,
+                    parameters=_parameters(call),
+                )
+            except (InferenceServerException, grpc.aio.AioRpcError) as exc:
+                raise failure(replica.replica_id, exc, output_started=False) from None
+        elapsed = self._clock() - start
+        text = _text(result, replica.replica_id, started=False)
+        params = result.get_response().parameters
+        outcome = Outcome(text=text, prompt_tokens=call.prompt_tokens, ttft_seconds=elapsed)
+        if not _fill(outcome, params):
+            outcome.service_seconds = elapsed
+        completion = _param(params, "ferry_completion_tokens")
+        outcome.completion_tokens = int(completion) if completion is not None else count_tokens(text)
+        return outcome
+
+    async def stream(
+        self, replica: Replica, call: Call, remaining: float, outcome: Outcome
+    ) -> AsyncGenerator[Piece, None]:
+        """A decoupled ``ModelStreamInfer``: yields pieces as they come, fills ``outcome`` at the end.
+
+        Raises ForwardFailed (``output_started`` once a piece was yielded) or DeadlineExceeded.
+        """
+        if remaining <= 0:
+            raise DeadlineExceeded("deadline exceeded before forwarding")
+        start = self._clock()
+        outcome.prompt_tokens = call.prompt_tokens
+        request = {
+            "model_name": replica.kserve_model,
+            "inputs": _inputs(call, stream=True),
+            "request_id": call.request_id,
+            "priority": call.priority,
+            "parameters": _parameters(call),
+        }
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            # One request, then half-close: Triton ends the stream after the request's last
+            # response, which also covers backends that send no final flag with data.
+            yield request
+
+        started = reported_service = False
+        texts: list[str] = []
+        reported_tokens = 0
+        async with self._pool.use(replica.address) as client:
+            responses = client.stream_infer(requests(), stream_timeout=remaining)
+            try:
+                async for result, error in responses:
+                    if error is not None:
+                        raise failure(replica.replica_id, error, output_started=started)
+                    params = result.get_response().parameters
+                    reported_service = _fill(outcome, params) or reported_service
+                    text = _text(result, replica.replica_id, started) if "text_output" in _names(result) else ""
+                    count = _param(params, "ferry_completion_tokens")
+                    tokens = int(count) if count is not None else count_tokens(text)
+                    reported_tokens += tokens if count is not None else 0
+                    if text or tokens:
+                        if not started:
+                            outcome.ttft_seconds = self._clock() - start
+                            started = True
+                        texts.append(text)
+                        yield Piece(text, tokens)
+                    if _param(params, "triton_final_response"):
+                        break
+            except (InferenceServerException, grpc.aio.AioRpcError) as exc:
+                raise failure(replica.replica_id, exc, output_started=started) from None
+            finally:
+                responses.cancel()  # no-op once the stream ended; frees the replica otherwise
+        outcome.text = "".join(texts)
+        outcome.completion_tokens = reported_tokens or count_tokens(outcome.text)
+        if not reported_service:
+            outcome.service_seconds = self._clock() - start
+
+
+def _names(result: Any) -> set[str]:
+    return {output.name for output in result.get_response().outputs}

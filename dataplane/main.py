@@ -1,0 +1,91 @@
+"""``ferry proxy``: run one data-plane proxy until SIGTERM or SIGINT.
+
+Flags (every address ``host:port``, port 0 for any free one):
+
+- ``--listen`` (default ``127.0.0.1:0``): the public Inference API;
+- ``--metrics-listen`` (default ``127.0.0.1:0``): Prometheus ``/metrics``;
+- ``--ready-file PATH``: written once serving, as
+  ``{"grpc", "metrics", "pid", "proxy_id", "region"}`` (docs/CONTRACTS.md);
+- ``--control-plane HOST:PORT[,HOST:PORT…]``: where to watch the table;
+- ``--region`` (default from the config, ``local``), ``--id`` (default
+  ``<hostname>-<pid>``), ``--config PATH`` (TOML; see ferry.config).
+
+Exit status: 0 after a clean stop, 2 on a config or flag error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from dataplane.config import ProxyConfig, load, parse_addresses
+from dataplane.server import Proxy
+from ferry.errors import ConfigError
+from ferry.metrics import start_metrics_server
+from ferry.process import stop_event, write_ready_file
+
+log = logging.getLogger("ferry.proxy")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The flags of ``ferry proxy``."""
+    p = argparse.ArgumentParser(prog="ferry proxy", description="Run a Ferry data-plane proxy.")
+    p.add_argument("--listen", default="127.0.0.1:0", help="host:port of the Inference API (default %(default)s)")
+    p.add_argument("--metrics-listen", default="127.0.0.1:0", help="host:port of /metrics (default %(default)s)")
+    p.add_argument("--ready-file", default=None, help="write the bound addresses here as JSON once serving")
+    p.add_argument("--control-plane", default="", help="HOST:PORT[,HOST:PORT...] of the control planes")
+    p.add_argument("--region", default=None, help="the proxy's region (default: config, else 'local')")
+    p.add_argument("--config", default=None, help="TOML config file (tenants, limits, [proxy])")
+    p.add_argument("--id", dest="proxy_id", default=None, help="proxy id (default: hostname-pid)")
+    return p
+
+
+async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: tuple[str, ...]) -> int:
+    """Start the proxy and its metrics server, write the ready file, wait for a stop signal."""
+    stop = stop_event()
+    proxy = Proxy(
+        settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes
+    )
+    port = await proxy.start(args.listen)
+    metrics_port = start_metrics_server(args.metrics_listen)
+    host = args.listen.rpartition(":")[0]
+    metrics_host = args.metrics_listen.rpartition(":")[0]
+    settings = config.settings
+    write_ready_file(args.ready_file, {
+        "grpc": f"{host}:{port}",
+        "metrics": f"{metrics_host}:{metrics_port}",
+        "pid": os.getpid(),
+        "proxy_id": settings.proxy_id,
+        "region": settings.region,
+    })
+    log.info("proxy %s serving region %s on %s:%d", settings.proxy_id, settings.region, host, port)
+    if not control_planes:
+        log.warning("no --control-plane given: no table will arrive and requests get UNAVAILABLE")
+    await stop.wait()
+    log.info("proxy %s stopping", settings.proxy_id)
+    await proxy.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``ferry proxy``."""
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load(args.config, region=args.region, proxy_id=args.proxy_id)
+        control_planes = parse_addresses(args.control_plane)
+        for flag, value in (("--listen", args.listen), ("--metrics-listen", args.metrics_listen)):
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ConfigError(flag, f"address {value!r}: expected host:port (port 0 for any)")
+    except ConfigError as exc:
+        print(f"ferry proxy: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config, args, control_planes))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The local pick: filters, then a load score, then power of two choices.
+
+``pick(candidates, need, inflight, rng, excluded) -> Decision(replica | None, branch)``
+is pure: no I/O, no clock (the table's age is passed in), the random
+generator injected. It is a composition of three small pieces, so later
+policies (prefix ring, outlier ejection, spill) slot in as more filters or
+scorers:
+
+1. **Filters**: :func:`exclude` drops replicas this request already tried
+   (retries only) and, while others remain, those on the nodes of the
+   replicas that failed it (a dead node takes all its replicas with it, so
+   the retry goes to another node); :func:`draw` takes two distinct replicas by the rng and,
+   if one lacks the free KV-cache blocks the request needs while some
+   replica has them, draws again among those that have them (when none has
+   room, the drawn pair stays: a replica queues it rather than the proxy
+   refusing). The result is a uniform pair of the replicas with room, as
+   filtering first would give, without an O(n) pass in the common case.
+2. **Scorer** (:func:`score`, lower is better)::
+
+       occupancy = (queued + running + inflight) / max_concurrency
+       kv_use    = 1 - (kv_free - need_blocks) / kv_total       clamped to [0, 1]; 0 if kv_total unknown
+       staleness = (age - fresh) / (stale - fresh)              clamped to [0, 1]
+       score     = occupancy + kv_weight * kv_use + stale_weight * staleness
+
+   where ``inflight`` is this proxy's own count of requests it has sent to
+   the replica and not yet seen finish (so that proxies sharing a push do not
+   all pile onto the replica that looked idle), ``need_blocks`` is
+   ``ceil((prompt_tokens + max_tokens) / kv_block_tokens)``, and ``age`` is
+   the pushed telemetry age plus the time since the table was applied.
+   Defaults: kv_weight 0.5, stale_weight 1.0 (telemetry older than
+   ``stale`` = 6 s counts as one full replica of load), fresh 1 s.
+3. **Picker** (:func:`better`): of the drawn pair the lower score wins, an
+   exact tie is settled by the rng (never list order). Only the two drawn
+   replicas are scored.
+
+Branches (a metric label and a test assertion): ``p2c`` (a pair compared),
+``single`` (one replica left, or the only one with room), ``none``
+(nothing left).
+
+Cost: O(1) (two draws, two scores) in the common case; O(n) over the
+model's candidates on a retry or when a drawn replica lacks KV room.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from dataplane.table import Replica
+
+
+class Branch(enum.StrEnum):
+    """Which way the pick went."""
+
+    P2C = "p2c"
+    SINGLE = "single"
+    NONE = "none"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Need:
+    """What the request asks of a replica: tokens to hold (prompt + max_tokens)."""
+
+    tokens: int
+
+    def blocks(self, kv_block_tokens: int) -> int:
+        """KV-cache blocks needed on a replica with blocks of ``kv_block_tokens`` (0 if unknown)."""
+        if kv_block_tokens <= 0:
+            return 0
+        return -(-self.tokens // kv_block_tokens)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ScoreParams:
+    """Weights of the load score; see the module docstring."""
+
+    kv_weight: float = 0.5
+    stale_weight: float = 1.0
+    fresh_seconds: float = 1.0
+    stale_seconds: float = 6.0
+
+
+DEFAULT_PARAMS = ScoreParams()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """The replica chosen (None when nothing is eligible) and the branch taken."""
+
+    replica: Replica | None
+    branch: Branch
+    reason: str = ""
+
+
+def fits(replica: Replica, need: Need) -> bool:
+    """Whether the replica reports enough free KV blocks for the request (True when it reports none)."""
+    if replica.kv_blocks_total <= 0:
+        return True
+    return replica.kv_blocks_free >= need.blocks(replica.kv_block_tokens)
+
+
+def exclude(
+    candidates: Sequence[Replica], excluded: Collection[str], avoid_nodes: Collection[str] = ()
+) -> Sequence[Replica]:
+    """Candidates not in ``excluded``, and off ``avoid_nodes`` while any such remain (same sequence when neither)."""
+    if not excluded and not avoid_nodes:
+        return candidates
+    pool = [r for r in candidates if r.replica_id not in excluded]
+    if avoid_nodes:
+        elsewhere = [r for r in pool if r.node not in avoid_nodes]
+        return elsewhere or pool
+    return pool
+
+
+def draw(pool: Sequence[Replica], need: Need, rng: random.Random) -> tuple[Replica, ...]:
+    """Two distinct replicas of ``pool`` (len >= 2), preferring those with KV room; one if only one has room."""
+    i, j = rng.sample(range(len(pool)), 2)
+    a, b = pool[i], pool[j]
+    if fits(a, need) and fits(b, need):
+        return a, b
+    roomy = [r for r in pool if fits(r, need)]
+    if not roomy:
+        return a, b
+    if len(roomy) == 1:
+        return (roomy[0],)
+    i, j = rng.sample(range(len(roomy)), 2)
+    return roomy[i], roomy[j]
+
+
+def score(replica: Replica, need: Need, inflight: int, age: float, params: ScoreParams = DEFAULT_PARAMS) -> float:
+    """The load score of ``replica`` for this request (lower is better); see the module docstring."""
+    occupancy = (replica.queued + replica.running + inflight) / replica.max_concurrency
+    kv_use = 0.0
+    if replica.kv_blocks_total > 0:
+        left = replica.kv_blocks_free - need.blocks(replica.kv_block_tokens)
+        kv_use = min(max(1.0 - left / replica.kv_blocks_total, 0.0), 1.0)
+    span = params.stale_seconds - params.fresh_seconds
+    staleness = min(max((age - params.fresh_seconds) / span, 0.0), 1.0)
+    return occupancy + params.kv_weight * kv_use + params.stale_weight * staleness
+
+
+def better(a: Replica, b: Replica, cost: Callable[[Replica], float], rng: random.Random) -> Replica:
+    """The lower-cost replica of the pair; ``rng`` settles an exact tie."""
+    ca, cb = cost(a), cost(b)
+    if ca == cb:
+        return a if rng.random() < 0.5 else b
+    return a if ca < cb else b
+
+
+def pick(
+    candidates: Sequence[Replica],
+    need: Need,
+    inflight: Mapping[str, int],
+    rng: random.Random,
+    excluded: Collection[str] = (),
+    *,
+    avoid_nodes: Collection[str] = (),
+    table_age: float = 0.0,
+    params: ScoreParams = DEFAULT_PARAMS,
+) -> Decision:
+    """Choose a replica among ``candidates`` for a request needing ``need``; see the module docstring."""
+    pool = exclude(candidates, excluded, avoid_nodes)
+    if not pool:
+        reason = "every ready replica was already tried" if candidates else "no ready replica"
+        return Decision(None, Branch.NONE, reason)
+    if len(pool) == 1:
+        return Decision(pool[0], Branch.SINGLE)
+    pair = draw(pool, need, rng)
+    if len(pair) == 1:
+        return Decision(pair[0], Branch.SINGLE)
+
+    def cost(replica: Replica) -> float:
+        age = replica.telemetry_age + table_age
+        return score(replica, need, inflight.get(replica.replica_id, 0), age, params)
+
+    return Decision(better(pair[0], pair[1], cost, rng), Branch.P2C)

@@ -1,0 +1,84 @@
+"""Small pure policies of the request path besides the pick: retry, and the in-flight bound.
+
+- :func:`retry_reason`: retry on another replica when the failure is a
+  :class:`ferry.errors.ReplicaFailed` marked retryable (no output reached the
+  client; a transport or replica error, not a bad request), the request's
+  tier is in ``retry_tiers`` (default: interactive only) and attempts are
+  left (``max_attempts``, default 2 = one retry). Returns the metric reason
+  label, or None for no retry.
+- :class:`InflightLimit`: at most ``limit`` requests in flight in the proxy
+  (default 4096); :meth:`InflightLimit.enter` raises
+  :class:`ferry.errors.Overloaded` with the retry-after to send back.
+- :class:`LocalLoad`: this proxy's in-flight count per replica, the local
+  term of the pick's score; entries vanish at zero, so its size is bounded by
+  the requests in flight.
+
+Cost: O(1) each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+
+from ferry.errors import FerryError, Overloaded, ReplicaFailed
+
+
+def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: int,
+                 retry_tiers: Collection[str]) -> str | None:
+    """The retry reason label if the request should try another replica, else None."""
+    if not isinstance(error, ReplicaFailed) or not error.retryable or error.output_started:
+        return None
+    if tier not in retry_tiers or attempts >= max_attempts:
+        return None
+    kind = getattr(error, "kind", "")
+    return kind if isinstance(kind, str) and kind else "replica_failed"
+
+
+class InflightLimit:
+    """A counter with a ceiling: the proxy's bound on requests in flight."""
+
+    def __init__(self, limit: int, retry_after: float) -> None:
+        self.limit = limit
+        self.retry_after = retry_after
+        self.count = 0
+
+    def enter(self) -> None:
+        """Take a slot; raises Overloaded when all ``limit`` are taken."""
+        if self.count >= self.limit:
+            raise Overloaded(f"proxy in-flight limit of {self.limit} requests reached", self.retry_after)
+        self.count += 1
+
+    def leave(self) -> None:
+        """Give a slot back."""
+        self.count -= 1
+
+
+class LocalLoad(Mapping[str, int]):
+    """In-flight requests this proxy has sent to each replica."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def __getitem__(self, replica_id: str) -> int:
+        return self._counts[replica_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def get(self, replica_id: str, default: int = 0) -> int:  # type: ignore[override]
+        return self._counts.get(replica_id, default)
+
+    def add(self, replica_id: str) -> None:
+        """One more request sent to ``replica_id``."""
+        self._counts[replica_id] = self._counts.get(replica_id, 0) + 1
+
+    def done(self, replica_id: str) -> None:
+        """One request to ``replica_id`` finished (either way)."""
+        left = self._counts.get(replica_id, 0) - 1
+        if left > 0:
+            self._counts[replica_id] = left
+        else:
+            self._counts.pop(replica_id, None)

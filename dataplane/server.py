@@ -1,0 +1,129 @@
+"""The proxy process in one object: :class:`Proxy` wires config, table, watcher, router and servicer.
+
+``await Proxy(...).start(listen) -> port`` serves ``ferry.v1.Inference``
+(with gRPC health and reflection, :func:`ferry.grpcutil.start_server`) and
+starts the table watcher when control-plane addresses are given;
+``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
+seconds, stops the watcher and closes the replica clients. Tests run it in
+process; :mod:`dataplane.main` runs it as ``ferry proxy``.
+
+Collaborators can be injected (clock, rng, metrics registry, replica client
+factory) so that tests control them; defaults are the monotonic clock, a
+fresh ``random.Random()`` and the default Prometheus registry (which holds
+one proxy's metrics: give each further proxy in a process its own
+``CollectorRegistry``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from dataplane.auth import Authenticator
+from dataplane.clients import ClientFactory, ClientPool, default_factory
+from dataplane.config import ProxySettings
+from dataplane.forward import Forwarder
+from dataplane.metrics import ProxyMetrics
+from dataplane.router import Router
+from dataplane.service import InferenceServicer
+from dataplane.table import Table, TableHolder
+from dataplane.watch import Backoff, TableWatcher
+from ferry.config import Limits, TenantConfig
+from ferry.grpcutil import start_server
+from ferry.v1 import inference_pb2_grpc
+
+SERVICE_NAME = "ferry.v1.Inference"
+
+
+class Proxy:
+    """One data-plane proxy; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        settings: ProxySettings | None = None,
+        tenants: Sequence[TenantConfig] = (),
+        limits: Limits | None = None,
+        control_planes: Sequence[str] = (),
+        registry: CollectorRegistry | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        client_factory: ClientFactory | None = None,
+    ) -> None:
+        self.settings = (settings or ProxySettings()).resolved()
+        self.limits = limits or Limits()
+        self.control_planes = tuple(control_planes)
+        self.metrics = ProxyMetrics(registry)
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self.holder = TableHolder(
+            self.settings.region,
+            clock=clock,
+            max_models=self.settings.max_table_models,
+            max_replicas=self.settings.max_table_replicas,
+        )
+        self.pool = ClientPool(client_factory or default_factory(self.limits.max_message_bytes))
+        self.router = Router(
+            settings=self.settings,
+            limits=self.limits,
+            authenticator=Authenticator(tenants, allow_anonymous=self.settings.allow_anonymous),
+            holder=self.holder,
+            forwarder=Forwarder(self.pool, clock=clock),
+            metrics=self.metrics,
+            rng=self._rng,
+            clock=clock,
+        )
+        self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock)
+        self.watcher: TableWatcher | None = None
+        if self.control_planes:
+            self.watcher = TableWatcher(
+                self.control_planes,
+                self.holder,
+                proxy_id=self.settings.proxy_id,
+                region=self.settings.region,
+                backoff=Backoff(
+                    self.settings.reconnect_initial_seconds, self.settings.reconnect_max_seconds, rng=self._rng
+                ),
+                metrics=self.metrics,
+                stale_warn_seconds=self.settings.table_stale_warn_seconds,
+                clock=clock,
+            )
+        self.holder.on_applied(self._on_table)
+        self.metrics.watch_table_age(self.holder.age)
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._stop = asyncio.Event()
+        self._watch_task: asyncio.Task[None] | None = None
+
+    def _on_table(self, table: Table) -> None:
+        self.pool.retain(table.addresses)
+
+    async def start(self, listen: str = "127.0.0.1:0") -> int:
+        """Serve on ``listen`` (port 0: any free port) and start watching; returns the bound port."""
+        self._server, self.port = await start_server(
+            [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer, SERVICE_NAME)],
+            listen,
+            max_message_bytes=self.limits.max_message_bytes,
+        )
+        if self.watcher is not None:
+            self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")
+        return self.port
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop serving (in-flight calls get ``grace`` seconds), stop watching, close replica clients."""
+        self._stop.set()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+            self._watch_task = None
+        await self.pool.close()

@@ -1,0 +1,153 @@
+"""``ferry.v1.Inference`` servicer: translates between the wire and :class:`dataplane.router.Router`.
+
+It holds no policy. Per call it gives the request an id (sent at once as
+``x-request-id`` initial metadata), lets the router run it, builds the
+``InferResponse`` (or the stream's chunks, then a final chunk with the
+summary), and on failure chooses the status with
+:func:`ferry.grpcutil.status_for`: UNAUTHENTICATED, INVALID_ARGUMENT (the
+message names the field), PERMISSION_DENIED (names the tier), NOT_FOUND
+(model or version), UNAVAILABLE (no table, no ready replica, replica failed
+after retries), DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (with ``retry-after``
+in seconds in the trailing metadata). It counts every request in the
+metrics and writes one JSON log line per failed request (ids, model, tier,
+status, reason; never a key or a prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from dataplane.metrics import ProxyMetrics
+from dataplane.router import RequestState, Router
+from ferry.errors import DeadlineExceeded, FerryError, Overloaded
+from ferry.grpcutil import status_for
+from ferry.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger("ferry.proxy")
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    """The public Inference API of one proxy."""
+
+    def __init__(self, router: Router, metrics: ProxyMetrics, *, region: str, clock: Callable[[], float]) -> None:
+        self._router = router
+        self._metrics = metrics
+        self._region = region
+        self._clock = clock
+
+    async def _start(self, context: grpc.aio.ServicerContext) -> RequestState:
+        state = RequestState(request_id=uuid.uuid4().hex, started=self._clock())
+        await context.send_initial_metadata((("x-request-id", state.request_id),))
+        return state
+
+    async def Infer(
+        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.InferResponse:
+        """One request, one answer."""
+        state = await self._start(context)
+        try:
+            self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
+            await self._router.infer(state)
+        except FerryError as error:
+            await self._fail(state, error, context)
+        except asyncio.CancelledError:
+            self._count(state, "CANCELLED")
+            raise
+        except Exception as exc:  # a bug: answer INTERNAL, keep serving
+            await self._crash(state, exc, context)
+        finally:
+            self._router.end(state)
+        state.outcome.ttft_seconds = self._clock() - state.started  # the whole answer is the first token
+        self._succeed(state)
+        return self._summary(state, state.outcome.text)
+
+    async def InferStream(
+        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.InferChunk]:
+        """One request, the text as chunks as they come, then a final chunk with the summary."""
+        state = await self._start(context)
+        first: float | None = None
+        try:
+            self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
+            async with contextlib.aclosing(self._router.stream(state)) as pieces:
+                async for piece in pieces:
+                    if first is None:
+                        first = self._clock() - state.started
+                    yield inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens)
+        except FerryError as error:
+            await self._fail(state, error, context)
+        except asyncio.CancelledError:
+            self._count(state, "CANCELLED")
+            raise
+        except Exception as exc:  # a bug: answer INTERNAL, keep serving
+            await self._crash(state, exc, context)
+        finally:
+            self._router.end(state)
+        state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
+        self._succeed(state)
+        yield inference_pb2.InferChunk(final=True, summary=self._summary(state, ""))
+
+    def _summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
+        outcome = state.outcome
+        proxy_wait = max(state.forwarded_at - state.started, 0.0)
+        return inference_pb2.InferResponse(
+            text=text,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            replica_id=state.replica_id,
+            region=self._region,
+            queue_seconds=proxy_wait + outcome.queue_seconds,
+            service_seconds=outcome.service_seconds,
+            request_id=state.request_id,
+            attempts=state.attempts,
+            model_version=state.version,
+            cached_prompt_tokens=outcome.cached_tokens,
+            ttft_seconds=outcome.ttft_seconds,
+        )
+
+    def _count(self, state: RequestState, status: str) -> float:
+        elapsed = self._clock() - state.started
+        self._metrics.requests.labels(state.model_label, state.tier_label, status).inc()
+        self._metrics.duration.labels(state.model_label, state.tier_label).observe(elapsed)
+        return elapsed
+
+    def _succeed(self, state: RequestState) -> None:
+        self._count(state, "OK")
+        self._metrics.ttft.labels(state.model_label, state.tier_label).observe(state.outcome.ttft_seconds)
+
+    async def _crash(self, state: RequestState, exc: Exception, context: grpc.aio.ServicerContext) -> None:
+        self._count(state, "INTERNAL")
+        log.exception(json.dumps({"event": "request_crashed", "request_id": state.request_id}))
+        message = f"internal error ({type(exc).__name__}); request {state.request_id}"
+        await context.abort(grpc.StatusCode.INTERNAL, message)
+
+    async def _fail(self, state: RequestState, error: FerryError, context: grpc.aio.ServicerContext) -> None:
+        code = status_for(error)
+        if isinstance(error, DeadlineExceeded) and context.cancelled():
+            code = grpc.StatusCode.CANCELLED
+        elapsed = self._count(state, code.name)
+        tenant = state.tenant.name if state.tenant else ""
+        log.warning(json.dumps({
+            "event": "request_failed",
+            "request_id": state.request_id,
+            "tenant": tenant,
+            "model": state.model_label,
+            "tier": state.tier_label,
+            "status": code.name,
+            "error": type(error).__name__,
+            "reason": str(error),
+            "attempts": state.attempts,
+            "replica_id": state.replica_id,
+            "duration_seconds": round(elapsed, 6),
+        }, sort_keys=True))
+        trailing: tuple[tuple[str, str], ...] = ()
+        if isinstance(error, Overloaded):
+            trailing = (("retry-after", f"{error.retry_after:g}"),)
+        await context.abort(code, str(error), trailing_metadata=trailing)

@@ -1,0 +1,147 @@
+"""The ``Tables.Watch`` client: follow the region's table, ACK or NACK each snapshot.
+
+:class:`TableWatcher` keeps one stream to one control plane at a time. It
+subscribes with (proxy_id, region, have_version = the version it holds, 0
+when none), applies each snapshot through :class:`dataplane.table.TableHolder`
+and answers ``Ack(version, nonce, applied=true)``, or ``applied=false`` with
+the rejection's reason (the holder keeps its last good table). When the
+stream breaks or cannot be opened it moves to the next address of the list
+and waits per :class:`Backoff`: full jitter over an exponential ceiling
+(default 0.1 s doubling to 5 s), reset once a snapshot arrives. Meanwhile
+the proxy keeps serving on its last table; a warning is logged once per
+outage when the table is older than ``table_stale_warn_seconds``.
+
+Cost: one stream and one Ack per snapshot; the table build is O(replicas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Sequence
+
+import grpc
+
+from dataplane.metrics import ProxyMetrics
+from dataplane.table import TableHolder, TableRejected
+from ferry.grpcutil import channel_options
+from ferry.v1 import tables_pb2, tables_pb2_grpc
+
+log = logging.getLogger("ferry.proxy.watch")
+
+
+class Backoff:
+    """Exponential backoff with full jitter: the n-th wait is uniform in [ceiling/2, ceiling]."""
+
+    def __init__(self, initial: float = 0.1, maximum: float = 5.0, *, rng: random.Random) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._rng = rng
+        self._ceiling = initial
+
+    def next(self) -> float:
+        """The next wait in seconds; the ceiling doubles up to the maximum."""
+        wait = self._ceiling * (0.5 + 0.5 * self._rng.random())
+        self._ceiling = min(self._ceiling * 2, self.maximum)
+        return wait
+
+    def reset(self) -> None:
+        """Back to the initial wait (after a successful exchange)."""
+        self._ceiling = self.initial
+
+
+class TableWatcher:
+    """Follows the table of ``region`` from the control planes at ``addresses``."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        holder: TableHolder,
+        *,
+        proxy_id: str,
+        region: str,
+        backoff: Backoff,
+        metrics: ProxyMetrics,
+        stale_warn_seconds: float = 10.0,
+        clock: Callable[[], float],
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one control-plane address is needed")
+        self._addresses = list(addresses)
+        self._holder = holder
+        self._proxy_id = proxy_id
+        self._region = region
+        self._backoff = backoff
+        self._metrics = metrics
+        self._stale_warn = stale_warn_seconds
+        self._clock = clock
+        self._next_index = 0
+        self.connected = asyncio.Event()  # set while a stream is open and has delivered a snapshot
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch until ``stop`` is set, reconnecting across the addresses."""
+        warned = False
+        while not stop.is_set():
+            address = self._addresses[self._next_index % len(self._addresses)]
+            self._next_index += 1
+            got = False
+            try:
+                got = await self._watch(address, stop)
+            except grpc.aio.AioRpcError as exc:
+                log.info("table watch on %s ended: %s", address, exc.code().name)
+            except Exception as exc:  # the loop outlives any stream problem
+                log.info("table watch on %s ended: %s", address, type(exc).__name__)
+            finally:
+                got = got or self.connected.is_set()
+                self.connected.clear()
+            if stop.is_set():
+                return
+            if got:
+                warned = False
+            if not warned and self._holder.age() > self._stale_warn:
+                log.warning("routing table is %.1f s old; serving on version %d until a control plane answers",
+                            self._holder.age(), self._holder.version)
+                warned = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._backoff.next())
+
+    async def _watch(self, address: str, stop: asyncio.Event) -> bool:
+        """One stream; returns whether any snapshot arrived on it."""
+        got = False
+        async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+            call = tables_pb2_grpc.TablesStub(channel).Watch()
+            stopper = asyncio.ensure_future(stop.wait())
+            try:
+                subscribe = tables_pb2.Subscribe(
+                    proxy_id=self._proxy_id, region=self._region, have_version=self._holder.version
+                )
+                await call.write(tables_pb2.WatchRequest(subscribe=subscribe))
+                while True:
+                    reader = asyncio.ensure_future(call.read())
+                    done, _ = await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    if reader not in done:
+                        reader.cancel()
+                        return got
+                    snapshot = reader.result()
+                    if snapshot is grpc.aio.EOF:
+                        return got
+                    got = True
+                    self._backoff.reset()
+                    self.connected.set()
+                    await call.write(tables_pb2.WatchRequest(ack=self._apply(snapshot)))
+            finally:
+                stopper.cancel()
+                call.cancel()
+
+    def _apply(self, snapshot: tables_pb2.TableSnapshot) -> tables_pb2.Ack:
+        try:
+            table = self._holder.apply(snapshot)
+        except TableRejected as rejected:
+            self._metrics.table_rejections.inc()
+            log.warning("table rejected: %s", rejected)
+            return tables_pb2.Ack(version=snapshot.version, nonce=snapshot.nonce, applied=False,
+                                  error=rejected.reason)
+        self._metrics.table_version.set(table.version)
+        return tables_pb2.Ack(version=table.version, nonce=table.nonce, applied=True)

@@ -1,0 +1,123 @@
+"""The local table: snapshot validation, precomputed candidates, the holder keeps the last good table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dataplane.table import NO_TELEMETRY_AGE, TableHolder, TableRejected, build_table
+from ferry.v1 import common_pb2, tables_pb2
+from tests.dataplane.fakes import route, snapshot
+
+
+def mutate(fn: Callable[[Any], None]) -> Any:
+    snap = snapshot(5, [route("r1", "10.0.0.1:8001"), route("r2", "10.0.0.2:8001")])
+    fn(snap)
+    return snap
+
+
+def _dup_model(s: Any) -> None:
+    s.models.add().CopyFrom(tables_pb2.ModelRoute(model="m"))
+
+
+def _dup_across_models(s: Any) -> None:
+    s.models.add().CopyFrom(tables_pb2.ModelRoute(model="other", replicas=[route("r1", "10.0.0.9:1")]))
+
+
+BAD = [
+    ("other-region", lambda s: setattr(s, "region", "eu"), "region 'eu'"),
+    ("version-zero", lambda s: setattr(s, "version", 0), "version must be positive"),
+    ("computed-at-nan", lambda s: setattr(s, "computed_at", math.nan), "computed_at"),
+    ("empty-model-name", lambda s: setattr(s.models[0], "model", ""), "empty name"),
+    ("duplicate-model", _dup_model, "model 'm' appears twice"),
+    ("duplicate-replica-id", lambda s: setattr(s.models[0].replicas[1], "replica_id", "r1"), "'r1' appears twice"),
+    ("duplicate-replica-id-across-models", _dup_across_models, "'r1' appears twice"),
+    ("empty-replica-id", lambda s: setattr(s.models[0].replicas[0], "replica_id", ""), "empty replica_id"),
+    ("address-without-port", lambda s: setattr(s.models[0].replicas[0], "address", "10.0.0.1"), "host:port"),
+    ("address-port-not-a-number", lambda s: setattr(s.models[0].replicas[0], "address", "h:x"), "host:port"),
+    ("address-port-zero", lambda s: setattr(s.models[0].replicas[0], "address", "h:0"), "out of range"),
+    ("address-port-too-big", lambda s: setattr(s.models[0].replicas[0], "address", "h:70000"), "out of range"),
+    ("replica-of-other-region", lambda s: setattr(s.models[0].replicas[0], "region", "eu"), "region 'eu'"),
+    ("replica-without-version", lambda s: setattr(s.models[0].replicas[0], "version", ""), "empty version"),
+    ("negative-telemetry-age", lambda s: setattr(s.models[0].replicas[0], "telemetry_age_seconds", -1.0), "age"),
+    ("infinite-telemetry-age", lambda s: setattr(s.models[0].replicas[0], "telemetry_age_seconds", math.inf), "age"),
+]
+
+
+@pytest.mark.parametrize(("change", "reason"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_snapshot_rejected_with_reason(change: Callable[[Any], None], reason: str) -> None:
+    with pytest.raises(TableRejected) as info:
+        build_table(mutate(change), region="local", applied_at=0.0)
+    assert reason in info.value.reason
+
+
+BOUNDS = [
+    ("too-many-models", {"max_models": 0}, "models, over the limit"),
+    ("too-many-replicas", {"max_replicas": 1}, "replicas, over the limit"),
+]
+
+
+@pytest.mark.parametrize(("bounds", "reason"), [b[1:] for b in BOUNDS], ids=[b[0] for b in BOUNDS])
+def test_table_size_is_bounded(bounds: dict[str, int], reason: str) -> None:
+    with pytest.raises(TableRejected, match=reason):
+        build_table(mutate(lambda s: None), region="local", applied_at=0.0, **bounds)
+
+
+def test_candidates_precomputed_per_version() -> None:
+    draining = route("r3", "10.0.0.3:1", state=common_pb2.REPLICA_STATE_DRAINING)
+    snap = snapshot(2, [route("r1", "10.0.0.1:1"), route("r2", "10.0.0.2:1", version="v2"), draining])
+    table = build_table(snap, region="local", applied_at=0.0)
+    assert [r.replica_id for r in table.candidates("m", "")[1]] == ["r1"]
+    assert [r.replica_id for r in table.candidates("m", "v2")[1]] == ["r2"]
+    assert table.addresses == {"10.0.0.1:1", "10.0.0.2:1"}  # the draining replica is not routable
+    assert table.replicas == 3
+    assert table.candidates("m", "v1")[1] is table.candidates("m", "")[1]  # the same tuple, no per-request work
+
+
+def test_empty_default_version_serves_every_version() -> None:
+    snap = snapshot(2, [route("r1", "h:1"), route("r2", "h:2", version="v2")], default_version="")
+    table = build_table(snap, region="local", applied_at=0.0)
+    assert {r.replica_id for r in table.candidates("m", "")[1]} == {"r1", "r2"}
+
+
+def test_replica_without_load_counts_as_stale() -> None:
+    bare = tables_pb2.ReplicaRoute(replica_id="r1", version="v1", address="h:1")
+    table = build_table(snapshot(1, [bare]), region="local", applied_at=0.0)
+    (replica,) = table.candidates("m", "")[1]
+    assert replica.telemetry_age == NO_TELEMETRY_AGE and replica.max_concurrency == 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_holder_keeps_last_good_table_and_stamps_apply_time() -> None:
+    clock = Clock()
+    holder = TableHolder("local", clock=clock)
+    seen: list[int] = []
+    holder.on_applied(lambda t: seen.append(t.version))
+    assert holder.table is None and holder.version == 0 and holder.age() == math.inf
+    holder.apply(snapshot(1, [route("r1", "h:1")]))
+    clock.now = 103.5
+    assert holder.age() == pytest.approx(3.5)
+    with pytest.raises(TableRejected):
+        holder.apply(snapshot(2, [route("r1", "h:1"), route("r1", "h:2")]))
+    assert holder.version == 1 and seen == [1]
+    assert holder.table is not None and holder.table.applied_at == 100.0
+    holder.apply(snapshot(0 + 3, [route("r2", "h:2")]))
+    assert holder.version == 3 and seen == [1, 3] and holder.age() == 0.0
+
+
+def test_lower_version_is_followed() -> None:
+    # Versions are opaque: a restarted control plane may start lower; the proxy follows it.
+    holder = TableHolder("local", clock=Clock())
+    holder.apply(snapshot(9, [route("r1", "h:1")]))
+    holder.apply(snapshot(4, [route("r2", "h:2")]))
+    assert holder.version == 4

@@ -1,0 +1,123 @@
+"""``ferry node``: one node's simulated replicas and its agent, in one process.
+
+Each ``--replica MODEL[:VERSION]`` starts a :class:`agent.replica.SimulatedReplica`
+(id ``{node}-r{i}``, version ``v1`` by default, engine parameters from the
+``[replica]`` section, the node's GPUs shared evenly); ``--triton`` also adopts
+every LLM model of a real Triton endpoint. The agent reaches every replica
+over gRPC, as it would on a real node, and connects to the control planes.
+Once everything serves, the ready file gets
+``{"node", "pid", "metrics", "replicas": [{"replica_id", "model", "version", "address", "metrics"}]}``.
+Stops cleanly on SIGTERM and SIGINT. Exit status: 0 after a clean stop, 2 for
+bad flags or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import socket
+import sys
+
+from agent.agent import Agent, Endpoint, NodeInfo
+from agent.config import AgentSettings
+from agent.engine import EngineParams
+from agent.inventory import ReplicaSpec
+from agent.replica import SimulatedReplica
+from ferry.config import load_file
+from ferry.errors import ConfigError
+from ferry.grpcutil import split_address
+from ferry.metrics import start_metrics_server
+from ferry.process import stop_event, write_ready_file
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ferry node", description="A node: its agent and simulated replicas.")
+    parser.add_argument("--control-plane", default=os.environ.get("FERRY_CONTROL_PLANE", ""),
+                        metavar="HOST:PORT[,HOST:PORT...]",
+                        help="control plane addresses, tried in turn (env FERRY_CONTROL_PLANE)")
+    parser.add_argument("--region", default=os.environ.get("FERRY_REGION", "local"),
+                        help="the node's region (env FERRY_REGION, default local)")
+    parser.add_argument("--node", default=f"{socket.gethostname()}-{os.getpid()}", help="node name (default host-pid)")
+    parser.add_argument("--replica", action="append", default=[], metavar="MODEL[:VERSION]",
+                        help="run one simulated replica of MODEL (version v1 by default); repeatable")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs on the node (default 8)")
+    parser.add_argument("--triton", metavar="ADDRESS", help="also adopt the LLM models of this KServe v2 endpoint")
+    parser.add_argument("--triton-metrics", metavar="URL", help="that endpoint's Prometheus URL (optional)")
+    parser.add_argument("--config", metavar="PATH", help="TOML config file (sections [agent] and [replica])")
+    parser.add_argument("--listen-host", default="127.0.0.1", help="host the replicas bind (default 127.0.0.1)")
+    parser.add_argument("--metrics-listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                        help="the agent's own metrics endpoint (default 127.0.0.1:0)")
+    parser.add_argument("--ready-file", metavar="PATH", help="write the bound addresses here once serving")
+    return parser
+
+
+def parse_replica(text: str) -> tuple[str, str]:
+    """``MODEL[:VERSION]`` to (model, version), version ``v1`` by default."""
+    model, _, version = text.partition(":")
+    if not model.strip():
+        raise ValueError(f"--replica {text!r}: expected MODEL[:VERSION]")
+    return model.strip(), version.strip() or "v1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        control_planes = [a.strip() for a in args.control_plane.split(",") if a.strip()]
+        if not control_planes:
+            raise ValueError("--control-plane (or FERRY_CONTROL_PLANE) is required")
+        for address in control_planes:
+            split_address(address)
+        split_address(args.metrics_listen)
+        replicas = [parse_replica(r) for r in args.replica]
+        if args.gpus < 1:
+            raise ValueError("--gpus must be >= 1")
+        cfg = load_file(args.config)
+        params = cfg.section(EngineParams, "replica")
+        settings = cfg.section(AgentSettings, "agent")
+    except (ValueError, ConfigError) as exc:
+        print(f"ferry node: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(args, control_planes, replicas, params, settings))
+    return 0
+
+
+async def serve(args: argparse.Namespace, control_planes: list[str], models: list[tuple[str, str]],
+                params: EngineParams, settings: AgentSettings) -> None:
+    """Run the replicas and the agent until SIGTERM or SIGINT."""
+    stop = stop_event()
+    replicas: list[SimulatedReplica] = []
+    agent: Agent | None = None
+    gpus_each = max(1, args.gpus // max(1, len(models)))
+    try:
+        for i, (model, version) in enumerate(models):
+            replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
+                                       replica_id=f"{args.node}-r{i}")
+            replicas.append(replica)
+            await replica.start()
+        endpoints = [Endpoint(address=r.address, metrics_url=r.metrics_url, gpus=gpus_each, replicas=(ReplicaSpec(
+            replica_id=r.replica_id, model=r.model, version=r.version, address=r.address, kserve_model=r.model,
+            gpus=gpus_each, max_concurrency=params.max_running, kv_block_tokens=params.kv_block_tokens,
+            max_context_tokens=params.max_context_tokens),)) for r in replicas]
+        if args.triton:
+            endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus))
+        metrics_host, _ = split_address(args.metrics_listen)
+        metrics_port = start_metrics_server(args.metrics_listen)
+        agent = Agent(node=NodeInfo(node=args.node, region=args.region, gpus=args.gpus),
+                      control_planes=control_planes, endpoints=endpoints, settings=settings)
+        await agent.start()
+        write_ready_file(args.ready_file, {
+            "node": args.node, "pid": os.getpid(), "metrics": f"{metrics_host}:{metrics_port}",
+            "replicas": [{"replica_id": r.replica_id, "model": r.model, "version": r.version,
+                          "address": r.address, "metrics": r.metrics_address} for r in replicas],
+        })
+        logging.getLogger(__name__).info("node %s serving %d replicas", args.node, len(replicas))
+        await stop.wait()
+    finally:
+        if agent is not None:
+            await agent.stop()
+        for replica in replicas:
+            await replica.stop()

@@ -1,0 +1,200 @@
+"""The agent's adapter to any KServe v2 / Triton endpoint, a real Triton server or a ferry replica.
+
+Through ``tritonclient.grpc.aio.InferenceServerClient`` and one HTTP scrape of
+the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
+
+- :meth:`TritonEndpoint.discover`: RepositoryIndex, then per model
+  ModelMetadata, ModelReady and ModelConfig. Only LLM models are adopted:
+  those with the ``text_input`` and ``max_tokens`` inputs and the
+  ``text_output`` output of docs/CONTRACTS.md (a TensorRT-LLM repository's
+  ``ensemble`` or ``tensorrt_llm_bls``, not its ``preprocessing`` or
+  ``tensorrt_llm`` steps, nor a fixed-batch string model). Batch slots come from
+  ``max_batch_size``; block size and context from the ``ferry_*`` config
+  parameters when present.
+- :meth:`TritonEndpoint.poll`: reachability (ServerLive), ModelReady per
+  model, and load from the metrics: queued = the larger of
+  ``nv_inference_pending_request_count`` and TensorRT-LLM's ``waiting``
+  requests; running = TensorRT-LLM's ``active`` requests; KV blocks
+  ``free`` / ``max`` / ``tokens_per``; completed =
+  ``nv_inference_request_success``; GPU utilization = mean of
+  ``nv_gpu_utilization``; prefix blocks from the optional ``ferry_replica_*``
+  counters. TensorRT-LLM metrics are labelled with the engine's model (for
+  example ``tensorrt_llm`` behind an ``ensemble``): when none carry the
+  model's own name and the endpoint has exactly one engine, that one is used.
+  Without a metrics URL, or when the scrape fails, ModelStatistics gives the
+  completed count and the load reads zero (``source`` says which was used).
+
+Every call has a timeout (``timeout_seconds``); an endpoint that does not
+answer ServerLive is reported unreachable, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tritonclient.grpc.aio import InferenceServerClient
+from tritonclient.utils import InferenceServerException
+
+from agent.httptext import HttpError, get_text
+from agent.promtext import Samples, parse
+from ferry.grpcutil import channel_options
+
+ModelKey = tuple[str, str]  # (name, version)
+LLM_TENSORS = {"text_input", "max_tokens", "text_output"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelEntry:
+    """An LLM model version found on an endpoint."""
+
+    name: str
+    version: str
+    ready: bool
+    max_batch_size: int = 0
+    kv_block_tokens: int = 0
+    max_context_tokens: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelLoad:
+    """One model version's load as last read."""
+
+    ready: bool
+    queued: int = 0
+    running: int = 0
+    kv_blocks_free: int = 0
+    kv_blocks_total: int = 0
+    kv_block_tokens: int = 0
+    requests_total: int = 0
+    prefix_hit_blocks: int = 0
+    prefix_lookup_blocks: int = 0
+    gpu_utilization: float = 0.0
+    source: str = "metrics"  # metrics | statistics | none
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EndpointLoad:
+    """One poll of an endpoint: whether it answered, and each asked model's load."""
+
+    reachable: bool
+    models: Mapping[ModelKey, ModelLoad] = dataclasses.field(default_factory=dict)
+    error: str = ""
+
+
+class TritonEndpoint:
+    """A KServe v2 endpoint at ``address`` (host:port) with an optional Prometheus ``metrics_url``."""
+
+    def __init__(self, address: str, metrics_url: str | None = None, *, timeout_seconds: float = 1.0) -> None:
+        self.address, self.metrics_url, self.timeout = address, metrics_url, timeout_seconds
+        # Reconnect within a second once a dead endpoint is back (gRPC's default backoff grows to 2 minutes).
+        options = [*channel_options(), ("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 1000)]
+        self._client = InferenceServerClient(address, channel_args=options)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def live(self) -> bool:
+        """True when the endpoint answers ServerLive with live = true in time."""
+        try:
+            return bool(await self._client.is_server_live(client_timeout=self.timeout))
+        except InferenceServerException:
+            return False
+
+    async def discover(self) -> list[ModelEntry]:
+        """The LLM models of the endpoint's repository; raises InferenceServerException when it does not answer."""
+        index = await self._client.get_model_repository_index(client_timeout=self.timeout)
+        found = await asyncio.gather(*(self._describe(m.name, m.version) for m in index.models))
+        return [entry for entry in found if entry is not None]
+
+    async def _describe(self, name: str, version: str) -> ModelEntry | None:
+        try:
+            meta = await self._client.get_model_metadata(name, version, client_timeout=self.timeout)
+            names = {t.name for t in meta.inputs} | {t.name for t in meta.outputs}
+            if not names >= LLM_TENSORS:
+                return None
+            version = version or (meta.versions[0] if meta.versions else "")
+            ready = await self._client.is_model_ready(name, version, client_timeout=self.timeout)
+            config = (await self._client.get_model_config(name, version, client_timeout=self.timeout)).config
+        except InferenceServerException:
+            return None  # not loaded or not answering: seen again at the next discovery
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        return ModelEntry(name=name, version=version, ready=bool(ready), max_batch_size=int(config.max_batch_size),
+                          kv_block_tokens=_int(params.get("ferry_kv_block_tokens")),
+                          max_context_tokens=_int(params.get("ferry_max_context_tokens")))
+
+    async def poll(self, models: Sequence[ModelKey]) -> EndpointLoad:
+        """Reachability and the load of each of ``models``."""
+        if not await self.live():
+            return EndpointLoad(reachable=False, error=f"{self.address} does not answer ServerLive")
+        ready = await asyncio.gather(*(self._ready(name, version) for name, version in models))
+        samples, error = None, ""
+        if self.metrics_url:
+            try:
+                samples = Samples(parse(await get_text(self.metrics_url, timeout_seconds=self.timeout)))
+            except HttpError as exc:
+                error = str(exc)
+        loads: dict[ModelKey, ModelLoad] = {}
+        for key, is_ready in zip(models, ready, strict=True):
+            if samples is not None:
+                loads[key] = from_metrics(samples, key[0], key[1], ready=is_ready)
+            else:
+                loads[key] = await self._from_statistics(key[0], key[1], ready=is_ready)
+        return EndpointLoad(reachable=True, models=loads, error=error)
+
+    async def _ready(self, name: str, version: str) -> bool:
+        try:
+            return bool(await self._client.is_model_ready(name, version, client_timeout=self.timeout))
+        except InferenceServerException:
+            return False
+
+    async def _from_statistics(self, name: str, version: str, *, ready: bool) -> ModelLoad:
+        try:
+            stats: Any = await self._client.get_inference_statistics(name, version, client_timeout=self.timeout)
+        except InferenceServerException:
+            return ModelLoad(ready=ready, source="none")
+        total = sum(int(s.inference_stats.success.count) for s in stats.model_stats)
+        return ModelLoad(ready=ready, requests_total=total, source="statistics")
+
+
+def from_metrics(samples: Samples, model: str, version: str, *, ready: bool) -> ModelLoad:
+    """A model's load from scraped Triton / TensorRT-LLM metrics (pure)."""
+    labels = {"model": model, "version": version}
+    trt = labels
+    if samples.get("nv_trt_llm_request_metrics", **labels) is None:
+        engines = _engines(samples)
+        if len(engines) == 1:
+            engine_model, engine_version = next(iter(engines))
+            trt = {"model": engine_model, "version": engine_version}
+
+    def value(name: str, lab: Mapping[str, str], **extra: str) -> float:
+        return samples.get(name, **lab, **extra) or 0.0
+
+    pending = value("nv_inference_pending_request_count", labels)
+    waiting = value("nv_trt_llm_request_metrics", trt, request_type="waiting")
+    return ModelLoad(
+        ready=ready,
+        queued=int(max(pending, waiting)),
+        running=int(value("nv_trt_llm_request_metrics", trt, request_type="active")),
+        kv_blocks_free=int(value("nv_trt_llm_kv_cache_block_metrics", trt, kv_cache_block_type="free")),
+        kv_blocks_total=int(value("nv_trt_llm_kv_cache_block_metrics", trt, kv_cache_block_type="max")),
+        kv_block_tokens=int(value("nv_trt_llm_kv_cache_block_metrics", trt, kv_cache_block_type="tokens_per")),
+        requests_total=int(value("nv_inference_request_success", labels)),
+        prefix_hit_blocks=int(value("ferry_replica_prefix_hit_blocks_total", labels)),
+        prefix_lookup_blocks=int(value("ferry_replica_prefix_lookup_blocks_total", labels)),
+        gpu_utilization=min(1.0, max(0.0, samples.mean("nv_gpu_utilization") or 0.0)),
+    )
+
+
+def _engines(samples: Samples) -> set[tuple[str, str]]:
+    return {(s.labels.get("model", ""), s.labels.get("version", "")) for s in samples.all("nv_trt_llm_request_metrics")}
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text) if text else 0
+    except ValueError:
+        return 0

@@ -1,0 +1,110 @@
+"""The control plane's Prometheus metrics, in a registry of its own choosing.
+
+``ferry controlplane`` passes the default registry (served by
+``ferry.metrics.start_metrics_server``); tests give each control plane a fresh
+one. Labels are bounded: regions, replica states, reasons (a fixed set) and
+proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
+
+| metric | type | labels |
+| --- | --- | --- |
+| ``ferry_controlplane_members`` | gauge: live nodes | |
+| ``ferry_controlplane_replicas`` | gauge: replicas known | region, state (``warming`` … ``dead``) |
+| ``ferry_controlplane_table_version`` | gauge | region |
+| ``ferry_controlplane_table_pushes_total`` | counter: snapshots sent to proxies | region |
+| ``ferry_controlplane_proxy_applied_version`` | gauge | proxy |
+| ``ferry_controlplane_proxy_lag_versions`` | gauge | proxy |
+| ``ferry_controlplane_telemetry_age_seconds`` | histogram: age of each routable replica's load at each computation | |
+| ``ferry_controlplane_telemetry_messages_total`` | counter | |
+| ``ferry_controlplane_rejected_messages_total`` | counter: messages or entries refused or ignored | reason |
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from controlplane.fleet import Member, is_live, load_of, replica_state
+from controlplane.table import TableVersions
+from controlplane.watchers import ProxyStatus
+from ferry.metrics import name
+from ferry.v1 import common_pb2
+
+STATE_NAMES = {v: k.removeprefix("REPLICA_STATE_").lower() for k, v in common_pb2.ReplicaState.items()}
+
+AGE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """Every metric of one control plane, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.members = Gauge(name("controlplane_members"), "Live nodes in the fleet.", registry=registry)
+        self.replicas = Gauge(
+            name("controlplane_replicas"), "Replicas known, by region and state.", ["region", "state"],
+            registry=registry,
+        )
+        self.table_version = Gauge(
+            name("controlplane_table_version"), "Current table version of each region.", ["region"],
+            registry=registry,
+        )
+        self.table_pushes = Counter(
+            name("controlplane_table_pushes"), "Table snapshots sent to proxies.", ["region"], registry=registry,
+        )
+        self.proxy_applied_version = Gauge(
+            name("controlplane_proxy_applied_version"), "Table version each proxy last applied.", ["proxy"],
+            registry=registry,
+        )
+        self.proxy_lag_versions = Gauge(
+            name("controlplane_proxy_lag_versions"), "Versions each proxy is behind its region.", ["proxy"],
+            registry=registry,
+        )
+        self.telemetry_age = Histogram(
+            name("controlplane_telemetry_age_seconds"), "Age of routable replicas' load at each table computation.",
+            buckets=AGE_BUCKETS, registry=registry,
+        )
+        self.telemetry_messages = Counter(
+            name("controlplane_telemetry_messages"), "Telemetry messages received from agents.", registry=registry,
+        )
+        self.rejected = Counter(
+            name("controlplane_rejected_messages"), "Messages or entries refused or ignored, by reason.", ["reason"],
+            registry=registry,
+        )
+
+        self._proxies: set[str] = set()
+
+    def reject(self, reason: str, count: int = 1) -> None:
+        self.rejected.labels(reason=reason).inc(count)
+
+    def observe_fleet(self, members: Iterable[Member], tables: TableVersions, *, now: float, grace: float) -> None:
+        """Members, replicas by region and state, and the load age of each routable replica, at ``now``."""
+        live = 0
+        counts: Tally[tuple[str, str]] = Tally()
+        for member in members:
+            alive = is_live(member, now, grace)
+            live += alive
+            published = tables.get(member.region)
+            for replica_id in member.replicas:
+                counts[member.region, STATE_NAMES[replica_state(member, replica_id, alive)]] += 1
+                if published is not None and replica_id in published.replica_ids:
+                    self.telemetry_age.observe(load_of(member, replica_id, now)[1])
+        self.members.set(live)
+        self.replicas.clear()
+        for (region, state), count in counts.items():
+            self.replicas.labels(region=region, state=state).set(count)
+
+    def observe_proxies(self, statuses: Iterable[ProxyStatus], tables: TableVersions) -> None:
+        """Applied version and lag of every proxy remembered; the series of forgotten ones are removed."""
+        seen = set()
+        for status in statuses:
+            seen.add(status.proxy_id)
+            current = tables.get(status.region)
+            self.proxy_applied_version.labels(proxy=status.proxy_id).set(status.applied_version)
+            self.proxy_lag_versions.labels(proxy=status.proxy_id).set(
+                status.lag(current.version) if current is not None else 0
+            )
+        for proxy in self._proxies - seen:
+            self.proxy_applied_version.remove(proxy)
+            self.proxy_lag_versions.remove(proxy)
+        self._proxies = seen

@@ -1,0 +1,169 @@
+"""The table computation: fleet view + catalog + intent at ``now`` -> one table per region.
+
+:func:`compute_tables` is pure (no I/O, no clock: ``now`` is passed in). For
+each region (those of the members plus those named in ``regions``, e.g.
+watched by a proxy) it lists every model of the catalog, sorted by name, each
+with its routable replicas of that region, sorted by replica id. A replica is
+routable when its member is live (:func:`controlplane.fleet.is_live`), its
+agent reports ``ready`` and no drain was requested. A model with no routable
+replica is still listed, so a proxy answers UNAVAILABLE rather than NOT_FOUND.
+
+The catalog (:func:`catalog_models`) is the configured models plus every model
+a registered replica serves; for the latter the default version is the greatest
+version string among its replicas and the minimum GPU count the smallest
+replica's (at least 1).
+
+:class:`TableVersions` gives a region a new version only when its content
+changed. Content is the snapshot without ``version``, ``nonce``,
+``computed_at`` and each replica's ``telemetry_age_seconds``: ages move with
+the clock alone, and counting them would give an idle fleet a new version at
+every tick; an unchanged table keeps its earlier snapshot, whose ages are
+those at its ``computed_at``. Versions start at a time-based value (unix ms x
+1000) so that they grow across restarts; a region seen for the first time (or
+again, after it was dropped for having neither nodes nor watchers) starts
+above every version issued so far, and each change of its content adds one
+(so a proxy's lag in versions is a count of changes). Proxies compare versions
+only for equality.
+
+Cost: O(replicas + regions x models) per computation, plus one serialization
+of each region's table to compare content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from controlplane.fleet import READY, Member, is_live, load_of, replica_state
+from ferry.config import ModelConfig
+from ferry.v1 import tables_pb2
+
+
+def catalog_models(configured: Sequence[ModelConfig], members: Iterable[Member]) -> list[ModelConfig]:
+    """The configured models plus those registered replicas serve, sorted by name."""
+    known = {m.name: m for m in configured}
+    versions: dict[str, set[str]] = {}
+    gpus: dict[str, int] = {}
+    for member in members:
+        for info in member.replicas.values():
+            if info.model in known:
+                continue
+            versions.setdefault(info.model, set()).add(info.version)
+            gpus[info.model] = min(gpus.get(info.model, info.gpus or 1), info.gpus or 1)
+    for name, seen in versions.items():
+        known[name] = ModelConfig(name=name, default_version=max(seen), min_gpus=max(1, gpus[name]))
+    return [known[name] for name in sorted(known)]
+
+
+def compute_tables(
+    members: Iterable[Member],
+    catalog: Sequence[ModelConfig],
+    drains: AbstractSet[str],
+    *,
+    now: float,
+    grace_seconds: float,
+    regions: Iterable[str] = (),
+) -> dict[str, tables_pb2.TableSnapshot]:
+    """Per region, the table content at ``now`` (``version``, ``nonce`` and ``computed_at`` unset)."""
+    members = list(members)
+    routes: dict[str, dict[str, list[tables_pb2.ReplicaRoute]]] = {}
+    names = set(regions)
+    for member in members:
+        names.add(member.region)
+        if not is_live(member, now, grace_seconds):
+            continue
+        for replica_id, info in member.replicas.items():
+            if replica_id in drains or replica_state(member, replica_id, True) != READY:
+                continue
+            load, age = load_of(member, replica_id, now)
+            route = tables_pb2.ReplicaRoute(
+                replica_id=replica_id, node=member.node, region=member.region, version=info.version,
+                address=info.address, kserve_model=info.kserve_model or info.model,
+                max_concurrency=info.max_concurrency, kv_block_tokens=info.kv_block_tokens,
+                max_context_tokens=info.max_context_tokens, load=load, telemetry_age_seconds=age,
+            )
+            route.load.replica_id = replica_id
+            route.load.state = READY
+            routes.setdefault(member.region, {}).setdefault(info.model, []).append(route)
+    models = catalog_models(catalog, members)
+    tables: dict[str, tables_pb2.TableSnapshot] = {}
+    for region in sorted(names):
+        by_model = routes.get(region, {})
+        snapshot = tables[region] = tables_pb2.TableSnapshot(region=region)
+        for m in models:
+            replicas: list[tables_pb2.ReplicaRoute] = by_model.get(m.name, [])
+            replicas.sort(key=lambda r: r.replica_id)
+            route = tables_pb2.ModelRoute(model=m.name, default_version=m.default_version, replicas=replicas)
+            snapshot.models.append(route)
+    return tables
+
+
+def content_key(snapshot: tables_pb2.TableSnapshot) -> bytes:
+    """The bytes two snapshots share exactly when their content is the same (see the module doc)."""
+    bare = tables_pb2.TableSnapshot()
+    bare.CopyFrom(snapshot)
+    bare.version = 0
+    bare.nonce = ""
+    bare.computed_at = 0.0
+    for model in bare.models:
+        for replica in model.replicas:
+            replica.telemetry_age_seconds = 0.0
+    return bytes(bare.SerializeToString(deterministic=True))
+
+
+def initial_version(unix_seconds: float) -> int:
+    """The version counter's start: unix milliseconds x 1000."""
+    return int(unix_seconds * 1000) * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """A region's current table: the snapshot (nonce unset), its content key and routable replica ids."""
+
+    snapshot: tables_pb2.TableSnapshot
+    key: bytes
+    replica_ids: frozenset[str]
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version
+
+
+class TableVersions:
+    """The current versioned table of each region."""
+
+    def __init__(self, start: int) -> None:
+        self._high = start
+        self._current: dict[str, Published] = {}
+
+    def get(self, region: str) -> Published | None:
+        return self._current.get(region)
+
+    def regions(self) -> list[str]:
+        return sorted(self._current)
+
+    def publish(self, tables: Mapping[str, tables_pb2.TableSnapshot], computed_at: float) -> list[Published]:
+        """Take a computation's tables; returns the regions' tables that got a new version.
+
+        Regions absent from ``tables`` are dropped.
+        """
+        for region in [r for r in self._current if r not in tables]:
+            del self._current[region]
+        changed: list[Published] = []
+        for region in sorted(tables):
+            snapshot = tables[region]
+            key = content_key(snapshot)
+            old = self._current.get(region)
+            if old is not None and old.key == key:
+                continue
+            version = old.version + 1 if old is not None else self._high + 1
+            self._high = max(self._high, version)
+            stamped = tables_pb2.TableSnapshot()
+            stamped.CopyFrom(snapshot)
+            stamped.version = version
+            stamped.computed_at = computed_at
+            ids = frozenset(r.replica_id for m in stamped.models for r in m.replicas)
+            self._current[region] = published = Published(stamped, key, ids)
+            changed.append(published)
+        return changed

@@ -1,0 +1,90 @@
+"""Checks of what arrives on the wire, each failure an ``InvalidArgument`` naming the field.
+
+Pure functions over the generated messages and :class:`ControlPlaneSettings`
+bounds. Field paths follow the message structure as a proxy or agent author
+reads it, e.g. ``register.replicas[2].address`` or ``subscribe.region``.
+
+- names (node, replica id, model, proxy id): required, at most
+  ``max_name_bytes`` (128) UTF-8 bytes, no whitespace or control characters;
+- region: the same with ``max_region_bytes`` (64); version: ``max_version_bytes`` (64);
+- address: ``host:port`` with a port in 1..65535;
+- ``max_concurrency`` > 0; replica ids unique within a registration;
+- at most ``max_replicas_per_node`` (64) replicas in a registration.
+
+Cost: O(size of the message).
+"""
+
+from __future__ import annotations
+
+from controlplane.config import ControlPlaneSettings
+from ferry.errors import InvalidArgument
+from ferry.grpcutil import split_address
+from ferry.v1 import fleet_pb2, tables_pb2
+
+
+def check_name(value: str, field: str, max_bytes: int) -> None:
+    """A required identifier: non-empty, bounded, printable without spaces."""
+    if not value:
+        raise InvalidArgument(field, "required")
+    if len(value.encode()) > max_bytes:
+        raise InvalidArgument(field, f"longer than {max_bytes} bytes")
+    if any(c.isspace() or not c.isprintable() for c in value):
+        raise InvalidArgument(field, "must not contain whitespace or control characters")
+
+
+def check_filter(value: str, field: str, max_bytes: int) -> None:
+    """An optional filter: empty, or a valid name."""
+    if value:
+        check_name(value, field, max_bytes)
+
+
+def check_address(value: str, field: str) -> None:
+    if not value:
+        raise InvalidArgument(field, "required (host:port)")
+    try:
+        _host, port = split_address(value)
+    except ValueError as exc:
+        raise InvalidArgument(field, f"{value!r} is not host:port") from exc
+    if not 0 < port < 65536:
+        raise InvalidArgument(field, f"port {port} out of range 1..65535")
+
+
+def check_replica(info: fleet_pb2.ReplicaInfo, field: str, settings: ControlPlaneSettings) -> None:
+    """One replica's description, from a registration or a telemetry ``changed`` entry."""
+    check_name(info.replica_id, f"{field}.replica_id", settings.max_name_bytes)
+    check_name(info.model, f"{field}.model", settings.max_name_bytes)
+    check_name(info.version, f"{field}.version", settings.max_version_bytes)
+    check_address(info.address, f"{field}.address")
+    check_filter(info.kserve_model, f"{field}.kserve_model", settings.max_name_bytes)
+    if info.max_concurrency <= 0:
+        raise InvalidArgument(f"{field}.max_concurrency", "must be > 0")
+
+
+def check_register(reg: fleet_pb2.Register, settings: ControlPlaneSettings) -> None:
+    check_name(reg.node, "register.node", settings.max_name_bytes)
+    check_name(reg.region, "register.region", settings.max_region_bytes)
+    if len(reg.replicas) > settings.max_replicas_per_node:
+        raise InvalidArgument("register.replicas", f"more than {settings.max_replicas_per_node} replicas")
+    seen: set[str] = set()
+    for i, info in enumerate(reg.replicas):
+        field = f"register.replicas[{i}]"
+        check_replica(info, field, settings)
+        if info.replica_id in seen:
+            raise InvalidArgument(f"{field}.replica_id", f"{info.replica_id!r} appears twice")
+        seen.add(info.replica_id)
+
+
+def check_telemetry(telemetry: fleet_pb2.Telemetry, settings: ControlPlaneSettings) -> None:
+    """The replicas a telemetry message adds or changes; unknown ids in loads are handled by the fleet."""
+    seen: set[str] = set()
+    for i, info in enumerate(telemetry.changed):
+        field = f"telemetry.changed[{i}]"
+        check_replica(info, field, settings)
+        if info.replica_id in seen:
+            raise InvalidArgument(f"{field}.replica_id", f"{info.replica_id!r} appears twice")
+        seen.add(info.replica_id)
+
+
+def check_subscribe(sub: tables_pb2.Subscribe, settings: ControlPlaneSettings) -> None:
+    check_name(sub.proxy_id, "subscribe.proxy_id", settings.max_name_bytes)
+    check_name(sub.region, "subscribe.region", settings.max_region_bytes)

@@ -1,6 +1,16 @@
-"""``python -m ferry`` is the ``ferry`` command."""
+"""``python -m ferry`` is the ``ferry`` command.
 
+A supervisor (``ferry up``, a benchmark, a test) sets ``FERRY_PARENT_PID`` so
+that this process dies with it.
+"""
+
+import os
 import sys
+
+from ferry.process import die_with_parent
+
+if os.environ.get("FERRY_PARENT_PID", "").isdigit():
+    die_with_parent(int(os.environ.pop("FERRY_PARENT_PID")))
 
 from ferry.cli.main import main
 

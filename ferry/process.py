@@ -9,6 +9,7 @@ atomically (:func:`write_ready_file`) so that a parent never races on ports.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import signal
@@ -44,3 +45,16 @@ def read_ready_file(path: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: ready file is not a JSON object")
     return data
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Get SIGKILL when the parent process dies (Linux); exit now if it is already gone."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:
+        os._exit(1)

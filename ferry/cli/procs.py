@@ -3,14 +3,15 @@
 A :class:`Child` runs one component (``python -m ferry COMPONENT …``) with a
 ready file; :meth:`Child.wait_ready` polls the file (every 20 ms, bounded by a
 deadline) and fails early, with the child's last log lines, if the child exits
-first. Children get SIGKILL when their parent dies (Linux ``PR_SET_PDEATHSIG``),
-so an interrupted test or a killed ``ferry up`` leaves nothing behind. Stopping
+first. Children get SIGKILL when their parent dies (Linux ``PR_SET_PDEATHSIG``, set
+by the child itself from ``FERRY_PARENT_PID``: a ``preexec_fn`` would force a
+plain fork, and gRPC's fork handlers then crash the child before its exec), so
+an interrupted test or a killed ``ferry up`` leaves nothing behind. Stopping
 sends SIGTERM, waits, then SIGKILL.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -20,15 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from ferry.process import read_ready_file
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 class ChildFailed(RuntimeError):
@@ -55,12 +47,13 @@ class Child:
     def start(self) -> Child:
         """Start the process (its stdout and stderr go to its log file)."""
         self.ready_path.unlink(missing_ok=True)
-        env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"), **(self.env or {})}
+        env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
+               "FERRY_PARENT_PID": str(os.getpid()), **(self.env or {})}
         cmd = [sys.executable, "-m", "ferry", *self.args, "--ready-file", str(self.ready_path)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, preexec_fn=_die_with_parent,
+                env=env,
             )
         return self
 

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit bench proto clean
+.PHONY: venv demo test lint unit bench proto clean etcd
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: venv lint
+etcd:
+	tools/ensure_etcd.sh
+
+test: venv etcd lint
 	GRPC_VERBOSITY=ERROR $(VENV)/bin/pytest -q
 
 unit: venv

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit bench proto clean etcd
+.PHONY: venv demo test lint unit bench proto clean etcd triton-env
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,10 @@ lint: venv
 etcd:
 	tools/ensure_etcd.sh
 
-test: venv etcd lint
+triton-env:
+	bash tools/triton/setup_env.sh
+
+test: venv etcd triton-env lint
 	GRPC_VERBOSITY=ERROR $(VENV)/bin/pytest -q
 
 unit: venv

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             print()
             code = replay.main(["--trace", args.trace, "--ready-file", str(up.ready_path),
                                 "--minutes", args.minutes, "--speedup", args.speedup,
-                                "--json-out", str(ROOT / "bench-results" / "demo.json")])
+                                "--json-out", str(ROOT / "bench-results" / "demo.json"),
+                                "--plots", str(ROOT / "bench-results" / "demo")])
             print("\nreplicas after the run (ferryctl replicas):")
             ctl.main(["--ready-file", str(up.ready_path), "replicas"])
             print(f"\nreport written to {ROOT / 'bench-results' / 'demo.json'}")

@@ -32,6 +32,7 @@ import grpc
 from ferry.process import read_ready_file
 from ferry.tokens import prompt_from_blocks
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from tools import plots
 from tools import trace as tracefile
 from tools.progress import Progress
 from tools.report import Result, print_report, summarize
@@ -58,6 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=110.0, help="stop sending after this many seconds")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json-out", help="write the report here as JSON")
+    p.add_argument("--plots", help="write PNG plots with this path prefix (e.g. bench-results/demo)")
     return p.parse_args(argv)
 
 
@@ -83,6 +85,7 @@ class Replayer:
         self.tiers = _mix(args.tiers)
         self.results: list[Result] = []
         self.sem = asyncio.Semaphore(args.concurrency)
+        self.start = time.monotonic()
 
     async def run(self, rows: list[tracefile.TraceRequest]) -> float:
         channels = [grpc.aio.insecure_channel(self.data_plane, options=[
@@ -90,7 +93,7 @@ class Replayer:
             for _ in range(4)]
         stubs = [inference_pb2_grpc.InferenceStub(c) for c in channels]
         progress = Progress(len(rows), "requests")
-        start = time.monotonic()
+        start = self.start = time.monotonic()
         tasks = []
         try:
             for i, row in enumerate(rows):
@@ -119,7 +122,8 @@ class Replayer:
     async def _one(self, stub: Any, i: int, row: tracefile.TraceRequest, due: float, progress: Progress) -> None:
         request, tier, stream = self._request(i, row)
         sent = time.monotonic()
-        result = Result(index=i, model=request.model, tier=tier, stream=stream, late_s=sent - due)
+        result = Result(index=i, model=request.model, tier=tier, stream=stream, late_s=sent - due,
+                        sent_s=sent - self.start)
         try:
             if stream:
                 first = None
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     report["trace"] = Path(args.trace).name
     report["speedup"] = args.speedup
     print_report(report)
+    if args.plots:
+        report["plots"] = [str(p) for p in plots.write_all(replayer.results, Path(args.plots))]
+        print("plots: " + ", ".join(report["plots"]))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2) + "\n")

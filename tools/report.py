@@ -22,6 +22,7 @@ class Result:
     tier: str
     stream: bool
     late_s: float = 0.0
+    sent_s: float = 0.0           # when it was sent, seconds after the replay started
     status: str = "UNKNOWN"
     detail: str = ""
     latency_s: float = 0.0

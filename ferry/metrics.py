@@ -8,7 +8,7 @@ over HTTP with :func:`start_metrics_server` (port 0 allowed).
 
 from __future__ import annotations
 
-from prometheus_client import start_http_server
+from prometheus_client import disable_created_metrics, start_http_server
 
 from ferry.grpcutil import split_address
 
@@ -29,6 +29,7 @@ def name(metric: str) -> str:
 
 def start_metrics_server(listen: str) -> int:
     """Serve the default registry at ``http://listen/metrics``; returns the bound port."""
+    disable_created_metrics()  # one series per metric: no `_created` twins
     host, port = split_address(listen)
     server, _thread = start_http_server(port, addr=host)
     return int(server.server_port)

@@ -6,6 +6,9 @@
 - :func:`status_for` maps a :class:`ferry.errors.FerryError` to a gRPC status
   code; servicers call it at the boundary and nowhere else is a status chosen.
 - :func:`split_address` parses ``host:port``.
+
+Every server gets :class:`ferry.decodeguard.DecodeGuard` first among its
+interceptors, so malformed request bytes are answered INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ferry import errors
+from ferry.decodeguard import DecodeGuard
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
@@ -63,7 +67,8 @@ async def start_server(
     Adds gRPC health checking (every service and the server as a whole report
     SERVING) and reflection. Returns the server and the port it bound.
     """
-    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=list(interceptors))
+    guard = DecodeGuard()  # undecodable request bytes: INVALID_ARGUMENT, not UNKNOWN
+    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=[guard, *interceptors])
     names = []
     for add, servicer, name in services:
         add(servicer, server)

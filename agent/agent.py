@@ -172,7 +172,8 @@ class Agent:
                 log.info("endpoint %s not listed: %s", source.address, exc)
                 continue
             refused = merge_discovered(self.inventory, node=self.node.node, endpoint=i, address=source.address,
-                                       gpus=source.gpus, entries=entries)
+                                       gpus=source.gpus, entries=entries,
+                                       default_max_concurrency=self.settings.default_max_concurrency)
             if refused:
                 log.warning("replicas %s ignored: at most %d per agent", refused, self.settings.max_replicas)
 

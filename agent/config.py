@@ -9,6 +9,7 @@
 | ``discovery_interval_seconds`` | 5.0 | how often an adopted Triton endpoint's models are listed again |
 | ``max_replicas`` | 256 | replicas one agent tracks at most; more discovered models are ignored with a warning |
 | ``max_pending_results`` | 256 | command results waiting to be sent; beyond, the stream is dropped and re-opened |
+| ``default_max_concurrency`` | 16 | concurrency target of an adopted model with ``max_batch_size`` 0 |
 
 The telemetry interval is clamped to 0.25–1.0 s, and replaced by the interval
 the control plane's ``Registered`` gives, when it gives one.
@@ -40,6 +41,7 @@ class AgentSettings:
     discovery_interval_seconds: float = 5.0
     max_replicas: int = 256
     max_pending_results: int = 256
+    default_max_concurrency: int = 16
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

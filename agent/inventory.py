@@ -143,8 +143,12 @@ def discovered_id(node: str, name: str, version: str) -> str:
 
 
 def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address: str, gpus: int,
-                     entries: Iterable[ModelEntry]) -> list[str]:
-    """Make the inventory's replicas of ``endpoint`` match the models it lists now; the ids that did not fit."""
+                     entries: Iterable[ModelEntry], default_max_concurrency: int = 16) -> list[str]:
+    """Make the inventory's replicas of ``endpoint`` match the models it lists now; the ids that did not fit.
+
+    A model whose config states no batch size (``max_batch_size`` 0, as decoupled and
+    non-batching models have) gets ``default_max_concurrency`` as its concurrency target.
+    """
     seen: set[str] = set()
     refused: list[str] = []
     for entry in entries:
@@ -154,7 +158,8 @@ def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address:
         kv_tokens = entry.kv_block_tokens or (old.spec.kv_block_tokens if old else 0)
         spec = ReplicaSpec(
             replica_id=rid, model=entry.name, version=entry.version, address=address, endpoint=endpoint,
-            kserve_model=entry.name, gpus=gpus, max_concurrency=entry.max_batch_size, kv_block_tokens=kv_tokens,
+            kserve_model=entry.name, gpus=gpus, max_concurrency=entry.max_batch_size or default_max_concurrency,
+            kv_block_tokens=kv_tokens,
             max_context_tokens=entry.max_context_tokens, discovered=True)
         if not inventory.upsert(spec):
             refused.append(rid)

@@ -122,6 +122,7 @@ def test_merge_discovered_adds_updates_and_removes():
     assert merge_discovered(inv, node="n", endpoint=1, address="h:1", gpus=8, entries=entries) == []
     assert set(inv.replicas) == {"fixed", "n-llm-1", "n-other_x-2"}
     assert inv.replicas["n-llm-1"].spec.max_concurrency == 64 and discovered_id("n", "a b", "1") == "n-a_b-1"
+    assert inv.replicas["n-other_x-2"].spec.max_concurrency == 16, "no batch size stated: the default target"
     inv.telemetry()
     merge_discovered(inv, node="n", endpoint=1, address="h:1", gpus=8, entries=entries[:1])
     t = inv.telemetry().telemetry

@@ -28,9 +28,12 @@ class Fleet:
     """Start with :meth:`start`; everything stops in :meth:`stop` (the fixture calls it)."""
 
     def __init__(self, workdir: Path, nodes: dict[str, list[str]], *, config: dict[str, Any] | None = None,
-                 proxies: int = 1) -> None:
+                 proxies: int = 1, node_args: dict[str, list[str]] | None = None,
+                 expect: set[str] | None = None) -> None:
         self.workdir = workdir
         self.nodes_spec = nodes
+        self.node_args = node_args or {}
+        self.expect = expect
         self.keys = {"ent": "fk_" + secrets.token_hex(8), "free": "fk_" + secrets.token_hex(8)}
         base: dict[str, Any] = {
             "tenants": [
@@ -66,13 +69,17 @@ class Fleet:
                                                                 "--id", f"proxy-{i + 1}"]))
         for name, models in self.nodes_spec.items():
             reps = [a for m in models for a in ("--replica", m)]
-            self.nodes[name] = self._spawn(name, ["node", "--node", name, "--control-plane", self.cp_address, *reps])
+            self.nodes[name] = self._spawn(name, ["node", "--node", name, "--control-plane", self.cp_address, *reps,
+                                                  *self.node_args.get(name, [])])
         for child in self.children:
             child.wait_ready()
         self.wait_routable(self.replica_ids())
         return self
 
     def replica_ids(self) -> set[str]:
+        """The replicas the fleet must route to: the simulated ones, or ``expect`` when given."""
+        if self.expect is not None:
+            return set(self.expect)
         return {f"{name}-r{i}" for name, models in self.nodes_spec.items() for i in range(len(models))}
 
     def wait_routable(self, expected: set[str], timeout: float = 30.0) -> None:

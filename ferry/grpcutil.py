@@ -61,11 +61,13 @@ async def start_server(
     *,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a server for ``services`` (each ``(add_fn, servicer, full_service_name)``) on ``listen``.
 
     Adds gRPC health checking (every service and the server as a whole report
-    SERVING) and reflection. Returns the server and the port it bound.
+    SERVING) and reflection. With ``credentials`` (see :mod:`ferry.tls`) the
+    port is TLS, otherwise plain text. Returns the server and the port it bound.
     """
     guard = DecodeGuard()  # undecodable request bytes: INVALID_ARGUMENT, not UNKNOWN
     server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=[guard, *interceptors])
@@ -78,7 +80,7 @@ async def start_server(
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"could not bind {listen}")
     await server.start()

@@ -1,0 +1,46 @@
+"""A throw-away CA and certificates for ``ferry up --tls`` and tests, made with the ``openssl`` command.
+
+:func:`generate` writes ``ca.pem`` and, for each name, ``NAME.pem`` and
+``NAME.key``: P-256 keys, valid for ``days`` days, with the common name NAME,
+subject alternative names ``IP:127.0.0.1`` and ``DNS:localhost``, and both
+server and client use, so one certificate serves a component in both roles.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from ferry.tls import TLSConfig
+
+EXT = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+
+
+def generate(directory: str | Path, names: tuple[str, ...], *, days: int = 2) -> dict[str, TLSConfig]:
+    """A CA in ``directory`` and a signed certificate per name; returns each name's TLS config."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", str(days),
+             "-subj", "/CN=ferry-throwaway-ca", cwd=d)
+    (d / "ext.cnf").write_text(EXT)
+    out = {}
+    for name in names:
+        _openssl("req", *curve, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", str(days), "-extfile", "ext.cnf", cwd=d)
+        (d / f"{name}.key").chmod(0o600)
+        out[name] = TLSConfig.load(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
+    return out
+
+
+def paths(directory: str | Path, name: str) -> list[str]:
+    """The ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` flags for ``name``'s files in ``directory``."""
+    d = Path(directory)
+    return ["--tls-ca", str(d / "ca.pem"), "--tls-cert", str(d / f"{name}.pem"), "--tls-key", str(d / f"{name}.key")]

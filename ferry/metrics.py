@@ -8,7 +8,7 @@ over HTTP with :func:`start_metrics_server` (port 0 allowed).
 
 from __future__ import annotations
 
-from prometheus_client import disable_created_metrics, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, disable_created_metrics, start_http_server
 
 from ferry.grpcutil import split_address
 
@@ -27,9 +27,12 @@ def name(metric: str) -> str:
     return PREFIX + metric
 
 
-def start_metrics_server(listen: str) -> int:
-    """Serve the default registry at ``http://listen/metrics``; returns the bound port."""
+def start_metrics_server(listen: str, registry: CollectorRegistry = REGISTRY) -> int:
+    """Serve ``registry`` (the default one unless given) at ``http://listen/metrics``; returns the bound port.
+
+    The server runs in a daemon thread for the life of the process.
+    """
     disable_created_metrics()  # one series per metric: no `_created` twins
     host, port = split_address(listen)
-    server, _thread = start_http_server(port, addr=host)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)

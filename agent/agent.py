@@ -4,7 +4,8 @@ Two tasks, both I/O; every decision is in :mod:`agent.states` (replica
 states), :mod:`agent.backoff` (reconnection delays) and
 :mod:`agent.inventory` (what to report):
 
-- **poller**: every telemetry interval (or at once after a command) polls
+- **poller**: every telemetry interval (or at once after a command, or
+  when :meth:`Agent.poll_now` is called) polls
   each endpoint through :class:`agent.triton.TritonEndpoint`, feeds the
   observations to the state machine and, when a state changed, wakes the
   sender. Endpoints adopted whole (a real Triton) are listed again every
@@ -199,9 +200,16 @@ class Agent:
                 changed |= tracked.status.state is not before
                 if load and load.kv_block_tokens and not tracked.spec.kv_block_tokens:
                     self.inventory.upsert(dataclasses.replace(tracked.spec, kv_block_tokens=load.kv_block_tokens))
+                if load and load.max_concurrency and load.max_concurrency != tracked.spec.max_concurrency:
+                    # a batch runtime's slots shrink when a GPU fails and grow back when it is restored
+                    self.inventory.upsert(dataclasses.replace(tracked.spec, max_concurrency=load.max_concurrency))
         self._count_states()
         if changed:
             self._send_now.set()
+
+    def poll_now(self) -> None:
+        """Poll the replicas at once rather than at the next interval (a replica's state just changed)."""
+        self._poll_now.set()
 
     def _count_states(self) -> None:
         for state, count in self.inventory.counts().items():

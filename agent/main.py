@@ -3,10 +3,19 @@
 Each ``--replica MODEL[:VERSION]`` starts a :class:`agent.replica.SimulatedReplica`
 (id ``{node}-r{i}``, version ``v1`` by default, engine parameters from the
 ``[replica]`` section, the node's GPUs shared evenly); ``--triton`` also adopts
-every LLM model of a real Triton endpoint. The agent reaches every replica
-over gRPC, as it would on a real node, and connects to the control planes.
+every LLM model of a real Triton endpoint. ``--batch-runtime`` also runs
+ferry's fixed-batch runtime (:mod:`agent.batch`) on the node's ``--gpus``,
+hosting ``--batch-model`` (and ``--batch-gang-model``, which needs every GPU
+per batch) with the contract flags of ``ferry batch-runtime`` prefixed
+``batch-`` (:mod:`agent.batch.host`); each hosted model is a replica
+``{node}-b{j}`` registered with GPUs = its GPUs per batch and
+max_concurrency = ``max_batch`` × batch slots. The agent reaches every
+replica over gRPC, as it would on a real node, and connects to the control
+planes; a GPU killed or restored in the runtime makes it poll at once, so a
+gang model that lost a GPU leaves the table within one telemetry round trip.
 Once everything serves, the ready file gets
-``{"node", "pid", "metrics", "replicas": [{"replica_id", "model", "version", "address", "metrics"}]}``.
+``{"node", "pid", "metrics", "replicas": [{"replica_id", "model", "version", "address", "metrics"}]}``
+and, with the batch runtime, ``"batch_runtime": {"address", "metrics", "models"}``.
 Stops cleanly on SIGTERM and SIGINT. Exit status: 0 after a clean stop, 2 for
 bad flags or configuration.
 """
@@ -21,6 +30,7 @@ import socket
 import sys
 
 from agent.agent import Agent, Endpoint, NodeInfo
+from agent.batch.host import HostedRuntime, RuntimeSpec, add_arguments, spec_from_args
 from agent.config import AgentSettings
 from agent.engine import EngineParams
 from agent.inventory import ReplicaSpec
@@ -30,6 +40,8 @@ from ferry.errors import ConfigError
 from ferry.grpcutil import split_address
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
+
+BATCH_PREFIX = "batch-"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="the agent's own metrics endpoint (default 127.0.0.1:0)")
     parser.add_argument("--ready-file", metavar="PATH", help="write the bound addresses here once serving")
+    batch = parser.add_argument_group("batch runtime", "ferry's fixed-batch runtime on this node's GPUs")
+    batch.add_argument("--batch-runtime", action="store_true", help="run the batch runtime and register its models")
+    add_arguments(batch, prefix=BATCH_PREFIX, version="v1")
     return parser
 
 
@@ -78,21 +93,44 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_file(args.config)
         params = cfg.section(EngineParams, "replica")
         settings = cfg.section(AgentSettings, "agent")
+        batch = spec_from_args(args, gpus=args.gpus, prefix=BATCH_PREFIX) if args.batch_runtime else None
     except (ValueError, ConfigError) as exc:
         print(f"ferry node: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(args, control_planes, replicas, params, settings))
+    try:
+        asyncio.run(serve(args, control_planes, replicas, params, settings, batch))
+    except ConfigError as exc:  # the batch function could not be loaded
+        print(f"ferry node: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
+def batch_endpoint(node: str, hosted: HostedRuntime, spec: RuntimeSpec) -> Endpoint:
+    """The batch runtime as an endpoint of the agent: one replica per hosted model."""
+    node_dispatch = hosted.runtime.node
+    replicas = tuple(ReplicaSpec(
+        replica_id=f"{node}-b{j}", model=c.name, version=spec.version, address=hosted.address, kserve_model=c.name,
+        gpus=c.gpus_per_batch, max_concurrency=c.max_batch * max(1, node_dispatch.slots(c.name)))
+        for j, c in enumerate(node_dispatch.contracts.values()))
+    return Endpoint(address=hosted.address, metrics_url=hosted.metrics_url, replicas=replicas, gpus=spec.gpus)
+
+
 async def serve(args: argparse.Namespace, control_planes: list[str], models: list[tuple[str, str]],
-                params: EngineParams, settings: AgentSettings) -> None:
-    """Run the replicas and the agent until SIGTERM or SIGINT."""
+                params: EngineParams, settings: AgentSettings, batch: RuntimeSpec | None = None) -> None:
+    """Run the replicas, the batch runtime and the agent until SIGTERM or SIGINT."""
     stop = stop_event()
     replicas: list[SimulatedReplica] = []
     agent: Agent | None = None
+    hosted: HostedRuntime | None = None
     gpus_each = max(1, args.gpus // max(1, len(models)))
+
+    def batch_changed() -> None:
+        if agent is not None:
+            agent.poll_now()
+
     try:
+        if batch is not None:
+            hosted = await HostedRuntime.start(batch, host=args.listen_host, on_change=batch_changed)
         for i, (model, version) in enumerate(models):
             replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
                                        replica_id=f"{args.node}-r{i}")
@@ -102,6 +140,10 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
             replica_id=r.replica_id, model=r.model, version=r.version, address=r.address, kserve_model=r.model,
             gpus=gpus_each, max_concurrency=params.max_running, kv_block_tokens=params.kv_block_tokens,
             max_context_tokens=params.max_context_tokens),)) for r in replicas]
+        batch_replicas: tuple[ReplicaSpec, ...] = ()
+        if hosted is not None and batch is not None:
+            endpoints.append(batch_endpoint(args.node, hosted, batch))
+            batch_replicas = endpoints[-1].replicas
         if args.triton:
             endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus))
         metrics_host, _ = split_address(args.metrics_listen)
@@ -109,15 +151,21 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
         agent = Agent(node=NodeInfo(node=args.node, region=args.region, gpus=args.gpus),
                       control_planes=control_planes, endpoints=endpoints, settings=settings)
         await agent.start()
-        write_ready_file(args.ready_file, {
-            "node": args.node, "pid": os.getpid(), "metrics": f"{metrics_host}:{metrics_port}",
-            "replicas": [{"replica_id": r.replica_id, "model": r.model, "version": r.version,
-                          "address": r.address, "metrics": r.metrics_address} for r in replicas],
-        })
-        logging.getLogger(__name__).info("node %s serving %d replicas", args.node, len(replicas))
+        listed = [{"replica_id": r.replica_id, "model": r.model, "version": r.version,
+                   "address": r.address, "metrics": r.metrics_address} for r in replicas]
+        ready: dict[str, object] = {"node": args.node, "pid": os.getpid(), "metrics": f"{metrics_host}:{metrics_port}"}
+        if hosted is not None:
+            listed += [{"replica_id": r.replica_id, "model": r.model, "version": r.version, "address": r.address,
+                        "metrics": hosted.metrics_address} for r in batch_replicas]
+            ready["batch_runtime"] = {"address": hosted.address, "metrics": hosted.metrics_address,
+                                      "models": hosted.runtime.models}
+        write_ready_file(args.ready_file, {**ready, "replicas": listed})
+        logging.getLogger(__name__).info("node %s serving %d replicas", args.node, len(listed))
         await stop.wait()
     finally:
         if agent is not None:
             await agent.stop()
         for replica in replicas:
             await replica.stop()
+        if hosted is not None:
+            await hosted.stop()

@@ -14,7 +14,10 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
 - :meth:`TritonEndpoint.poll`: reachability (ServerLive), ModelReady per
   model, and load from the metrics: queued = the larger of
   ``nv_inference_pending_request_count`` and TensorRT-LLM's ``waiting``
-  requests; running = TensorRT-LLM's ``active`` requests; KV blocks
+  requests; running = TensorRT-LLM's ``active`` requests, or ferry's batch
+  runtime's ``ferry_batch_running_requests``; batch slots
+  (``max_concurrency``) from the runtime's ``ferry_batch_max_concurrency``
+  when it exports one (0 otherwise: the registered value stands); KV blocks
   ``free`` / ``max`` / ``tokens_per``; completed =
   ``nv_inference_request_success``; GPU utilization = mean of
   ``nv_gpu_utilization``; prefix blocks from the optional ``ferry_replica_*``
@@ -72,6 +75,7 @@ class ModelLoad:
     prefix_hit_blocks: int = 0
     prefix_lookup_blocks: int = 0
     gpu_utilization: float = 0.0
+    max_concurrency: int = 0  # batch slots the endpoint reports now (0: not reported)
     source: str = "metrics"  # metrics | statistics | none
 
 
@@ -178,7 +182,9 @@ def from_metrics(samples: Samples, model: str, version: str, *, ready: bool) -> 
     return ModelLoad(
         ready=ready,
         queued=int(max(pending, waiting)),
-        running=int(value("nv_trt_llm_request_metrics", trt, request_type="active")),
+        running=int(max(value("nv_trt_llm_request_metrics", trt, request_type="active"),
+                        value("ferry_batch_running_requests", labels))),
+        max_concurrency=int(value("ferry_batch_max_concurrency", labels)),
         kv_blocks_free=int(value("nv_trt_llm_kv_cache_block_metrics", trt, kv_cache_block_type="free")),
         kv_blocks_total=int(value("nv_trt_llm_kv_cache_block_metrics", trt, kv_cache_block_type="max")),
         kv_block_tokens=int(value("nv_trt_llm_kv_cache_block_metrics", trt, kv_cache_block_type="tokens_per")),

@@ -16,6 +16,12 @@ happen and carries out what it returns:
   queue for another GPU; a request tried ``max_attempts`` times, or of a model
   the node can no longer run, fails instead.
 
+A refused or evicted request's ``retry_after`` is :meth:`retry_after`: the
+model's backlog over its measured drain rate (:mod:`agent.batch.drain`), or
+over its capacity (batch slots × ``max_batch`` / ``batch_s``) before any
+batch completed. :meth:`slots` and :meth:`running` give the load views the
+runtime reports.
+
 Every request ends exactly once: answered through :meth:`complete`, or failed
 through a returned error (refused, evicted, unavailable, too many attempts).
 Bounds: pending per model (``max_pending``), in flight at most one batch per
@@ -28,7 +34,8 @@ import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 
-from agent.batch.batcher import Batcher, BatcherConfig, FlushReason, Waiting
+from agent.batch.batcher import Batcher, BatcherConfig, FlushReason, QueueFull, Waiting
+from agent.batch.drain import DrainMeter, retry_after_s
 from agent.batch.gpusched import Branch, GpuScheduler, SchedulerConfig
 from ferry.errors import ConfigError, FerryError, NoReplica, NotFound, ReplicaFailed
 
@@ -109,6 +116,7 @@ class NodeDispatcher:
         self.contracts = {c.name: c for c in contracts}
         self.batchers = {c.name: Batcher(c.batcher_config(), model=c.name) for c in contracts}
         self.scheduler = GpuScheduler(scheduler, {c.name: c.gpus_per_batch for c in contracts})
+        self.meters = {c.name: DrainMeter() for c in contracts}
         self.stats = DispatchStats()
         self._inflight: dict[int, Dispatch] = {}
         self._batch_of: dict[int, int] = {}
@@ -126,7 +134,11 @@ class NodeDispatcher:
         if not self.scheduler.available(model):
             raise NoReplica(model, self.scheduler.unavailable()[model])
         rid = self._next_rid
-        evicted = batcher.push(Waiting(rid, tenant, plan, now))
+        self.meters[model].start(now)
+        try:
+            evicted = batcher.push(Waiting(rid, tenant, plan, now))
+        except QueueFull as full:
+            raise QueueFull(model, full.limit, self.retry_after(model, now)) from None
         self._next_rid += 1
         self.stats.submitted += 1
         if evicted is not None:
@@ -142,6 +154,21 @@ class NodeDispatcher:
 
     def pending(self, model: str) -> int:
         return len(self.batchers[model])
+
+    def running(self, model: str) -> int:
+        """Requests of ``model`` in batches on GPUs now; O(batches in flight)."""
+        return sum(len(d.items) for d in self._inflight.values() if d.model == model)
+
+    def slots(self, model: str) -> int:
+        """Batches of ``model`` the node's healthy GPUs can run at once."""
+        healthy = self.scheduler.config.gpus - len(self.scheduler.failed_gpus)
+        return healthy // self.scheduler.need(model)
+
+    def retry_after(self, model: str, now: float) -> float:
+        """Seconds a refused request of ``model`` should wait: its backlog over the queue's drain rate."""
+        contract = self.contracts[model]
+        rate = self.meters[model].rate(now) or self.slots(model) * contract.max_batch / contract.batch_s
+        return retry_after_s(self.pending(model), rate, floor_s=contract.batch_s)
 
     def in_flight(self) -> dict[int, Dispatch]:
         return dict(self._inflight)
@@ -183,6 +210,7 @@ class NodeDispatcher:
             self.stats.stale_results += 1
             return None
         self.stats.completed += len(d.items)
+        self.meters[d.model].record(now, len(d.items))
         return d
 
     def fail_batch(self, batch_id: int, now: float) -> Dispatch | None:

@@ -16,6 +16,13 @@ so every request gets exactly one answer or one error. A function that
 raises, or breaks the contract (not one string per input), fails its batch's
 requests with UNAVAILABLE (the proxy retries elsewhere); the GPU stays up.
 
+Load: :meth:`BatchRuntime.load` is a :class:`~agent.batch.telemetry.RuntimeLoad`
+snapshot (pending, running, batch slots, per-GPU busy share), exported by
+:mod:`agent.batch.metrics` in the runtime's own registry. A refused or evicted
+request's retry-after is the dispatcher's (the backlog over the drain rate).
+``on_change`` is called after a GPU is killed or restored, so an agent in the
+same process can report a model that became unavailable at once.
+
 Bounds: pending per model (the dispatcher's ``max_pending``), in flight at
 most one batch per GPU, threads ``2 × gpus``.
 """
@@ -29,14 +36,17 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agent.batch import metrics
+from prometheus_client import CollectorRegistry
+
 from agent.batch.batcher import QueueFull
 from agent.batch.dispatch import Dispatch, KillReport, ModelContract, NodeDispatcher
 from agent.batch.gpusched import SchedulerConfig
+from agent.batch.metrics import BatchMetrics
 from agent.batch.reference import check_outputs
+from agent.batch.telemetry import BusyWindow, ModelView, RuntimeLoad
 from ferry.errors import FerryError, ReplicaFailed, Unavailable
 
-VERSION = "1"
+VERSION = "1"  # the model version a runtime serves unless told otherwise (Triton's numbering)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +75,7 @@ class ModelCounters:
     answered: int = 0
     failed: int = 0
     batches: int = 0
+    aborted: int = 0
     queue_s: float = 0.0
     service_s: float = 0.0
     compute_s: float = 0.0
@@ -82,16 +93,20 @@ class _Waiter:
 class BatchRuntime:
     """Hosts fixed-batch functions on a node's simulated GPUs."""
 
-    def __init__(self, models: Sequence[HostedModel], scheduler: SchedulerConfig) -> None:
+    def __init__(self, models: Sequence[HostedModel], scheduler: SchedulerConfig, *, version: str = VERSION,
+                 registry: CollectorRegistry | None = None, on_change: Callable[[], None] | None = None) -> None:
         self.node = NodeDispatcher([m.contract for m in models], scheduler)
+        self.version = version
         self._functions = {m.contract.name: m.function for m in models}
         self.counters = {m.contract.name: ModelCounters() for m in models}
+        self.busy = BusyWindow(scheduler.gpus)
+        self.metrics = BatchMetrics(self.load, registry)
+        self._on_change = on_change
         self._waiters: dict[int, _Waiter] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._drain_reported = 0.0
 
     @property
     def models(self) -> list[str]:
@@ -105,7 +120,6 @@ class BatchRuntime:
         self._loop = asyncio.get_running_loop()
         gpus = self.node.scheduler.config.gpus
         self._executor = concurrent.futures.ThreadPoolExecutor(2 * gpus, thread_name_prefix="gpu")
-        self._refresh_gauges()
 
     async def stop(self) -> None:
         """Stop: cancel running batches, fail waiting requests with UNAVAILABLE."""
@@ -131,6 +145,25 @@ class BatchRuntime:
         reason = self.node.scheduler.unavailable().get(model, "")
         return self.running and not reason, reason or ("" if self.running else "not started")
 
+    def load(self) -> RuntimeLoad:
+        """A snapshot of the runtime's load (all zeros but the totals when stopped)."""
+        node, sched = self.node, self.node.scheduler
+        now = self._loop.time() if self._loop is not None else 0.0
+        views = []
+        for model, counters in self.counters.items():
+            contract = node.contracts[model]
+            views.append(ModelView(
+                model=model, version=self.version, ready=self.model_status(model)[0], pending=node.pending(model),
+                running=node.running(model), max_concurrency=contract.max_batch * node.slots(model),
+                answered=counters.answered, failed=counters.failed, batches=counters.batches,
+                aborted=counters.aborted))
+        running = sched.running.values()
+        shares = self.busy.utilization(now, ((b.gpus, b.started) for b in running))
+        failed = set(sched.failed_gpus)
+        utilization = tuple(None if gpu in failed else share for gpu, share in enumerate(shares))
+        return RuntimeLoad(models=tuple(views), gpu_utilization=utilization,
+                           gpus_in_use=sum(len(b.gpus) for b in running), drain_idle_gpu_s=sched.drain_idle_gpu_s)
+
     async def infer(self, model: str, text: str, *, tenant: str = "anonymous", plan: str = "paid") -> Answer:
         """Answer one input through a batch; raises a FerryError when refused or failed."""
         loop = self._loop
@@ -142,7 +175,7 @@ class BatchRuntime:
         self._waiters[rid] = _Waiter(model, text, now, future)
         if evicted is not None:
             contract = self.node.contracts[model]
-            self._fail(evicted, QueueFull(model, contract.max_pending, contract.batch_s))
+            self._fail(evicted, QueueFull(model, contract.max_pending, self.node.retry_after(model, now)))
         self._pump()
         try:
             return await future
@@ -156,19 +189,24 @@ class BatchRuntime:
         loop = self._loop
         if loop is None:
             raise Unavailable("batch runtime not running")
+        running = self.node.in_flight()
         if gpu is None:
-            running = self.node.in_flight()
             gpu = running[min(running)].gpus[0] if running else min(self.node.scheduler.free_gpus, default=0)
-        report = self.node.kill_gpu(gpu, loop.time())
+        now = loop.time()
+        report = self.node.kill_gpu(gpu, now)
         if report.batch_id is not None:
+            aborted = running[report.batch_id]
+            self.busy.record(aborted.gpus, aborted.started, now)
+            self.counters[aborted.model].aborted += 1
             task = self._tasks.pop(report.batch_id, None)
             if task is not None:
                 task.cancel()
         if report.model is not None and report.requeued:
-            metrics.REQUEUED.labels(report.model).inc(len(report.requeued))
+            self.metrics.requeued.labels(report.model).inc(len(report.requeued))
         for rid, error in report.failed:
             self._fail(rid, error)
         self._pump()
+        self._changed()
         return report
 
     def restore_gpu(self, gpu: int) -> bool:
@@ -178,6 +216,7 @@ class BatchRuntime:
             raise Unavailable("batch runtime not running")
         restored = self.node.restore_gpu(gpu, loop.time())
         self._pump()
+        self._changed()
         return restored
 
     # --- internals ---------------------------------------------------------------------------
@@ -195,14 +234,17 @@ class BatchRuntime:
         wake = self.node.next_wake(now)
         if wake is not None:
             self._timer = loop.call_at(wake, self._pump)
-        self._refresh_gauges()
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
 
     def _start(self, d: Dispatch) -> None:
         assert self._loop is not None
         inputs = [w.text if (w := self._waiters.get(item.rid)) else "" for item in d.items]
-        metrics.BATCH_SIZE.labels(d.model).observe(len(d.items))
-        metrics.FLUSHES.labels(d.model, d.reason).inc()
-        metrics.PLACEMENTS.labels(d.model, d.branch).inc()
+        self.metrics.batch_size.labels(d.model).observe(len(d.items))
+        self.metrics.flushes.labels(d.model, d.reason).inc()
+        self.metrics.placements.labels(d.model, d.branch).inc()
         self._tasks[d.batch_id] = self._loop.create_task(self._run(d, inputs), name=f"batch-{d.batch_id}")
 
     async def _run(self, d: Dispatch, inputs: list[str]) -> None:
@@ -218,6 +260,7 @@ class BatchRuntime:
             return  # the GPU was killed (its requests are already requeued) or the runtime stops
         except Exception as exc:  # a failing backend fails its batch, not the runtime
             self._tasks.pop(d.batch_id, None)
+            self.busy.record(d.gpus, d.started, self._loop.time())
             failed = self.node.fail_batch(d.batch_id, self._loop.time())
             for item in failed.items if failed else ():
                 self._fail(item.rid, ReplicaFailed(f"{d.model}/gpu{d.gpus[0]}", f"batch function: {exc}",
@@ -228,6 +271,7 @@ class BatchRuntime:
         now = self._loop.time()
         done = self.node.complete(d.batch_id, now)
         if done is not None:
+            self.busy.record(d.gpus, d.started, now)
             counters = self.counters[d.model]
             counters.batches += 1
             counters.compute_s += now - d.started
@@ -252,14 +296,3 @@ class BatchRuntime:
             return
         self.counters[waiter.model].failed += 1
         waiter.future.set_exception(error)
-
-    def _refresh_gauges(self) -> None:
-        sched = self.node.scheduler
-        for model in self._functions:
-            metrics.PENDING.labels(model, VERSION).set(self.node.pending(model))
-        metrics.GPUS_IN_USE.set(sum(len(d.gpus) for d in sched.running.values()))
-        metrics.GPUS_FAILED.set(len(sched.failed_gpus))
-        if sched.drain_idle_gpu_s > self._drain_reported:
-            metrics.DRAIN_IDLE.inc(sched.drain_idle_gpu_s - self._drain_reported)
-            self._drain_reported = sched.drain_idle_gpu_s
-

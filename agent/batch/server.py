@@ -6,11 +6,15 @@ RepositoryIndex, ModelStatistics and ModelInfer of
 Tensors follow docs/CONTRACTS.md: one ``text_input`` BYTES element in (shape
 ``[1, 1]`` or ``[1]``, raw or typed contents), ``text_output`` BYTES ``[1, 1]``
 out, the request id echoed, ``ferry_queue_seconds`` and
-``ferry_service_seconds`` in the response parameters. Tenant and plan come
-from the request parameters ``ferry_tenant`` and ``ferry_plan`` (defaults
-``anonymous`` and ``paid``). Errors are FerryErrors mapped to a status here
-and nowhere else (a full queue is RESOURCE_EXHAUSTED, a model the node cannot
-run UNAVAILABLE).
+``ferry_service_seconds`` in the response parameters. Every other input (the
+proxy's ``max_tokens``, a ``stream`` flag) is accepted and ignored: a fixed
+batch contract has no token budget. Tenant and plan come from the request
+parameters ``ferry_tenant`` and ``ferry_plan`` (defaults ``anonymous`` and
+``paid``) and decide the fill order; ``ferry_tier`` and ``priority`` are
+ignored. Errors are FerryErrors mapped to a status here and nowhere else (a
+full queue is RESOURCE_EXHAUSTED with ``retry-after`` seconds in the trailing
+metadata, from the queue's drain rate; a model the node cannot run
+UNAVAILABLE).
 
 Fault injection, off unless the server is built with ``allow_faults`` (the
 ``--allow-fault-injection`` flag): a ModelInfer on the reserved model name
@@ -30,9 +34,9 @@ from typing import Any, NoReturn
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from agent.batch.runtime import VERSION, BatchRuntime
+from agent.batch.runtime import BatchRuntime
 from ferry import grpcutil
-from ferry.errors import FerryError, InvalidArgument, NotFound, PermissionDenied
+from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, PermissionDenied
 
 SERVICE = "inference.GRPCInferenceService"
 FAULT_MODEL = "ferry.fault"
@@ -89,8 +93,8 @@ def _string_param(request: Any, key: str, default: str) -> str:
     return value
 
 
-def _text_response(request: Any, model: str, text: str) -> Any:
-    response = service_pb2.ModelInferResponse(model_name=model, model_version=VERSION, id=request.id)
+def _text_response(request: Any, model: str, version: str, text: str) -> Any:
+    response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=request.id)
     response.outputs.add(name="text_output", datatype="BYTES", shape=[1, 1])
     response.raw_output_contents.append(encode_bytes_tensor([text.encode("utf-8")]))
     return response
@@ -110,18 +114,18 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
         return service_pb2.ServerReadyResponse(ready=self.runtime.running)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return service_pb2.ServerMetadataResponse(name="ferry-batch-runtime", version=VERSION)
+        return service_pb2.ServerMetadataResponse(name="ferry-batch-runtime", version=self.runtime.version)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         ready, _reason = self.runtime.model_status(request.name)
-        return service_pb2.ModelReadyResponse(ready=ready and request.version in ("", VERSION))
+        return service_pb2.ModelReadyResponse(ready=ready and request.version in ("", self.runtime.version))
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         if request.name not in self.runtime.models:
             await self._abort(context, NotFound("model", request.name))
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
-            name=request.name, versions=[VERSION], platform="ferry_batch",
+            name=request.name, versions=[self.runtime.version], platform="ferry_batch",
             inputs=[tensor(name="text_input", datatype="BYTES", shape=[-1])],
             outputs=[tensor(name="text_output", datatype="BYTES", shape=[-1])])
 
@@ -129,7 +133,8 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
         response = service_pb2.RepositoryIndexResponse()
         for model in self.runtime.models:
             ready, reason = self.runtime.model_status(model)
-            response.models.add(name=model, version=VERSION, state="READY" if ready else "UNAVAILABLE", reason=reason)
+            response.models.add(name=model, version=self.runtime.version, state="READY" if ready else "UNAVAILABLE",
+                                reason=reason)
         return response
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
@@ -138,7 +143,7 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
         response = service_pb2.ModelStatisticsResponse()
         for model in [request.name] if request.name else self.runtime.models:
             c = self.runtime.counters[model]
-            stats = response.model_stats.add(name=model, version=VERSION, last_inference=c.last_answer_ms,
+            stats = response.model_stats.add(name=model, version=self.runtime.version, last_inference=c.last_answer_ms,
                                              inference_count=c.answered, execution_count=c.batches)
             inference = stats.inference_stats
             inference.success.count, inference.success.ns = c.answered, int(c.service_s * 1e9)
@@ -151,8 +156,8 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
         try:
             text = _text_input(request)
             if request.model_name == FAULT_MODEL:
-                return _text_response(request, FAULT_MODEL, self._fault(text))
-            if request.model_version not in ("", VERSION):
+                return _text_response(request, FAULT_MODEL, self.runtime.version, self._fault(text))
+            if request.model_version not in ("", self.runtime.version):
                 raise NotFound("model version", f"{request.model_name}/{request.model_version}")
             answer = await self.runtime.infer(
                 request.model_name, text,
@@ -161,7 +166,7 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
         except FerryError as exc:
             await self._abort(context, exc)
         self.runtime.counters[request.model_name].last_answer_ms = int(time.time() * 1e3)
-        response = _text_response(request, request.model_name, answer.text)
+        response = _text_response(request, request.model_name, self.runtime.version, answer.text)
         response.parameters["ferry_queue_seconds"].double_param = answer.queue_s
         response.parameters["ferry_service_seconds"].double_param = answer.service_s
         return response
@@ -189,7 +194,10 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
                            "unavailable": list(report.unavailable)})
 
     async def _abort(self, context: Any, error: FerryError) -> NoReturn:
-        await context.abort(grpcutil.status_for(error), str(error))
+        trailing: tuple[tuple[str, str], ...] = ()
+        if isinstance(error, Overloaded):
+            trailing = (("retry-after", f"{error.retry_after:.3g}"),)
+        await context.abort(grpcutil.status_for(error), str(error), trailing_metadata=trailing)
         raise AssertionError("context.abort returned")
 
     async def _unimplemented(self, context: Any) -> Any:

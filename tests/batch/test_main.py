@@ -14,7 +14,8 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.grpc import InferInput
 
-from agent.batch.main import build_parser, contracts
+from agent.batch.host import spec_from_args
+from agent.batch.main import build_parser
 from agent.batch.reference import transform
 
 pytestmark = pytest.mark.timeout(30)
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_flags_derive_max_wait_and_add_the_gang_model() -> None:
     args = build_parser().parse_args(["--gang-model", "big", "--gpus", "4", "--budget-ms", "1000"])
-    small, big = contracts(args)
+    small, big = spec_from_args(args, gpus=args.gpus).contracts()
     assert small.max_wait_s == pytest.approx(0.25) and small.gpus_per_batch == 1
     assert big.name == "big" and big.gpus_per_batch == 4
 

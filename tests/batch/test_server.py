@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from agent.batch.gpusched import SchedulerConfig
 from agent.batch.reference import batchstring, transform
 from agent.batch.runtime import BatchRuntime, HostedModel
 from agent.batch.server import FAULT_MODEL, serve
+from agent.httptext import get_text
 from tests.batch.fakes import GatedBackend
 
 pytestmark = pytest.mark.timeout(30)
@@ -179,13 +179,82 @@ async def test_metadata_and_unimplemented_rpcs() -> None:
 async def test_metrics_endpoint_exposes_batch_metrics() -> None:
     async with served(max_wait_s=0.0) as s:
         await infer(s.client, "m")
-        server, port = metrics.serve("127.0.0.1:0")
+        server, port = await metrics.serve("127.0.0.1:0", s.runtime.metrics)
         try:
-            body = await asyncio.to_thread(
-                lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+            body = await get_text(f"http://127.0.0.1:{port}/metrics")
         finally:
-            server.shutdown()
+            server.close()
+            await server.wait_closed()
     for name in ("nv_inference_pending_request_count", "ferry_batch_size_bucket", "ferry_batch_flushes_total",
-                 "ferry_batch_requeued_total", "ferry_gpu_idle_drain_seconds_total", "ferry_gpus_in_use"):
+                 "ferry_gpu_idle_drain_seconds_total", "ferry_gpus_in_use", "ferry_batch_running_requests",
+                 "ferry_batch_aborted_total", "nv_gpu_utilization"):
         assert name in body, name
     assert 'ferry_batch_flushes_total{model="batchstring",reason="time"}' in body
+    assert 'nv_inference_request_success{model="batchstring",version="1"} 1.0' in body
+    assert 'ferry_batch_max_concurrency{model="batchstring",version="1"} 200.0' in body  # 100 x 2 GPUs
+
+
+def proxy_request(text: str, model: str = "batchstring", **params: str) -> Any:
+    """A ModelInferRequest shaped as the proxy sends it: text_input and max_tokens [1, 1], ferry_* parameters."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest(model_name=model, id="proxy-1")
+    for name, datatype in (("text_input", "BYTES"), ("max_tokens", "INT32")):
+        tensor = request.inputs.add()
+        tensor.name, tensor.datatype = name, datatype
+        tensor.shape.extend([1, 1])
+    request.outputs.add().name = "text_output"
+    data = text.encode()
+    request.raw_input_contents.extend([len(data).to_bytes(4, "little") + data,
+                                       np.array([[64]], dtype=np.int32).tobytes()])
+    for key, value in {"ferry_tier": "interactive", "ferry_tenant": "acme", "ferry_plan": "free", **params}.items():
+        request.parameters[key].string_param = value
+    request.parameters["priority"].uint64_param = 1
+    return request
+
+
+async def test_accepts_the_proxys_request_and_ignores_max_tokens() -> None:
+    from tritonclient.grpc import service_pb2_grpc
+
+    async with served(max_wait_s=0.0) as s, grpc.aio.insecure_channel(s.address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response = await stub.ModelInfer(proxy_request("hello"), timeout=10)
+        assert response.id == "proxy-1" and response.model_version == "1"
+        assert response.raw_output_contents[0][4:].decode() == transform("hello")
+
+
+async def test_queue_full_carries_retry_after_from_the_drain_rate() -> None:
+    from tritonclient.grpc import service_pb2_grpc
+
+    backend = GatedBackend()
+    async with served(backend, gpus=1, max_batch=10, max_pending=50, max_wait_s=0.0) as s:
+        first = asyncio.create_task(s.runtime.infer("batchstring", "first"))
+        await backend.wait_started(1)  # the only GPU is busy: everything else waits
+        waiting = [asyncio.create_task(s.runtime.infer("batchstring", f"w{i}")) for i in range(50)]
+        await asyncio.sleep(0)
+        assert s.runtime.node.pending("batchstring") == 50
+        async with grpc.aio.insecure_channel(s.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as rpc:
+                await stub.ModelInfer(proxy_request("refused", ferry_plan="paid"), timeout=10)
+        assert rpc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        trailing = dict(rpc.value.trailing_metadata() or ())
+        # nothing completed yet: the capacity drains it, 1 slot x 10 per 0.1 s = 100/s; 50 pending -> 0.5 s
+        assert trailing["retry-after"] == "0.5"
+        backend.gate.set()
+        assert len(await asyncio.gather(first, *waiting)) == 51
+
+
+async def test_version_is_the_runtimes() -> None:
+    runtime = BatchRuntime([HostedModel(ModelContract(name="m", max_wait_s=0.0), batchstring)], SchedulerConfig(gpus=1),
+                           version="v1")
+    await runtime.start()
+    server, port = await serve(runtime, "127.0.0.1:0")
+    try:
+        async with triton.InferenceServerClient(f"127.0.0.1:{port}") as client:
+            assert await client.is_model_ready("m", "v1") and await client.is_model_ready("m")
+            assert not await client.is_model_ready("m", "1")
+            assert await infer(client, "x", "m") == transform("x")
+    finally:
+        await server.stop(grace=None)
+        await runtime.stop()

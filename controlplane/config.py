@@ -26,13 +26,15 @@ class ControlPlaneSettings:
     telemetry_interval_seconds: float = 0.5  # told to agents in Registered
     forget_after_seconds: float = 300.0  # a dead node is shown to operators this long, then forgotten
     first_message_seconds: float = 10.0  # time a new stream has to send register / subscribe
-    store_timeout_seconds: float = 2.0  # wait for the store to echo a write of intent
+    store_timeout_seconds: float = 2.0  # deadline of one store call; wait for the store to echo a write of intent
+    leader_lease_seconds: float = 3.0  # TTL of a control plane's lease: failover within it plus one tick
     # Bounds.
     max_agents: int = 4096  # agent streams open at once, and nodes remembered
     max_replicas_per_node: int = 64
     max_watchers: int = 1024  # table watch streams open at once
     max_proxies: int = 4096  # proxies remembered for GetTable (disconnected ones are evicted first)
     command_queue_size: int = 64  # commands waiting for one agent
+    max_followers: int = 16  # follower control planes streaming to the leader at once
     max_name_bytes: int = 128  # node, replica id, model, proxy id
     max_region_bytes: int = 64
     max_version_bytes: int = 64
@@ -42,7 +44,7 @@ class ControlPlaneSettings:
             raise ConfigError("controlplane.id", "must not be empty")
         positive_floats = (
             "tick_seconds", "grace_seconds", "telemetry_interval_seconds", "forget_after_seconds",
-            "first_message_seconds", "store_timeout_seconds",
+            "first_message_seconds", "store_timeout_seconds", "leader_lease_seconds",
         )
         for key in positive_floats:
             if not getattr(self, key) > 0:
@@ -51,7 +53,7 @@ class ControlPlaneSettings:
             raise ConfigError("controlplane.debounce_seconds", "must be >= 0 and below tick_seconds")
         positive_ints = (
             "max_agents", "max_replicas_per_node", "max_watchers", "max_proxies", "command_queue_size",
-            "max_name_bytes", "max_region_bytes", "max_version_bytes",
+            "max_name_bytes", "max_region_bytes", "max_version_bytes", "max_followers",
         )
         for key in positive_ints:
             if getattr(self, key) <= 0:

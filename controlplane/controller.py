@@ -4,18 +4,31 @@ It ties the state to its owners: members are written to the store under a
 lease (``/ferry/members/{node}``, TTL ``grace_seconds``, refreshed every third
 of it while the agent stream is open, so a node whose control plane or stream
 is gone drops out of the store by itself) and held in the :class:`FleetView`;
-the drain intent is owned by the store and cached by :class:`IntentCache`;
+operator intent is owned by the store and mirrored by :class:`IntentCache`;
 telemetry stays in memory; the tables are computed by the pure
 :func:`compute_tables` and versioned by :class:`TableVersions`.
 
-The loop recomputes ``debounce_seconds`` (20 ms) after a change, and at least
-every ``tick_seconds`` (0.5 s) so that members expire on time; each new
-version of a region is offered to its watchers at once. A drain or undrain
-waits for the store to echo its write, recomputes and pushes before it
-returns, then queues the command for the replica's agent. Members are
-written to the store by the loop, before it recomputes; a store that fails
-does not stop the tables: they are written again at the next tick.
-Cost per computation: see :mod:`controlplane.table`.
+Alone (``elect=False``, the embedded store) a control plane always leads.
+With ``elect=True`` it joins the others on the store through a
+:class:`controlplane.cluster.Cluster` once its server is bound
+(:meth:`join`): only the leader computes tables, from its own members merged
+with the others' (:func:`controlplane.remote.merge`), and pushes them to its
+proxies and to the followers, which push them to theirs; a follower reports
+its members' load to the leader every tick. A control plane that starts to
+lead in a new term rebases its table versions above all it saw.
+
+The loop recomputes ``debounce_seconds`` (20 ms) after a change of
+membership, replica state, intent or leadership, or a follower's report, and
+at least every ``tick_seconds`` (0.5 s): loads alone ride the tick, so a
+large fleet whose loads always move gets one table version per tick (plus
+one per follower report), not one per telemetry message. Store writes
+(members, table heads) run in a loop of their own, woken by membership
+changes and every tick, so a slow or absent store never delays the tables.
+A drain or undrain is refused at once with ``Unavailable`` while the store is
+unreachable; otherwise it waits for the store to echo its write, for the
+tables to drop a drained replica (pushed before it returns), then tells the
+replica's agent; every other control plane tells its own agents when the
+intent reaches it. Cost per computation: see :mod:`controlplane.table`.
 """
 
 from __future__ import annotations
@@ -23,28 +36,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 
-from controlplane import validate, views
+from controlplane import validate
 from controlplane.agents import Agents, AgentSession
+from controlplane.cluster import Cluster
 from controlplane.config import ControlPlaneSettings
-from controlplane.fleet import FleetView
+from controlplane.fleet import FleetView, Member
 from controlplane.intent import IntentCache
 from controlplane.members import MemberLeases
 from controlplane.metrics import Metrics
+from controlplane.operator import Operator
+from controlplane.peers import Peers
 from controlplane.store import Store
 from controlplane.table import Published, TableVersions, compute_tables, initial_version
 from controlplane.watchers import Watcher, Watchers
 from ferry.config import ModelConfig
-from ferry.errors import InvalidArgument, NotFound, Overloaded, Unavailable
-from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, tables_pb2
+from ferry.errors import InvalidArgument, Overloaded, Unavailable
+from ferry.v1 import common_pb2, fleet_pb2, tables_pb2
 
 log = logging.getLogger(__name__)
 
 NOT_DRAINING = (common_pb2.REPLICA_STATE_UNSPECIFIED, common_pb2.REPLICA_STATE_WARMING, common_pb2.REPLICA_STATE_READY)
+KIND = fleet_pb2.Command
 
 
-class Controller:
+class Controller(Operator, Peers):
     """Everything the servicers call; holds no gRPC types but the generated messages."""
 
     def __init__(
@@ -56,12 +74,15 @@ class Controller:
         clock: Callable[[], float],
         wall: Callable[[], float],
         metrics: Metrics,
+        elect: bool = False,
     ) -> None:
         self.settings = s = settings
+        self.store = store
         self._catalog = tuple(catalog)
         self._clock = clock
         self._wall = wall
         self.metrics = metrics
+        self.elect = elect
         self.fleet = FleetView(
             clock=clock, grace_seconds=s.grace_seconds, forget_after_seconds=s.forget_after_seconds,
             max_members=s.max_agents, max_replicas_per_node=s.max_replicas_per_node,
@@ -69,25 +90,49 @@ class Controller:
         self.agents = Agents(control_plane_id=s.id, max_streams=s.max_agents, queue_size=s.command_queue_size)
         self.watchers = Watchers(max_watchers=s.max_watchers, max_proxies=s.max_proxies, clock=clock)
         self.tables = TableVersions(initial_version(wall()))
-        self.intent = IntentCache(store, on_change=self.notify)
-        self.stopping = False
+        self.intent = IntentCache(store, on_change=self.notify, on_drain=self._drain_changed)
         self.leases = MemberLeases(store, clock=clock, ttl_seconds=s.grace_seconds)
+        self.cluster: Cluster | None = None
+        self.address = ""
+        self.stopping = False
+        self.leading = not elect
+        self._term = 0
+        self._initiating: set[str] = set()
+        self._adopted: asyncio.Event | None = None
         self._dirty = asyncio.Event()
+        self._store_due = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle
 
     async def start(self) -> None:
-        """Sync the intent from the store, compute the first tables, start the loop."""
+        """Sync the intent from the store, compute the first tables (when alone), start the loops."""
         self._tasks.append(asyncio.create_task(self.intent.run(), name="controlplane-intent"))
         try:
             async with asyncio.timeout(self.settings.store_timeout_seconds):
                 await self.intent.synced.wait()
         except TimeoutError as exc:
             await self.stop()
-            raise Unavailable("the store did not answer a listing of the intent") from exc
-        self.recompute()
+            health = self.store.health()
+            where = f"{health.backend} at {health.endpoint}" if health.endpoint else health.backend
+            raise Unavailable(f"the store ({where}) did not answer a listing of the intent within "
+                              f"{self.settings.store_timeout_seconds:g} s") from exc
+        if self.leading:
+            self.recompute()
         self._tasks.append(asyncio.create_task(self._loop(), name="controlplane-loop"))
+        self._tasks.append(asyncio.create_task(self._store_loop(), name="controlplane-store"))
+
+    async def join(self, address: str) -> None:
+        """Take part in the election as ``address`` (when started with ``elect=True``)."""
+        self.address = address
+        if not self.elect:
+            return
+        self.cluster = Cluster(self.store, self.settings, address=address, clock=self._clock, wall=self._wall,
+                               on_change=self.notify, report=self.follower_report, adopt=self.adopt)
+        await self.cluster.start(self.settings.store_timeout_seconds)
+        self._transition()
+        if self.leading:
+            self.recompute()
 
     async def stop(self) -> None:
         self.stopping = True
@@ -99,6 +144,8 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if self.cluster is not None:
+            await self.cluster.stop()
 
     def notify(self) -> None:
         """Something changed: recompute after the debounce."""
@@ -120,10 +167,10 @@ class Controller:
             self.reject("agents_limit")
             raise
         session = self.agents.attach(member)
-        self.leases.changed(member.node)  # written by the loop, before it recomputes
+        self._member_changed(member.node)
         for replica_id, info in member.replicas.items():  # drains requested while the node was away
             if replica_id in self.intent.drains and info.state in NOT_DRAINING:
-                self._send(session, fleet_pb2.Command.KIND_DRAIN, replica_id)
+                self._send(session, KIND.KIND_DRAIN, replica_id)
         self.notify()
         log.info("node %s registered in region %s with %d replicas", member.node, member.region, len(member.replicas))
         return session
@@ -142,8 +189,9 @@ class Controller:
         for reason, count in outcome.ignored.items():
             self.reject(reason, count)
         if outcome.membership_changed:
-            self.leases.changed(session.node)
-        self.notify()
+            self._member_changed(session.node)
+        if outcome.membership_changed or outcome.state_changed:
+            self.notify()  # loads alone ride the next tick: at most one version per tick for load
 
     def command_result(self, session: AgentSession, result: fleet_pb2.CommandResult) -> None:
         level = logging.INFO if result.ok else logging.WARNING
@@ -154,6 +202,10 @@ class Controller:
         if self.fleet.disconnect(session.member):
             log.info("node %s: agent stream ended", session.node)
             self.notify()
+
+    def _member_changed(self, node: str) -> None:
+        self.leases.changed(node)
+        self._store_due.set()
 
     # -- proxies
 
@@ -168,11 +220,13 @@ class Controller:
             self.reject("watchers_limit")
             raise
         published = self.tables.get(sub.region)
-        if published is None:
+        if published is None and self.leading:
             self.recompute()
             published = self.tables.get(sub.region)
-        assert published is not None  # the watched region was just computed
-        watcher.offer(published.snapshot)  # always, even to a proxy that holds it (tables.proto)
+        if published is not None:  # always, even to a proxy that holds it (tables.proto)
+            watcher.offer(published.snapshot)
+        elif self.cluster is not None:
+            self.cluster.link.wake()  # a follower: ask the leader for the region now
         self._observe_proxies()
         return watcher
 
@@ -190,73 +244,60 @@ class Controller:
     def unsubscribe(self, watcher: Watcher) -> None:
         self.watchers.unsubscribe(watcher)
 
-    # -- admin
-
-    def list_replicas(self, model: str, region: str) -> list[admin_pb2.ReplicaView]:
-        validate.check_filter(model, "model", self.settings.max_name_bytes)
-        validate.check_filter(region, "region", self.settings.max_region_bytes)
-        return views.list_replicas(
-            self.fleet.members(), drains=self.intent.drains, tables=self.tables, now=self._clock(),
-            grace=self.settings.grace_seconds, model=model, region=region,
-        )
-
-    def get_table(self, region: str) -> admin_pb2.GetTableResponse:
-        validate.check_filter(region, "region", self.settings.max_region_bytes)
-        return views.get_table(self.tables, self.watchers.statuses(), now=self._clock(), region=region)
-
-    async def set_drain(self, replica_id: str, drain: bool) -> admin_pb2.ReplicaView:
-        """Record (or cancel) a drain in the store, apply it to the tables, then tell the agent."""
-        validate.check_name(replica_id, "replica_id", self.settings.max_name_bytes)
-        if self.fleet.find(replica_id) is None:
-            raise NotFound("replica", replica_id)
-        if drain:
-            revision = await self.intent.request_drain(replica_id, self._wall())
-        else:
-            revision = await self.intent.cancel_drain(replica_id)
-        await self.intent.wait(revision, self.settings.store_timeout_seconds)
-        self.recompute()
-        member = self.fleet.find(replica_id)
-        if member is None:
-            raise NotFound("replica", replica_id)
-        session = self.agents.get(member.node)
-        if session is not None:
-            kind = fleet_pb2.Command.KIND_DRAIN if drain else fleet_pb2.Command.KIND_UNDRAIN
-            try:
-                session.send(self.agents.command(kind, replica_id))
-            except Overloaded as exc:
-                self.reject("command_queue_full")
-                raise Overloaded(f"the intent is recorded and the tables updated, but {exc.what}", 1.0) from exc
-        return views.replica_view(
-            member, replica_id, drains=self.intent.drains, tables=self.tables, now=self._clock(),
-            grace=self.settings.grace_seconds,
-        )
-
     # -- tables
 
     def recompute(self) -> list[Published]:
-        """Compute every region's table; offer each new version to its watchers at once."""
+        """Compute every region's table; offer each new version to its watchers and followers at once."""
+        started = time.perf_counter()
         now = self._clock()
+        members = self.members()
+        regions = self.watchers.regions()
+        if self.cluster is not None:
+            regions |= self.cluster.followers.regions()
         tables = compute_tables(
-            self.fleet.members(), self._catalog, self.intent.drains, now=now,
-            grace_seconds=self.settings.grace_seconds, regions=self.watchers.regions(),
+            members, self._catalog, self.intent.drains, now=now, grace_seconds=self.settings.grace_seconds,
+            regions=regions,
         )
         before = set(self.tables.regions())
         changed = self.tables.publish(tables, self._wall())
         for region in before - set(tables):
             self.metrics.table_version.remove(region)
         for published in changed:
-            self.metrics.table_version.labels(region=published.snapshot.region).set(published.version)
-            for watcher in self.watchers.of_region(published.snapshot.region):
-                watcher.offer(published.snapshot)
-        self._observe(now)
+            self._offer(published)
+            if self.cluster is not None:
+                self.cluster.published(published)
+        self.metrics.table_compute.observe(time.perf_counter() - started)
+        self._observe(now, members)
         return changed
 
-    def _observe(self, now: float) -> None:
-        self.metrics.observe_fleet(self.fleet.members(), self.tables, now=now, grace=self.settings.grace_seconds)
+    def _offer(self, published: Published) -> None:
+        self.metrics.table_version.labels(region=published.snapshot.region).set(published.version)
+        for watcher in self.watchers.of_region(published.snapshot.region):
+            watcher.offer(published.snapshot)
+
+    def _observe(self, now: float, members: list[Member]) -> None:
+        self.metrics.observe_fleet(members, self.tables, now=now, grace=self.settings.grace_seconds)
+        self.metrics.leader.set(1 if self.leading else 0)
         self._observe_proxies()
 
     def _observe_proxies(self) -> None:
         self.metrics.observe_proxies(self.watchers.statuses(), self.tables)
+
+    def _transition(self) -> None:
+        """Follow the election: start or stop leading; a new term rebases the table versions."""
+        if self.cluster is None:
+            return
+        leading = self.cluster.leading()
+        if leading and not self.leading:
+            term = self.cluster.election.term
+            if term != self._term:
+                self._term = term
+                self.tables.rebase(max(initial_version(self._wall()), self.tables.high))
+            log.info("control plane %s leads (term %d)", self.settings.id, term)
+        elif self.leading and not leading:
+            self.cluster.followers.close_all(f"control plane {self.settings.id!r} no longer leads")
+            log.warning("control plane %s no longer leads; serving the last tables", self.settings.id)
+        self.leading = leading
 
     async def _loop(self) -> None:
         while True:
@@ -270,10 +311,29 @@ class Controller:
             try:
                 for node in self.fleet.forget_expired():
                     self.leases.forget(node)
-                await self.leases.sync(self.fleet.members())
-                self.recompute()
+                if self.cluster is not None:
+                    self.cluster.remote.forget_expired()
+                self._transition()
+                if self.leading:
+                    self.recompute()
+                else:
+                    self._observe(self._clock(), self.members())
             except Exception:  # the loop must outlive a bug in one pass
                 log.exception("table computation failed")
+
+    async def _store_loop(self) -> None:
+        """Write members (and, leading, table heads) when they change and at every tick."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.tick_seconds):
+                    await self._store_due.wait()
+            self._store_due.clear()
+            try:
+                await self.leases.sync(self.fleet.members())
+                if self.cluster is not None and self.leading:
+                    await self.cluster.write_heads()
+            except Exception:
+                log.exception("store sync failed")
 
     def _send(self, session: AgentSession, kind: fleet_pb2.Command.Kind, replica_id: str) -> None:
         try:

@@ -84,10 +84,15 @@ def load_of(member: Member, replica_id: str, now: float) -> tuple[common_pb2.Rep
 
 @dataclass(frozen=True)
 class TelemetryOutcome:
-    """What applying one telemetry message did: ``ignored`` counts ignored entries by reason."""
+    """What applying one telemetry message did: ``ignored`` counts ignored entries by reason.
+
+    ``state_changed``: some replica's reported state differs from the one before (routability may
+    have changed); otherwise only loads moved.
+    """
 
     membership_changed: bool
     ignored: Counter[str]
+    state_changed: bool = False
 
 
 class FleetView:
@@ -179,13 +184,16 @@ class FleetView:
                     self._remove_replica(holder, info.replica_id)
                 self._add_replica(member, info)
                 changed = True
+        state_changed = False
         for load in telemetry.replicas:
             if load.replica_id not in member.replicas:
                 ignored["unknown_replica"] += 1
                 continue
+            state_changed = state_changed or replica_state(member, load.replica_id, True) != (
+                load.state or member.replicas[load.replica_id].state)
             member.loads[load.replica_id] = load
             member.load_at[load.replica_id] = now
-        return TelemetryOutcome(changed, ignored)
+        return TelemetryOutcome(changed, ignored, state_changed)
 
     def disconnect(self, member: Member) -> bool:
         """Mark the stream of ``member`` gone, unless a newer registration replaced it."""

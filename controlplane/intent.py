@@ -1,18 +1,24 @@
-"""Operator intent (drain requested per replica): owned by the store, cached here.
+"""Operator intent (drains, GPU allocations): owned by the store, mirrored here.
 
-The cache is fed only by the store: :meth:`IntentCache.run` watches
-``/ferry/intent/drain/``, then lists it, and applies each later event in
-revision order (watch first, then list, skip events at or below the listing's
-revision: nothing is missed and nothing applied twice). A write made here, or by
-another control plane on the same store, reaches the cache the same way;
-:meth:`IntentCache.wait` lets the writer wait until its own write is applied,
-so a drain takes effect in the tables before the Admin call returns.
+The cache is fed only by the store, through a :class:`controlplane.mirror.Mirror`
+of ``/ferry/intent/``: a write made here, or by another control plane on the
+same store, reaches it the same way, and a control plane that restarts finds
+every drain and allocation again. :meth:`IntentCache.wait` lets the writer wait
+until its own write is applied, so a drain takes effect in the tables before
+the Admin call returns.
 
-When the watch is lost (it fell behind, or the store failed), the cache lists
-again and watches anew after ``retry_seconds`` (0.2 s, doubled up to 2 s while
-it keeps failing); meanwhile it keeps the intent it had (the tables keep being
-computed from it). ``on_change`` is called after each change of the set.
-Cost: O(1) per event, O(drains) per listing.
+- ``drains``: replica ids under ``intent/drain/``;
+- ``allocations``: node -> :class:`controlplane.allocations.NodeAllocations`
+  under ``intent/alloc/`` (a malformed record is logged and skipped);
+- keys under other ``intent/`` kinds (cordon, tier, spill) are kept in the
+  mirror, for the issues that will read them.
+
+``on_change()`` is called once for each change of the drain set or of the
+allocations (a listing that changes nothing calls nothing);
+``on_drain(replica_id, drained)`` once per replica whose drain was requested
+or cancelled. When the store is away the cache keeps what it had and lists
+again when it returns (see the mirror). Cost: O(1) per drain event, O(slots
+of the node) per allocation event.
 """
 
 from __future__ import annotations
@@ -21,23 +27,38 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from controlplane.store import DRAIN_PREFIX, EventKind, Store, drain_key, drain_value
-from ferry.errors import FerryError, Unavailable
+from controlplane.allocations import NodeAllocations, decode
+from controlplane.mirror import Mirror
+from controlplane.store import ALLOC_PREFIX, DRAIN_PREFIX, INTENT_PREFIX, KeyValue, Store, drain_key, drain_value
 
 log = logging.getLogger(__name__)
 
 
 class IntentCache:
-    """The set of replica ids whose drain was requested, as of ``revision``."""
+    """The drain set and allocation records, as of ``revision``."""
 
-    def __init__(self, store: Store, *, on_change: Callable[[], None], retry_seconds: float = 0.2) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        on_change: Callable[[], None],
+        on_drain: Callable[[str, bool], None] | None = None,
+        retry_seconds: float = 0.2,
+    ) -> None:
         self._store = store
         self._on_change = on_change
-        self._retry = self._delay = retry_seconds
+        self._on_drain = on_drain
         self.drains: set[str] = set()
-        self.revision = 0
-        self.synced = asyncio.Event()
-        self._advanced = asyncio.Event()
+        self.allocations: dict[str, NodeAllocations] = {}
+        self.mirror = Mirror(store, INTENT_PREFIX, on_change=self._changed, retry_seconds=retry_seconds)
+
+    @property
+    def revision(self) -> int:
+        return self.mirror.revision
+
+    @property
+    def synced(self) -> asyncio.Event:
+        return self.mirror.synced
 
     async def request_drain(self, replica_id: str, requested_at: float) -> int:
         """Write the drain intent to the store; returns the revision to :meth:`wait` for."""
@@ -48,49 +69,32 @@ class IntentCache:
 
     async def wait(self, revision: int, seconds: float) -> None:
         """Wait until the cache reflects store ``revision``; ``Unavailable`` after ``seconds``."""
-        try:
-            async with asyncio.timeout(seconds):
-                while self.revision < revision:
-                    event = self._advanced
-                    await event.wait()
-        except TimeoutError as exc:
-            raise Unavailable(f"the store did not echo revision {revision} within {seconds:g} s") from exc
+        await self.mirror.wait(revision, seconds)
 
     async def run(self) -> None:
         """Keep the cache in step with the store until cancelled."""
-        while True:
-            try:
-                await self._follow()
-            except FerryError as exc:
-                log.warning("intent watch lost, listing again in %.1f s: %s", self._delay, exc)
-            await asyncio.sleep(self._delay)
-            self._delay = min(self._delay * 2, 2.0)
+        await self.mirror.run()
 
-    async def _follow(self) -> None:
-        watch = await self._store.watch(DRAIN_PREFIX)
-        try:
-            listing = await self._store.list(DRAIN_PREFIX)
-            drains = {kv.key.removeprefix(DRAIN_PREFIX) for kv in listing.items}
-            changed, self.drains = drains != self.drains, drains
-            self._advance(max(self.revision, listing.revision), changed)
-            self._delay = self._retry
-            self.synced.set()
-            async for event in watch:
-                if event.revision <= self.revision:
-                    continue
-                replica_id = event.key.removeprefix(DRAIN_PREFIX)
-                before = replica_id in self.drains
-                if event.kind is EventKind.PUT:
-                    self.drains.add(replica_id)
-                else:
-                    self.drains.discard(replica_id)
-                self._advance(event.revision, before != (replica_id in self.drains))
-        finally:
-            await watch.close()
-
-    def _advance(self, revision: int, changed: bool) -> None:
-        self.revision = revision
-        self._advanced.set()
-        self._advanced = asyncio.Event()
-        if changed:
+    def _changed(self, key: str, kv: KeyValue | None) -> None:
+        if key.startswith(DRAIN_PREFIX):
+            replica_id = key.removeprefix(DRAIN_PREFIX)
+            before = replica_id in self.drains
+            if kv is None:
+                self.drains.discard(replica_id)
+            else:
+                self.drains.add(replica_id)
+            if before != (kv is not None):
+                if self._on_drain is not None:
+                    self._on_drain(replica_id, kv is not None)
+                self._on_change()
+        elif key.startswith(ALLOC_PREFIX):
+            node = key.removeprefix(ALLOC_PREFIX)
+            if kv is None:
+                self.allocations.pop(node, None)
+            else:
+                try:
+                    self.allocations[node] = decode(node, kv.value)
+                except ValueError as exc:
+                    log.warning("%s", exc)
+                    return
             self._on_change()

@@ -4,8 +4,12 @@ Flags: ``--listen`` (gRPC, default 127.0.0.1:0), ``--metrics-listen``
 (Prometheus, default 127.0.0.1:0), ``--ready-file`` (JSON ``{"grpc",
 "metrics", "pid", "id"}`` written atomically once it serves),
 ``--config`` (TOML: the ``[controlplane]`` section and the ``[[models]]``
-catalog), ``--id`` (overrides ``controlplane.id``). Exit codes: 0 after a
-clean stop, 2 for a bad config or flag, 1 when it cannot start.
+catalog), ``--id`` (overrides ``controlplane.id``; every control plane on one
+store needs its own), ``--store`` (``memory://``, the default: the embedded
+store, one control plane alone; or ``etcd://host:port``: the fleet's state in
+etcd, and an election among every control plane on it). Exit codes: 0 after
+a clean stop, 2 for a bad config or flag, 1 when it cannot start (the store
+did not answer within ``store_timeout_seconds``, or the port is taken).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 from prometheus_client import REGISTRY
 
 from controlplane.config import ControlPlaneSettings
+from controlplane.etcdstore import EtcdStore, parse_endpoint
 from controlplane.server import ControlPlane
 from ferry.config import ModelConfig, load_file
 from ferry.errors import ConfigError, FerryError
@@ -27,6 +32,8 @@ from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
 
 log = logging.getLogger("controlplane")
+
+MEMORY = ("memory://", "memory", "")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,17 +43,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid, id} here once serving")
     parser.add_argument("--config", default=None, help="TOML config file")
     parser.add_argument("--id", default=None, help="this control plane's id (default: controlplane.id)")
+    parser.add_argument("--store", default="memory://", help="memory:// (default) or etcd://host:port")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalog: tuple[ModelConfig, ...]) -> int:
     stop = stop_event()
-    cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY)
+    store = open_store(args.store, settings)
+    cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore))
     try:
         port = await cp.start(args.listen)
     except (OSError, FerryError) as exc:
         log.error("cannot start: %s", exc)
+        if store is not None:
+            await store.close()
         return 1
     try:
         host = args.listen.rpartition(":")[0]
@@ -61,7 +72,28 @@ async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalo
         log.info("stopping")
     finally:
         await cp.stop()
+        if store is not None:
+            await store.close()
     return 0
+
+
+def check_store_url(url: str) -> None:
+    """``memory://`` or ``etcd://host:port``; ConfigError naming ``--store`` otherwise."""
+    if url in MEMORY:
+        return
+    try:
+        if not url.startswith("etcd://"):
+            raise ValueError(url)
+        parse_endpoint(url)
+    except ValueError as exc:
+        raise ConfigError("--store", f"{url!r}: expected memory:// or etcd://host:port") from exc
+
+
+def open_store(url: str, settings: ControlPlaneSettings) -> EtcdStore | None:
+    """The store named by ``--store``: None for ``memory://`` (the control plane makes its own)."""
+    if url in MEMORY:
+        return None
+    return EtcdStore(url, timeout=settings.store_timeout_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = config.section(ControlPlaneSettings, "controlplane")
         if args.id is not None:
             settings = dataclasses.replace(settings, id=args.id)
+        check_store_url(args.store)
     except ConfigError as exc:
         print(f"ferry controlplane: {exc}", file=sys.stderr)
         return 2

@@ -9,12 +9,16 @@ anyone cleaning up.
 
 A write that fails (store down, lease lost) is not an error for the agent:
 the member stays in the fleet view and in the tables, and :meth:`sync` writes
-it again at the next tick. Cost: one store call per member per third of the
-grace, plus one per registration change.
+it again at the next tick. A pass runs its calls ``batch`` (64) at a time and
+stops at the first batch that finds the store unreachable, so an absent
+store costs one timeout per pass, not one per member. Cost: one store call
+per member per third of the grace (a lease keep-alive: no write in etcd),
+plus one write per registration change.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,10 +40,11 @@ class _Record:
 class MemberLeases:
     """The store side of each member: its lease and whether its value needs writing."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], float], ttl_seconds: float) -> None:
+    def __init__(self, store: Store, *, clock: Callable[[], float], ttl_seconds: float, batch: int = 64) -> None:
         self._store = store
         self._clock = clock
         self._ttl = ttl_seconds
+        self._batch = batch
         self._records: dict[str, _Record] = {}
 
     def changed(self, node: str) -> None:
@@ -52,20 +57,28 @@ class MemberLeases:
     async def sync(self, members: Iterable[Member]) -> None:
         """Write or refresh every connected member that is stale or due."""
         due = self._clock() - self._ttl / 3
+        todo = []
         for member in list(members):
             record = self._records.setdefault(member.node, _Record())
             if member.connected and (record.dirty or record.refreshed_at <= due):
-                await self._write(member)
+                todo.append(member)
+        for start in range(0, len(todo), self._batch):
+            errors = [e for e in await asyncio.gather(*(self._write(m) for m in todo[start:start + self._batch])) if e]
+            if errors:
+                log.warning("store: %d of %d members not written (will retry): %s", len(todo) - start,
+                            len(todo), errors[0])
+                return  # the store is away: the rest waits for the next pass
 
-    async def _write(self, member: Member) -> None:
-        """Refresh the member's lease, or (re)write its registration under a lease when stale or lost."""
+    async def _write(self, member: Member) -> str:
+        """Refresh the member's lease, or (re)write it under a lease when stale or lost; the error or ""."""
+
         record = self._records.setdefault(member.node, _Record())
         try:
             if not record.dirty and record.lease:
                 try:
                     await self._store.refresh_lease(record.lease)
                     record.refreshed_at = self._clock()
-                    return
+                    return ""
                 except LeaseNotFound:
                     record.lease = 0
             value = member.registration().SerializeToString()
@@ -81,6 +94,7 @@ class MemberLeases:
                         raise
             record.dirty = False
             record.refreshed_at = self._clock()
+            return ""
         except FerryError as exc:
             record.dirty = True
-            log.warning("store: could not write member %s (will retry): %s", member.node, exc)
+            return f"member {member.node}: {exc}"

@@ -14,6 +14,9 @@ Bounds and outcomes:
 - ``watch_queue`` (4,096 events): a watch whose consumer falls that far behind
   is dropped and its iterator raises :class:`controlplane.store.WatchLost`.
 
+:meth:`MemoryStore.put_if` compares and writes within one call, with no
+await in between: atomic for every task of the process.
+
 Nothing survives the process: this backend is for one control plane on one
 machine (``ferry up``) and for tests.
 """
@@ -26,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from controlplane.store import EventKind, KeyValue, LeaseNotFound, Listing, WatchEvent, WatchLost
+from controlplane.store import EventKind, KeyValue, LeaseNotFound, Listing, StoreHealth, WatchEvent, WatchLost
 from ferry.errors import Overloaded
 
 
@@ -112,6 +115,13 @@ class MemoryStore:
         self._emit(WatchEvent(EventKind.PUT, key, value, self._revision))
         return self._revision
 
+    async def put_if(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int:
+        self._expire()
+        old = self._data.get(key)
+        if (old.revision if old is not None else 0) != revision:
+            return 0
+        return await self.put(key, value, lease=lease)
+
     async def get(self, key: str) -> KeyValue | None:
         self._expire()
         return self._data.get(key)
@@ -151,6 +161,9 @@ class MemoryStore:
         watch = MemoryWatch(self, prefix, self._watch_queue)
         self._watches.append(watch)
         return watch
+
+    def health(self) -> StoreHealth:
+        return StoreHealth(backend="memory", endpoint="", ok=True, last_ok=self._clock())
 
     async def close(self) -> None:
         for watch in list(self._watches):

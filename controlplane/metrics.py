@@ -15,6 +15,8 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_proxy_lag_versions`` | gauge | proxy |
 | ``ferry_controlplane_telemetry_age_seconds`` | histogram: age of each routable replica's load at each computation | |
 | ``ferry_controlplane_telemetry_messages_total`` | counter | |
+| ``ferry_controlplane_table_compute_seconds`` | histogram: one recomputation (compute, version, offer) | |
+| ``ferry_controlplane_leader`` | gauge: 1 while this control plane computes the tables | |
 | ``ferry_controlplane_rejected_messages_total`` | counter: messages or entries refused or ignored | reason |
 """
 
@@ -33,6 +35,7 @@ from ferry.v1 import common_pb2
 
 STATE_NAMES = {v: k.removeprefix("REPLICA_STATE_").lower() for k, v in common_pb2.ReplicaState.items()}
 
+COMPUTE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 AGE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 
@@ -67,6 +70,12 @@ class Metrics:
         self.telemetry_messages = Counter(
             name("controlplane_telemetry_messages"), "Telemetry messages received from agents.", registry=registry,
         )
+        self.table_compute = Histogram(
+            name("controlplane_table_compute_seconds"), "Time to compute, version and offer every region's table.",
+            buckets=COMPUTE_BUCKETS, registry=registry,
+        )
+        self.leader = Gauge(name("controlplane_leader"), "1 while this control plane computes the tables.",
+                            registry=registry)
         self.rejected = Counter(
             name("controlplane_rejected_messages"), "Messages or entries refused or ignored, by reason.", ["reason"],
             registry=registry,

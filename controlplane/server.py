@@ -7,7 +7,9 @@ cp.stop()`` closes every agent and proxy stream (UNAVAILABLE), stops the loop
 and the server. Nothing is global: the store (default: a fresh
 :class:`MemoryStore` on the same clock), the clocks and the metrics registry
 (default: a fresh one) are injected, so several control planes can share a
-process, and later a store.
+process and a store. With ``elect=True`` (every etcd-backed control plane) it
+joins the election once its server is bound, advertising ``advertise``
+(default: the bound ``host:port``) to the other control planes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from controlplane.metrics import Metrics
 from controlplane.servicers import AdminServicer, FleetServicer, TablesServicer
 from controlplane.store import Store
 from ferry.config import ModelConfig
-from ferry.grpcutil import start_server
+from ferry.grpcutil import split_address, start_server
 from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc, tables_pb2_grpc
 
 SERVICE_NAMES = ("ferry.v1.Fleet", "ferry.v1.Tables", "ferry.v1.Admin")
@@ -43,6 +45,7 @@ class ControlPlane:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
+        elect: bool = False,
     ) -> None:
         self.settings = settings or ControlPlaneSettings()
         self.store: Store = store if store is not None else MemoryStore(clock=clock)
@@ -50,13 +53,13 @@ class ControlPlane:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.controller = Controller(
             self.settings, store=self.store, catalog=catalog, clock=clock, wall=wall,
-            metrics=Metrics(self.registry),
+            metrics=Metrics(self.registry), elect=elect,
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0
 
-    async def start(self, listen: str = "127.0.0.1:0") -> int:
-        """Sync, compute, serve on ``listen``; returns the bound port."""
+    async def start(self, listen: str = "127.0.0.1:0", *, advertise: str = "") -> int:
+        """Sync, compute, serve on ``listen``, join the election; returns the bound port."""
         await self.controller.start()
         c = self.controller
         services = [
@@ -66,8 +69,9 @@ class ControlPlane:
         ]
         try:
             self._server, self.port = await start_server(services, listen)
+            await self.controller.join(advertise or f"{split_address(listen)[0]}:{self.port}")
         except BaseException:
-            await self.controller.stop()
+            await self.stop(grace=0)
             raise
         return self.port
 

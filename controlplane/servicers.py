@@ -5,13 +5,15 @@ answers into wire messages; a :class:`ferry.errors.FerryError` becomes the
 status chosen by :func:`ferry.grpcutil.status_for`, with the message naming
 the field. Policy lives in the controller and the pure modules below it.
 
-Bidirectional streams (``Fleet.Connect``, ``Tables.Watch``) read the first
-message within ``first_message_seconds`` (it must be ``register`` or
-``subscribe``: INVALID_ARGUMENT otherwise), then run a reader task beside a
-writer loop: the reader applies telemetry or acks, the writer sends commands
-or tables as they come. The stream ends OK when the peer half-closes; with the
-reader's error when a message is bad; ABORTED when the same node or proxy
-opens another stream; UNAVAILABLE when the control plane stops.
+Bidirectional streams (``Fleet.Connect``, ``Tables.Watch``, ``Admin.Follow``)
+read the first message within ``first_message_seconds`` (it must be
+``register``, ``subscribe`` or a report: INVALID_ARGUMENT otherwise), then run
+a reader task beside a writer loop: the reader applies telemetry, acks or
+reports, the writer sends commands or tables as they come. The stream ends OK
+when the peer half-closes; with the reader's error when a message is bad;
+ABORTED when the same node or proxy opens another stream; UNAVAILABLE when
+the control plane stops or, for ``Follow``, when it does not or no longer
+leads (the message names the leader it knows).
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ class TablesServicer(tables_pb2_grpc.TablesServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    """The operator API."""
+    """The operator API, and ``Follow`` between control planes."""
 
     def __init__(self, controller: Controller) -> None:
         self._c = controller
@@ -212,3 +214,32 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         except FerryError as exc:
             await context.abort(status_for(exc), str(exc))
             raise
+
+    async def GetStatus(self, request: admin_pb2.GetStatusRequest, context: Any) -> admin_pb2.GetStatusResponse:
+        return self._c.status()
+
+    async def Follow(self, request_iterator: AsyncIterator[admin_pb2.FollowerReport], context: Any) -> None:
+        try:
+            await self._follow(request_iterator.__aiter__(), context)
+        except FerryError as exc:
+            await context.abort(status_for(exc), str(exc))
+
+    async def _follow(self, stream: AsyncIterator[admin_pb2.FollowerReport], context: Any) -> None:
+        first = await _first(stream, "report", self._c.settings.first_message_seconds)
+        if first is None:
+            return
+        session = self._c.follow_open(first)
+
+        async def write(snapshot: tables_pb2.TableSnapshot) -> None:
+            await context.write(admin_pb2.LeaderUpdate(leader_id=self._c.settings.id, table=snapshot))
+
+        async def read() -> None:
+            async for report in stream:
+                self._c.follow_report(session, report)
+
+        try:
+            closed = await _duplex(read(), session.next, write)
+        finally:
+            self._c.follow_close(session)
+        if closed:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, session.closed_reason or "closed")

@@ -1,35 +1,55 @@
-"""The store: where fleet membership and operator intent live (DESIGN.md, rule 3).
+"""The store: where fleet membership, operator intent and leadership live (DESIGN.md, rule 3).
 
-A narrow async key-value interface with leases and prefix watches, shaped so
-that an etcd backend fits behind it unchanged; :mod:`controlplane.memstore` is
-the embedded backend. Telemetry never goes to the store: it stays in the
-control plane's memory.
+A narrow async key-value interface with leases, prefix watches and one
+conditional write, shaped on etcd v3: :mod:`controlplane.memstore` is the
+embedded backend (one process), :mod:`controlplane.etcdstore` the etcd one.
+Telemetry never goes to the store, and neither do the tables it feeds: both
+stay in the control planes' memory and travel between them over gRPC
+(docs/store.md says why).
 
 Key layout, all under ``/ferry/``:
 
-=================================  =========================================  ===========
-key                                value                                      lease
-=================================  =========================================  ===========
-``/ferry/members/{node}``          ``fleet_pb2.Register`` (binary), the       grace of the
-                                   node's registration with its replicas      agent stream
-                                   as they are now
-``/ferry/intent/drain/{replica}``  JSON ``{"requested_at": unix seconds}``:   none
-                                   an operator asked to drain the replica
-``/ferry/catalog/{model}``         reserved for the operator catalog; today   none
-                                   it comes from the config file
-=================================  =========================================  ===========
+====================================  ============================================  =====================
+key                                   value                                         lease
+====================================  ============================================  =====================
+``members/{node}``                    ``fleet_pb2.Register`` (binary): the node's   the node's, TTL
+                                      registration with its replicas as they are    ``grace_seconds``,
+                                      now                                           kept while its agent
+                                                                                    stream is open
+``intent/drain/{replica}``            JSON ``{"requested_at"}``: drain requested     none
+``intent/alloc/{node}``               JSON allocation record of the node's GPUs     none
+                                      (:mod:`controlplane.allocations`), written
+                                      only by :meth:`Store.put_if`
+``intent/cordon/{node}``,             reserved for cordon, tier quota and spill     none
+``intent/tier/{tier}``,               settings (same JSON-per-key convention)
+``intent/spill/{from}/{to}``
+``controlplanes/{id}``                JSON ``{"id", "address", "since", "lease"}``  the control plane's,
+                                                                                    TTL
+                                                                                    ``leader_lease_seconds``
+``election/leader``                   JSON ``{"id", "address", "since",``           the leader's control-
+                                      ``"lease"}``: created only by                 plane lease
+                                      ``put_if(revision=0)``
+``tables/{region}``                   JSON head of the published table              none
+                                      ``{"version", "leader", "computed_at",
+                                      "replicas"}``: the body is pushed, not stored
+``catalog/{model}``                   reserved for the operator catalog             none
+====================================  ============================================  =====================
 
 Semantics (those of etcd v3):
 
-- Every write gets the next store revision; :meth:`Store.put` and
-  :meth:`Store.delete` return it, and :meth:`Store.list` returns the revision
-  its answer reflects.
+- Every write gets the next store revision; :meth:`Store.put`,
+  :meth:`Store.put_if` and :meth:`Store.delete` return it, and
+  :meth:`Store.list` returns the revision its answer reflects.
+- :meth:`Store.put_if` is the one atomic read-modify-write: it writes only when
+  the key was last written at ``revision`` (0: when it does not exist), in one
+  transaction; leader election and GPU allocation are built on it.
 - A key written with a lease is deleted when the lease expires (no refresh
   within its TTL) or is revoked; the deletion is seen by watches.
 - A watch sees the changes made after :meth:`Store.watch` returns, in revision
   order. To keep a cache: watch first, then list, and skip events whose
-  revision is at or below the listing's. A watch that falls behind its bound
-  raises :class:`WatchLost`; the consumer lists again.
+  revision is at or below the listing's (:class:`controlplane.mirror.Mirror`).
+  A watch that falls behind its bound raises :class:`WatchLost`; list again.
+- :meth:`Store.health` says, without I/O, whether the last calls succeeded.
 """
 
 from __future__ import annotations
@@ -44,7 +64,13 @@ from ferry.errors import Unavailable
 
 PREFIX = "/ferry/"
 MEMBERS_PREFIX = PREFIX + "members/"
-DRAIN_PREFIX = PREFIX + "intent/drain/"
+INTENT_PREFIX = PREFIX + "intent/"
+DRAIN_PREFIX = INTENT_PREFIX + "drain/"
+ALLOC_PREFIX = INTENT_PREFIX + "alloc/"
+CONTROLPLANES_PREFIX = PREFIX + "controlplanes/"
+ELECTION_PREFIX = PREFIX + "election/"
+ELECTION_KEY = ELECTION_PREFIX + "leader"
+TABLES_PREFIX = PREFIX + "tables/"
 CATALOG_PREFIX = PREFIX + "catalog/"
 
 
@@ -61,6 +87,21 @@ def drain_key(replica_id: str) -> str:
 def drain_value(requested_at: float) -> bytes:
     """Value of a drain intent: when it was requested (unix seconds)."""
     return json.dumps({"requested_at": requested_at}).encode()
+
+
+def alloc_key(node: str) -> str:
+    """Key of the GPU allocation record of a node."""
+    return ALLOC_PREFIX + node
+
+
+def controlplane_key(cp_id: str) -> str:
+    """Key of a running control plane (under its lease)."""
+    return CONTROLPLANES_PREFIX + cp_id
+
+
+def table_key(region: str) -> str:
+    """Key of the head of a region's published table."""
+    return TABLES_PREFIX + region
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +137,17 @@ class WatchEvent:
     revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    """What the last calls to a backend said: ``ok``, the last error, when a call last succeeded."""
+
+    backend: str  # "memory" | "etcd"
+    endpoint: str  # host:port of etcd, "" for memory
+    ok: bool
+    error: str = ""
+    last_ok: float = 0.0  # monotonic seconds of the last successful call (0: never)
+
+
 class WatchLost(Unavailable):
     """The watch fell behind or was closed by the store; list again and start a new watch."""
 
@@ -123,6 +175,13 @@ class Store(Protocol):
         """Write ``key``; returns the new revision. Raises LeaseNotFound for an unknown lease."""
         ...
 
+    async def put_if(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int:
+        """Write ``key`` only if its last write was at ``revision`` (0: it is absent), atomically.
+
+        Returns the new revision, or 0 when the condition failed (nothing written).
+        """
+        ...
+
     async def get(self, key: str) -> KeyValue | None: ...
 
     async def delete(self, key: str) -> int:
@@ -144,5 +203,9 @@ class Store(Protocol):
         ...
 
     async def watch(self, prefix: str) -> Watch: ...
+
+    def health(self) -> StoreHealth:
+        """The backend's health as its last calls showed it (no I/O)."""
+        ...
 
     async def close(self) -> None: ...

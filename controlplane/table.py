@@ -23,7 +23,10 @@ those at its ``computed_at``. Versions start at a time-based value (unix ms x
 again, after it was dropped for having neither nodes nor watchers) starts
 above every version issued so far, and each change of its content adds one
 (so a proxy's lag in versions is a count of changes). Proxies compare versions
-only for equality.
+only for equality. A follower control plane adopts the leader's snapshots as
+they are (:meth:`TableVersions.adopt`); a control plane that becomes leader
+rebases (:meth:`TableVersions.rebase`) above every version it saw and above
+its own clock's start, so versions keep growing across a failover.
 
 Cost: O(replicas + regions x models) per computation, plus one serialization
 of each region's table to compare content.
@@ -137,8 +140,31 @@ class TableVersions:
         self._high = start
         self._current: dict[str, Published] = {}
 
+    @property
+    def high(self) -> int:
+        """The highest version issued or adopted so far."""
+        return self._high
+
     def get(self, region: str) -> Published | None:
         return self._current.get(region)
+
+    def rebase(self, start: int) -> None:
+        """Forget every table and issue versions above ``start`` from now on (a new leader's term)."""
+        self._current.clear()
+        self._high = max(self._high, start)
+
+    def adopt(self, snapshot: tables_pb2.TableSnapshot) -> Published | None:
+        """Take a table published by the leader as is (a follower); returns it, or None if already held."""
+        old = self._current.get(snapshot.region)
+        if old is not None and old.version == snapshot.version:
+            return None
+        stamped = tables_pb2.TableSnapshot()
+        stamped.CopyFrom(snapshot)
+        stamped.nonce = ""
+        ids = frozenset(r.replica_id for m in stamped.models for r in m.replicas)
+        self._current[snapshot.region] = published = Published(stamped, content_key(stamped), ids)
+        self._high = max(self._high, snapshot.version)
+        return published
 
     def regions(self) -> list[str]:
         return sorted(self._current)

@@ -9,7 +9,9 @@ reads it, e.g. ``register.replicas[2].address`` or ``subscribe.region``.
 - region: the same with ``max_region_bytes`` (64); version: ``max_version_bytes`` (64);
 - address: ``host:port`` with a port in 1..65535;
 - ``max_concurrency`` > 0; replica ids unique within a registration;
-- at most ``max_replicas_per_node`` (64) replicas in a registration.
+- at most ``max_replicas_per_node`` (64) replicas in a registration;
+- a follower's report: at most ``max_agents`` nodes and ``max_watchers``
+  regions, each node with at most ``max_replicas_per_node`` loads.
 
 Cost: O(size of the message).
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from controlplane.config import ControlPlaneSettings
 from ferry.errors import InvalidArgument
 from ferry.grpcutil import split_address
-from ferry.v1 import fleet_pb2, tables_pb2
+from ferry.v1 import admin_pb2, fleet_pb2, tables_pb2
 
 
 def check_name(value: str, field: str, max_bytes: int) -> None:
@@ -83,6 +85,20 @@ def check_telemetry(telemetry: fleet_pb2.Telemetry, settings: ControlPlaneSettin
         if info.replica_id in seen:
             raise InvalidArgument(f"{field}.replica_id", f"{info.replica_id!r} appears twice")
         seen.add(info.replica_id)
+
+
+def check_report(report: admin_pb2.FollowerReport, settings: ControlPlaneSettings) -> None:
+    """A follower's report: bounded, its node and region names valid."""
+    if len(report.members) > settings.max_agents:
+        raise InvalidArgument("report.members", f"more than {settings.max_agents} nodes")
+    if len(report.regions) > settings.max_watchers:
+        raise InvalidArgument("report.regions", f"more than {settings.max_watchers} regions")
+    for i, item in enumerate(report.members):
+        check_name(item.node, f"report.members[{i}].node", settings.max_name_bytes)
+        if len(item.loads) > settings.max_replicas_per_node:
+            raise InvalidArgument(f"report.members[{i}].loads", f"more than {settings.max_replicas_per_node} replicas")
+    for i, region in enumerate(report.regions):
+        check_name(region, f"report.regions[{i}]", settings.max_region_bytes)
 
 
 def check_subscribe(sub: tables_pb2.Subscribe, settings: ControlPlaneSettings) -> None:

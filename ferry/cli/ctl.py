@@ -1,6 +1,9 @@
 """``ferryctl``: the operator's command line, over the control plane's Admin API.
 
-Commands: ``replicas``, ``table``, ``drain ID``, ``undrain ID``. Every command
+Commands: ``replicas``, ``table``, ``drain ID``, ``undrain ID``, ``status``
+(leader, control planes, store health, table version per region and each
+proxy's lag: it asks the given control plane, then every other control plane
+it names, and merges their proxies). Every command
 takes ``--control-plane host:port`` (env ``FERRY_CONTROL_PLANE``, or
 ``--ready-file`` of ``ferry up``) and ``--json``. Human tables by default.
 Exit codes: 0 done, 1 the control plane refused (the status is printed),
@@ -47,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, top=False)
     p = sub.add_parser("table", help="table version per region and the version each proxy applied")
     p.add_argument("--region", default="")
+    _common(p, top=False)
+    p = sub.add_parser("status", help="leader, control planes, store health, table versions and proxy lag")
     _common(p, top=False)
     for name, text in (("drain", "take a replica out of the table; it finishes what it runs"),
                        ("undrain", "put a drained replica back")):
@@ -129,8 +134,85 @@ def cmd_drain(stub: Any, args: argparse.Namespace) -> None:
               f"{' (drain requested)' if row['drain_requested'] else ''}, in table: {row['in_table']}")
 
 
+def merge_status(first: Any, answers: dict[str, Any], unreachable: dict[str, str]) -> dict[str, Any]:
+    """One view of the control side from each control plane's GetStatus (``first`` answered the call).
+
+    Tables and counts come from the leader's answer when it answered; proxies from the control plane
+    each one watches from, with ``leader_version`` and ``synced`` (applied the leader's version).
+    """
+    leader = answers.get(first.leader_id) if first.leader_id else None
+    main = leader if leader is not None else first
+    versions = {t.region: t.version for t in main.regions}
+    planes = []
+    for view in first.control_planes:
+        answer = answers.get(view.id)
+        planes.append({
+            "id": view.id, "address": view.address, "leader": view.id == first.leader_id,
+            "role": answer.role if answer is not None else "", "reachable": answer is not None,
+            "error": unreachable.get(view.id, ""), "agents": answer.agents if answer is not None else 0,
+            "store_healthy": answer.store.healthy if answer is not None else None,
+        })
+    proxies = []
+    for cp_id, answer in sorted(answers.items()):
+        for p in answer.proxies:
+            proxies.append({
+                "proxy_id": p.proxy_id, "region": p.region, "control_plane": cp_id,
+                "applied_version": p.applied_version, "lag_versions": p.lag_versions,
+                "leader_version": versions.get(p.region, 0),
+                "synced": p.applied_version == versions.get(p.region, -1), "connected": p.connected,
+                "last_ack_age_s": round(p.last_ack_age_seconds, 3), "last_error": p.last_error,
+            })
+    store = first.store
+    return {
+        "answered_by": first.control_plane_id,
+        "leader": {"id": first.leader_id, "address": first.leader_address, "term": main.term}
+        if first.leader_id else None,
+        "store": {"backend": store.backend, "endpoint": store.endpoint, "healthy": store.healthy,
+                  "error": store.error, "revision": store.revision,
+                  "last_ok_age_s": round(store.last_ok_age_seconds, 3)},
+        "control_planes": planes,
+        "regions": [{"region": t.region, "version": t.version, "replicas": t.replicas, "models": list(t.models),
+                     "computed_at": t.computed_at} for t in main.regions],
+        "proxies": sorted(proxies, key=lambda p: (p["proxy_id"], not p["connected"])),
+        "members": main.members, "drains": main.drains, "allocations": main.allocations,
+    }
+
+
+def cmd_status(stub: Any, args: argparse.Namespace) -> None:
+    first = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=TIMEOUT)
+    answers: dict[str, Any] = {first.control_plane_id: first}
+    unreachable: dict[str, str] = {}
+    for view in first.control_planes:
+        if view.id in answers or not view.address:
+            continue
+        try:
+            with grpc.insecure_channel(view.address) as channel:
+                answers[view.id] = admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(),
+                                                                               timeout=2.0)
+        except grpc.RpcError as exc:
+            unreachable[view.id] = f"{exc.code().name}: {exc.details()}"
+    status = merge_status(first, answers, unreachable)
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return
+    leader = status["leader"]
+    store = status["store"]
+    where = f" {store['endpoint']}" if store["endpoint"] else ""
+    health = "healthy" if store["healthy"] else f"UNREACHABLE ({store['error']})"
+    print(f"leader: {leader['id']} at {leader['address']} (term {leader['term']})" if leader else "leader: none")
+    print(f"store: {store['backend']}{where} {health}, revision {store['revision']}")
+    print(f"fleet: {status['members']} live nodes, {status['drains']} drains, {status['allocations']} allocations")
+    print()
+    print_table(status["control_planes"], ["id", "address", "role", "reachable", "agents", "store_healthy", "error"])
+    print()
+    print_table(status["regions"], ["region", "version", "replicas"])
+    print()
+    print_table(status["proxies"], ["proxy_id", "region", "control_plane", "applied_version", "leader_version",
+                                    "lag_versions", "synced", "connected", "last_ack_age_s", "last_error"])
+
+
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
-    "replicas": cmd_replicas, "table": cmd_table, "drain": cmd_drain, "undrain": cmd_drain,
+    "replicas": cmd_replicas, "table": cmd_table, "drain": cmd_drain, "undrain": cmd_drain, "status": cmd_status,
 }
 
 

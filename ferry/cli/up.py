@@ -1,14 +1,22 @@
 """``ferry up``: the whole system on one machine, each component its own OS process.
 
-Starts one control plane, one proxy and ``--replicas`` simulated replicas on
+Starts ``--control-planes`` control planes (default 1), one proxy and ``--replicas`` simulated replicas on
 nodes of ``--replicas-per-node`` (each node is one process: its agent and its
 replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
 Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
-``--ready-file`` (``data_plane``, ``control_plane``, ``models``, ``api_keys``,
-and the pids, metrics and replicas of every component), and runs until SIGINT
-or SIGTERM, then stops every child.
+``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
+``models``, ``api_keys``, and the pids, metrics and replicas of every
+component), and runs until SIGINT or SIGTERM, then stops every child.
+
+``--store`` chooses where the fleet's state lives: ``memory`` (the default:
+the embedded store, one control plane), ``etcd`` (a local etcd started
+through :mod:`ferry.etcd` in a temporary data dir that is deleted at the end;
+the ready file gains ``etcd``) or ``etcd://host:port`` (an external one).
+With etcd, the control planes elect a leader and every proxy and node is
+given every control plane's address (each node's list starts at a different
+one, so the agents spread over them).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import grpc
 from ferry.cli.procs import Child, ChildFailed, stop_all
 from ferry.cli.tomlw import dumps
 from ferry.config import hash_api_key
+from ferry.etcd import EtcdFailed, LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
 from ferry.v1 import admin_pb2, admin_pb2_grpc
 
@@ -48,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", help="write the addresses and API keys here once everything is ready")
     parser.add_argument("--workdir", help="keep config, ready files and logs here (default: a temporary folder)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
+    parser.add_argument("--store", default="memory",
+                        help="memory (default), etcd (start a local etcd) or etcd://host:port")
+    parser.add_argument("--control-planes", type=int, default=1,
+                        help="control planes (default 1; more than one needs an etcd store)")
 
 
 def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -74,6 +87,9 @@ class Fleet:
         self.models = [m for m in args.models.split(",") if m]
         self.children: list[Child] = []
         self.control_plane: Child | None = None
+        self.control_planes: list[Child] = []
+        self.etcd: LocalEtcd | None = None
+        self.store = "memory://"
         self.proxy: Child | None = None
         self.nodes: list[Child] = []
         self.api_keys: dict[str, str] = {}
@@ -85,9 +101,16 @@ class Fleet:
         config_path = self.workdir / "ferry.toml"
         config_path.write_text(dumps(config))
         cfg = ["--config", str(config_path)]
-        self.control_plane = self._spawn("controlplane", ["controlplane", "--listen", "127.0.0.1:0", *cfg])
-        cp_addr = self.control_plane.wait_ready(args.timeout)["grpc"]
-        self.proxy = self._spawn("proxy", ["proxy", "--listen", "127.0.0.1:0", "--control-plane", cp_addr,
+        self.store = self._store()
+        count = max(1, args.control_planes)
+        for i in range(count):
+            name = "controlplane" if count == 1 else f"controlplane-{i + 1}"
+            extra = [] if self.store == "memory://" else ["--store", self.store, "--id", name]
+            self.control_planes.append(self._spawn(name, ["controlplane", "--listen", "127.0.0.1:0", *cfg, *extra]))
+        addresses = [cp.wait_ready(args.timeout)["grpc"] for cp in self.control_planes]
+        self.control_plane = self.control_planes[0]
+        cp_addr = addresses[0]
+        self.proxy = self._spawn("proxy", ["proxy", "--listen", "127.0.0.1:0", "--control-plane", ",".join(addresses),
                                            "--region", args.region, "--id", "proxy-1", *cfg])
         expected = []
         per_node = max(1, args.replicas_per_node)
@@ -97,13 +120,35 @@ class Fleet:
             for i in range(first, min(first + per_node, args.replicas)):
                 reps += ["--replica", f"{self.models[i % len(self.models)]}:v1"]
                 expected.append(f"{name}-r{i - first}")
-            self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", cp_addr,
+            own = ",".join(addresses[n % count:] + addresses[:n % count])
+            self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", own,
                                                  "--region", args.region, *reps, *cfg]))
         proxy = self.proxy.wait_ready(args.timeout)
         for node in self.nodes:
             node.wait_ready(args.timeout)
         wait_routable(cp_addr, set(expected), proxy["proxy_id"], args.timeout, self.children)
         return self.describe()
+
+    def _store(self) -> str:
+        """The ``--store`` URL for the control planes; starts a local etcd for ``--store etcd``."""
+        store: str = self.args.store
+        count = max(1, self.args.control_planes)
+        if store in ("memory", "memory://"):
+            if count > 1:
+                raise ChildFailed("more than one control plane needs a shared store: add --store etcd")
+            return "memory://"
+        if store == "etcd":
+            if etcd_binary() is None:
+                raise ChildFailed("--store etcd needs an etcd binary on PATH (tools/ensure_etcd.sh installs it), "
+                                  "or give --store etcd://host:port")
+            try:
+                self.etcd = LocalEtcd(log_path=self.workdir / "etcd.log").start()
+            except EtcdFailed as exc:
+                raise ChildFailed(str(exc)) from exc
+            return f"etcd://{self.etcd.endpoint}"
+        if store.startswith("etcd://"):
+            return store
+        raise ChildFailed(f"--store {store!r}: expected memory, etcd or etcd://host:port")
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         child = Child(name, argv, self.workdir).start()
@@ -112,9 +157,10 @@ class Fleet:
 
     def describe(self) -> dict[str, Any]:
         assert self.control_plane and self.proxy
-        return {
+        info: dict[str, Any] = {
             "data_plane": self.proxy.ready["grpc"],
             "control_plane": self.control_plane.ready["grpc"],
+            "control_planes": [cp.ready["grpc"] for cp in self.control_planes],
             "region": self.args.region,
             "models": self.models,
             "api_keys": self.api_keys,
@@ -123,9 +169,14 @@ class Fleet:
             "metrics": {c.name: c.ready.get("metrics") for c in self.children},
             "replicas": [r for node in self.nodes for r in node.ready.get("replicas", [])],
         }
+        if self.store != "memory://":
+            info["etcd"] = self.store.removeprefix("etcd://")
+        return info
 
     def stop(self) -> None:
         stop_all(self.children)
+        if self.etcd is not None:
+            self.etcd.close()
 
 
 def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child]) -> None:
@@ -190,10 +241,14 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
     for r in info["replicas"]:
         counts[r["model"]] = counts.get(r["model"], 0) + 1
     models = ", ".join(f"{m} x{n}" for m, n in counts.items())
-    print(f"ferry up: 1 control plane, 1 proxy, {nodes} nodes, {len(info['replicas'])} replicas ({models}) "
+    planes = info["control_planes"]
+    what = "1 control plane" if len(planes) == 1 else f"{len(planes)} control planes"
+    print(f"ferry up: {what}, 1 proxy, {nodes} nodes, {len(info['replicas'])} replicas ({models}) "
           f"in region {info['region']}")
     print(f"  data plane     {info['data_plane']}")
-    print(f"  control plane  {info['control_plane']}")
+    print(f"  control plane  {', '.join(planes)}")
+    if "etcd" in info:
+        print(f"  etcd           {info['etcd']}")
     for tenant, key in info["api_keys"].items():
         print(f"  api key        {tenant}: {key}")
     print("  Ctrl-C stops everything.", flush=True)

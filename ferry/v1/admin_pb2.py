@@ -23,33 +23,48 @@ _sym_db = _symbol_database.Default()
 
 
 from ferry.v1 import common_pb2 as ferry_dot_v1_dot_common__pb2
+from ferry.v1 import tables_pb2 as ferry_dot_v1_dot_tables__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66\x65rry/v1/admin.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"4\n\x13ListReplicasRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\"\x86\x02\n\x0bReplicaView\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12%\n\x05state\x18\x07 \x01(\x0e\x32\x16.ferry.v1.ReplicaState\x12\x17\n\x0f\x64rain_requested\x18\x08 \x01(\x08\x12#\n\x04load\x18\t \x01(\x0b\x32\x15.ferry.v1.ReplicaLoad\x12\x1d\n\x15telemetry_age_seconds\x18\n \x01(\x01\x12\x10\n\x08in_table\x18\x0b \x01(\x08\"?\n\x14ListReplicasResponse\x12\'\n\x08replicas\x18\x01 \x03(\x0b\x32\x15.ferry.v1.ReplicaView\"!\n\x0fGetTableRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"\xa1\x01\n\tProxyView\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x04\x12\x14\n\x0clag_versions\x18\x04 \x01(\x04\x12\x11\n\tconnected\x18\x05 \x01(\x08\x12\x1c\n\x14last_ack_age_seconds\x18\x06 \x01(\x01\x12\x12\n\nlast_error\x18\x07 \x01(\t\"e\n\x0bRegionTable\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0b\x63omputed_at\x18\x03 \x01(\x01\x12\x10\n\x08replicas\x18\x04 \x01(\r\x12\x0e\n\x06models\x18\x05 \x03(\t\"`\n\x10GetTableResponse\x12&\n\x07regions\x18\x01 \x03(\x0b\x32\x15.ferry.v1.RegionTable\x12$\n\x07proxies\x18\x02 \x03(\x0b\x32\x13.ferry.v1.ProxyView\"\"\n\x0c\x44rainRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"7\n\rDrainResponse\x12&\n\x07replica\x18\x01 \x01(\x0b\x32\x15.ferry.v1.ReplicaView2\x8f\x02\n\x05\x41\x64min\x12M\n\x0cListReplicas\x12\x1d.ferry.v1.ListReplicasRequest\x1a\x1e.ferry.v1.ListReplicasResponse\x12\x41\n\x08GetTable\x12\x19.ferry.v1.GetTableRequest\x1a\x1a.ferry.v1.GetTableResponse\x12\x38\n\x05\x44rain\x12\x16.ferry.v1.DrainRequest\x1a\x17.ferry.v1.DrainResponse\x12:\n\x07Undrain\x12\x16.ferry.v1.DrainRequest\x1a\x17.ferry.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66\x65rry/v1/admin.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\x1a\x15\x66\x65rry/v1/tables.proto\"4\n\x13ListReplicasRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\"\x86\x02\n\x0bReplicaView\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12%\n\x05state\x18\x07 \x01(\x0e\x32\x16.ferry.v1.ReplicaState\x12\x17\n\x0f\x64rain_requested\x18\x08 \x01(\x08\x12#\n\x04load\x18\t \x01(\x0b\x32\x15.ferry.v1.ReplicaLoad\x12\x1d\n\x15telemetry_age_seconds\x18\n \x01(\x01\x12\x10\n\x08in_table\x18\x0b \x01(\x08\"?\n\x14ListReplicasResponse\x12\'\n\x08replicas\x18\x01 \x03(\x0b\x32\x15.ferry.v1.ReplicaView\"!\n\x0fGetTableRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\"\xa1\x01\n\tProxyView\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x04\x12\x14\n\x0clag_versions\x18\x04 \x01(\x04\x12\x11\n\tconnected\x18\x05 \x01(\x08\x12\x1c\n\x14last_ack_age_seconds\x18\x06 \x01(\x01\x12\x12\n\nlast_error\x18\x07 \x01(\t\"e\n\x0bRegionTable\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0b\x63omputed_at\x18\x03 \x01(\x01\x12\x10\n\x08replicas\x18\x04 \x01(\r\x12\x0e\n\x06models\x18\x05 \x03(\t\"`\n\x10GetTableResponse\x12&\n\x07regions\x18\x01 \x03(\x0b\x32\x15.ferry.v1.RegionTable\x12$\n\x07proxies\x18\x02 \x03(\x0b\x32\x13.ferry.v1.ProxyView\"\"\n\x0c\x44rainRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"7\n\rDrainResponse\x12&\n\x07replica\x18\x01 \x01(\x0b\x32\x15.ferry.v1.ReplicaView\"\x12\n\x10GetStatusRequest\"s\n\x10\x43ontrolPlaneView\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06leader\x18\x03 \x01(\x08\x12\x11\n\tfollowing\x18\x04 \x01(\x08\x12\x1f\n\x17last_report_age_seconds\x18\x05 \x01(\x01\"}\n\tStoreView\x12\x0f\n\x07\x62\x61\x63kend\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x1b\n\x13last_ok_age_seconds\x18\x05 \x01(\x01\x12\x10\n\x08revision\x18\x06 \x01(\x04\"\xe0\x02\n\x11GetStatusResponse\x12\x18\n\x10\x63ontrol_plane_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x32\n\x0e\x63ontrol_planes\x18\x06 \x03(\x0b\x32\x1a.ferry.v1.ControlPlaneView\x12\"\n\x05store\x18\x07 \x01(\x0b\x32\x13.ferry.v1.StoreView\x12&\n\x07regions\x18\x08 \x03(\x0b\x32\x15.ferry.v1.RegionTable\x12$\n\x07proxies\x18\t \x03(\x0b\x32\x13.ferry.v1.ProxyView\x12\x0f\n\x07members\x18\n \x01(\r\x12\x0e\n\x06\x64rains\x18\x0b \x01(\r\x12\x13\n\x0b\x61llocations\x18\x0c \x01(\r\x12\x0e\n\x06\x61gents\x18\r \x01(\r\"d\n\x0e\x46ollowerReport\x12\x18\n\x10\x63ontrol_plane_id\x18\x01 \x01(\t\x12\'\n\x07members\x18\x02 \x03(\x0b\x32\x16.ferry.v1.MemberReport\x12\x0f\n\x07regions\x18\x03 \x03(\t\"p\n\x0cMemberReport\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x11\n\tconnected\x18\x02 \x01(\x08\x12\x19\n\x11heard_seconds_ago\x18\x03 \x01(\x01\x12$\n\x05loads\x18\x04 \x03(\x0b\x32\x15.ferry.v1.ReplicaLoad\"I\n\x0cLeaderUpdate\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12&\n\x05table\x18\x02 \x01(\x0b\x32\x17.ferry.v1.TableSnapshot2\x95\x03\n\x05\x41\x64min\x12M\n\x0cListReplicas\x12\x1d.ferry.v1.ListReplicasRequest\x1a\x1e.ferry.v1.ListReplicasResponse\x12\x41\n\x08GetTable\x12\x19.ferry.v1.GetTableRequest\x1a\x1a.ferry.v1.GetTableResponse\x12\x38\n\x05\x44rain\x12\x16.ferry.v1.DrainRequest\x1a\x17.ferry.v1.DrainResponse\x12:\n\x07Undrain\x12\x16.ferry.v1.DrainRequest\x1a\x17.ferry.v1.DrainResponse\x12\x44\n\tGetStatus\x12\x1a.ferry.v1.GetStatusRequest\x1a\x1b.ferry.v1.GetStatusResponse\x12>\n\x06\x46ollow\x12\x18.ferry.v1.FollowerReport\x1a\x16.ferry.v1.LeaderUpdate(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ferry.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LISTREPLICASREQUEST']._serialized_start=57
-  _globals['_LISTREPLICASREQUEST']._serialized_end=109
-  _globals['_REPLICAVIEW']._serialized_start=112
-  _globals['_REPLICAVIEW']._serialized_end=374
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=376
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=439
-  _globals['_GETTABLEREQUEST']._serialized_start=441
-  _globals['_GETTABLEREQUEST']._serialized_end=474
-  _globals['_PROXYVIEW']._serialized_start=477
-  _globals['_PROXYVIEW']._serialized_end=638
-  _globals['_REGIONTABLE']._serialized_start=640
-  _globals['_REGIONTABLE']._serialized_end=741
-  _globals['_GETTABLERESPONSE']._serialized_start=743
-  _globals['_GETTABLERESPONSE']._serialized_end=839
-  _globals['_DRAINREQUEST']._serialized_start=841
-  _globals['_DRAINREQUEST']._serialized_end=875
-  _globals['_DRAINRESPONSE']._serialized_start=877
-  _globals['_DRAINRESPONSE']._serialized_end=932
-  _globals['_ADMIN']._serialized_start=935
-  _globals['_ADMIN']._serialized_end=1206
+  _globals['_LISTREPLICASREQUEST']._serialized_start=80
+  _globals['_LISTREPLICASREQUEST']._serialized_end=132
+  _globals['_REPLICAVIEW']._serialized_start=135
+  _globals['_REPLICAVIEW']._serialized_end=397
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=399
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=462
+  _globals['_GETTABLEREQUEST']._serialized_start=464
+  _globals['_GETTABLEREQUEST']._serialized_end=497
+  _globals['_PROXYVIEW']._serialized_start=500
+  _globals['_PROXYVIEW']._serialized_end=661
+  _globals['_REGIONTABLE']._serialized_start=663
+  _globals['_REGIONTABLE']._serialized_end=764
+  _globals['_GETTABLERESPONSE']._serialized_start=766
+  _globals['_GETTABLERESPONSE']._serialized_end=862
+  _globals['_DRAINREQUEST']._serialized_start=864
+  _globals['_DRAINREQUEST']._serialized_end=898
+  _globals['_DRAINRESPONSE']._serialized_start=900
+  _globals['_DRAINRESPONSE']._serialized_end=955
+  _globals['_GETSTATUSREQUEST']._serialized_start=957
+  _globals['_GETSTATUSREQUEST']._serialized_end=975
+  _globals['_CONTROLPLANEVIEW']._serialized_start=977
+  _globals['_CONTROLPLANEVIEW']._serialized_end=1092
+  _globals['_STOREVIEW']._serialized_start=1094
+  _globals['_STOREVIEW']._serialized_end=1219
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1222
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1574
+  _globals['_FOLLOWERREPORT']._serialized_start=1576
+  _globals['_FOLLOWERREPORT']._serialized_end=1676
+  _globals['_MEMBERREPORT']._serialized_start=1678
+  _globals['_MEMBERREPORT']._serialized_end=1790
+  _globals['_LEADERUPDATE']._serialized_start=1792
+  _globals['_LEADERUPDATE']._serialized_end=1865
+  _globals['_ADMIN']._serialized_start=1868
+  _globals['_ADMIN']._serialized_end=2273
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from ferry.v1 import common_pb2 as _common_pb2
+from ferry.v1 import tables_pb2 as _tables_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -104,3 +105,97 @@ class DrainResponse(_message.Message):
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     replica: ReplicaView
     def __init__(self, replica: _Optional[_Union[ReplicaView, _Mapping]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ControlPlaneView(_message.Message):
+    __slots__ = ("id", "address", "leader", "following", "last_report_age_seconds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWING_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    address: str
+    leader: bool
+    following: bool
+    last_report_age_seconds: float
+    def __init__(self, id: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[bool] = ..., following: _Optional[bool] = ..., last_report_age_seconds: _Optional[float] = ...) -> None: ...
+
+class StoreView(_message.Message):
+    __slots__ = ("backend", "endpoint", "healthy", "error", "last_ok_age_seconds", "revision")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_OK_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    endpoint: str
+    healthy: bool
+    error: str
+    last_ok_age_seconds: float
+    revision: int
+    def __init__(self, backend: _Optional[str] = ..., endpoint: _Optional[str] = ..., healthy: _Optional[bool] = ..., error: _Optional[str] = ..., last_ok_age_seconds: _Optional[float] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("control_plane_id", "role", "leader_id", "leader_address", "term", "control_planes", "store", "regions", "proxies", "members", "drains", "allocations", "agents")
+    CONTROL_PLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_PLANES_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    DRAINS_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    control_plane_id: str
+    role: str
+    leader_id: str
+    leader_address: str
+    term: int
+    control_planes: _containers.RepeatedCompositeFieldContainer[ControlPlaneView]
+    store: StoreView
+    regions: _containers.RepeatedCompositeFieldContainer[RegionTable]
+    proxies: _containers.RepeatedCompositeFieldContainer[ProxyView]
+    members: int
+    drains: int
+    allocations: int
+    agents: int
+    def __init__(self, control_plane_id: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ..., control_planes: _Optional[_Iterable[_Union[ControlPlaneView, _Mapping]]] = ..., store: _Optional[_Union[StoreView, _Mapping]] = ..., regions: _Optional[_Iterable[_Union[RegionTable, _Mapping]]] = ..., proxies: _Optional[_Iterable[_Union[ProxyView, _Mapping]]] = ..., members: _Optional[int] = ..., drains: _Optional[int] = ..., allocations: _Optional[int] = ..., agents: _Optional[int] = ...) -> None: ...
+
+class FollowerReport(_message.Message):
+    __slots__ = ("control_plane_id", "members", "regions")
+    CONTROL_PLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    control_plane_id: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberReport]
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, control_plane_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., regions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MemberReport(_message.Message):
+    __slots__ = ("node", "connected", "heard_seconds_ago", "loads")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    HEARD_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    connected: bool
+    heard_seconds_ago: float
+    loads: _containers.RepeatedCompositeFieldContainer[_common_pb2.ReplicaLoad]
+    def __init__(self, node: _Optional[str] = ..., connected: _Optional[bool] = ..., heard_seconds_ago: _Optional[float] = ..., loads: _Optional[_Iterable[_Union[_common_pb2.ReplicaLoad, _Mapping]]] = ...) -> None: ...
+
+class LeaderUpdate(_message.Message):
+    __slots__ = ("leader_id", "table")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    leader_id: str
+    table: _tables_pb2.TableSnapshot
+    def __init__(self, leader_id: _Optional[str] = ..., table: _Optional[_Union[_tables_pb2.TableSnapshot, _Mapping]] = ...) -> None: ...

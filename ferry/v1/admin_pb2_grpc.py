@@ -55,6 +55,16 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.GetStatus = channel.unary_unary(
+                '/ferry.v1.Admin/GetStatus',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetStatusResponse.FromString,
+                _registered_method=True)
+        self.Follow = channel.stream_stream(
+                '/ferry.v1.Admin/Follow',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.FollowerReport.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.LeaderUpdate.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -85,6 +95,25 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetStatus(self, request, context):
+        """The control side as this control plane sees it: leader, control planes,
+        store health, the tables it serves and the proxies that watch from it
+        (ferryctl status asks every control plane and merges the proxies).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Follow(self, request_iterator, context):
+        """Between control planes: a follower reports the liveness and load of its
+        agents' nodes every tick; the leader answers with every region's table as
+        it publishes it. Only the leader accepts the stream (UNAVAILABLE
+        otherwise, naming the leader it knows).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -107,6 +136,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Undrain,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.DrainRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.DrainResponse.SerializeToString,
+            ),
+            'GetStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetStatus,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetStatusRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetStatusResponse.SerializeToString,
+            ),
+            'Follow': grpc.stream_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.FollowerReport.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.LeaderUpdate.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -218,6 +257,60 @@ class Admin:
             '/ferry.v1.Admin/Undrain',
             ferry_dot_v1_dot_admin__pb2.DrainRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetStatus',
+            ferry_dot_v1_dot_admin__pb2.GetStatusRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Follow(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/ferry.v1.Admin/Follow',
+            ferry_dot_v1_dot_admin__pb2.FollowerReport.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.LeaderUpdate.FromString,
             options,
             channel_credentials,
             insecure,

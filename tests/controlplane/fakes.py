@@ -1,4 +1,4 @@
-"""Fakes for the control plane tests: a clock, message builders, agents and proxies on real streams."""
+"""Fakes for the control plane tests: a clock, message builders, agents and proxies on real streams, a flaky store."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import grpc
 
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet import FleetView, Member
+from controlplane.memstore import MemoryStore
 from controlplane.server import ControlPlane
+from controlplane.store import StoreHealth
 from ferry.config import ModelConfig
+from ferry.errors import Unavailable
 from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
 
 READY = common_pb2.REPLICA_STATE_READY
@@ -170,3 +173,26 @@ class Harness:
         while not predicate():
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.005)
+
+
+class FlakyStore:
+    """A client of a shared store that can be cut off: calls raise Unavailable and health says so."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    def health(self) -> StoreHealth:
+        return StoreHealth("memory", "", ok=not self.down, error="cut off" if self.down else "")
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise Unavailable("the store is cut off")
+            return await attr(*args, **kwargs)
+
+        return call

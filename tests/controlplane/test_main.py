@@ -87,3 +87,19 @@ def test_the_process_serves_writes_its_ready_file_and_stops_on_sigterm(tmp_path:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+STORES = [
+    ("unknown-scheme", "bogus://x", 2, "--store"),
+    ("etcd-without-port", "etcd://localhost", 2, "--store"),
+    ("etcd-unreachable", "etcd://127.0.0.1:1", 1, "etcd at 127.0.0.1:1"),
+]
+
+
+@pytest.mark.parametrize(("url", "code", "named"), [c[1:] for c in STORES], ids=[c[0] for c in STORES])
+def test_store_flag(tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str], url: str,
+                    code: int, named: str) -> None:
+    config = tmp_path / "ferry.toml"
+    config.write_text("[controlplane]\nstore_timeout_seconds = 0.3\n")
+    assert main(["--config", str(config), "--store", url, "--listen", "127.0.0.1:0"]) == code
+    assert named in capsys.readouterr().err + caplog.text

@@ -337,3 +337,20 @@ async def _status(call) -> tuple[grpc.StatusCode, str]:
     except grpc.aio.AioRpcError as exc:
         return exc.code(), exc.details() or ""
     return await call.code(), await call.details()
+
+
+async def test_get_status_of_a_control_plane_alone(harness: Harness) -> None:
+    agent = harness.agent()
+    await agent.register(register("n1", replica("n1/r0")))
+    proxy = harness.proxy("p1")
+    table = await proxy.subscribe()
+    if routed(table) != ["n1/r0"]:
+        table = await proxy.until(lambda t: routed(t) == ["n1/r0"])
+    await harness.admin.Drain(admin_pb2.DrainRequest(replica_id="n1/r0"), timeout=5)
+    status = await harness.admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=5)
+    assert (status.control_plane_id, status.role, status.leader_id) == ("controlplane", "single", "controlplane")
+    assert [(c.id, c.leader) for c in status.control_planes] == [("controlplane", True)]
+    assert (status.store.backend, status.store.healthy, status.store.endpoint) == ("memory", True, "")
+    assert (status.members, status.drains, status.allocations, status.agents) == (1, 1, 0, 1)
+    assert [r.region for r in status.regions] == ["local"] and [p.proxy_id for p in status.proxies] == ["p1"]
+    assert status.regions[0].version > table.version  # the drain made a new one

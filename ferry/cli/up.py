@@ -49,7 +49,8 @@ PLANS = {"enterprise-1": ("enterprise", ["interactive", "standard", "batch"]),
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=8, help="simulated replicas in all (default 8)")
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="simulated replicas in all (default 8, or 0 with --triton)")
     parser.add_argument("--replicas-per-node", type=int, default=2, help="replicas per node process (default 2)")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated model names")
     parser.add_argument("--region", default="local")
@@ -61,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory (default), etcd (start a local etcd) or etcd://host:port")
     parser.add_argument("--control-planes", type=int, default=1,
                         help="control planes (default 1; more than one needs an etcd store)")
+    parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL]",
+                        help="a running Triton (or any KServe v2) server: an agent beside it adopts its LLM models "
+                             "(repeatable; replaces the simulated replicas unless --replicas is given)")
 
 
 def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -114,7 +118,8 @@ class Fleet:
                                            "--region", args.region, "--id", "proxy-1", *cfg])
         expected = []
         per_node = max(1, args.replicas_per_node)
-        for n, first in enumerate(range(0, args.replicas, per_node)):
+        replicas = args.replicas if args.replicas is not None else (0 if args.triton else 8)
+        for n, first in enumerate(range(0, replicas, per_node)):
             name = f"node-{n + 1}"
             reps = []
             for i in range(first, min(first + per_node, args.replicas)):
@@ -123,10 +128,19 @@ class Fleet:
             own = ",".join(addresses[n % count:] + addresses[:n % count])
             self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", own,
                                                  "--region", args.region, *reps, *cfg]))
+        adopting = []
+        for k, server in enumerate(args.triton):
+            address, _, metrics = server.partition(",")
+            name = f"triton-{k + 1}"
+            adopting.append(name)
+            extra = ["--triton-metrics", metrics] if metrics else []
+            self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", ",".join(addresses),
+                                                 "--region", args.region, "--triton", address, *extra, *cfg]))
         proxy = self.proxy.wait_ready(args.timeout)
         for node in self.nodes:
             node.wait_ready(args.timeout)
-        wait_routable(cp_addr, set(expected), proxy["proxy_id"], args.timeout, self.children)
+        wait_routable(cp_addr, set(expected), proxy["proxy_id"], args.timeout, self.children,
+                      nodes_with_any=set(adopting))
         return self.describe()
 
     def _store(self) -> str:
@@ -179,8 +193,13 @@ class Fleet:
             self.etcd.close()
 
 
-def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child]) -> None:
-    """Poll the Admin API until every expected replica is in the table and the proxy applied it."""
+def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child],
+                  *, nodes_with_any: set[str] | None = None) -> None:
+    """Poll the Admin API until every expected replica is in the table and the proxy applied it.
+
+    ``nodes_with_any`` names nodes whose replicas are discovered (adopted endpoints):
+    each must have at least one replica in the table.
+    """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
     with grpc.insecure_channel(cp_addr) as channel:
@@ -192,11 +211,12 @@ def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: floa
             try:
                 reps = admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=2)
                 routable = {r.replica_id for r in reps.replicas if r.in_table}
+                adopted = {r.node for r in reps.replicas if r.in_table}
                 table = admin.GetTable(admin_pb2.GetTableRequest(), timeout=2)
                 versions = {t.region: t.version for t in table.regions}
                 synced = any(p.proxy_id == proxy_id and p.connected and p.applied_version == versions.get(p.region)
                              for p in table.proxies)
-                if expected <= routable and synced:
+                if expected <= routable and (nodes_with_any or set()) <= adopted and synced:
                     return
                 last = f"{len(expected & routable)}/{len(expected)} replicas routable, proxy synced: {synced}"
             except grpc.RpcError as exc:

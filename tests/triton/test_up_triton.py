@@ -1,0 +1,41 @@
+"""``ferry up --triton``: an agent beside a real Triton server instead of simulated replicas."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ferry.cli.procs import Child
+from tools.triton.launch import TritonProcess
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(120)]
+
+
+def test_ferry_up_adopts_a_real_triton(tmp_path: Path, triton_factory: Callable[[], TritonProcess]) -> None:
+    server = triton_factory()
+    up = Child("up", ["up", "--triton", f"{server.grpc},{server.metrics_url}", "--workdir", str(tmp_path / "f")],
+               tmp_path).start()
+    try:
+        ready = up.wait_ready(90)
+        call = subprocess.run([sys.executable, "-m", "ferry", "call", "--ready-file", str(up.ready_path),
+                               "--model", "llm-unary", "--prompt", "hello ferry", "--max-tokens", "4", "--json"],
+                              capture_output=True, text=True, timeout=60)
+        assert call.returncode == 0, call.stderr
+        reply = json.loads(call.stdout)
+        assert reply["replica_id"] == "triton-1-llm-unary-1" and len(reply["text"].split()) == 4
+        stream = subprocess.run([sys.executable, "-m", "ferry", "call", "--ready-file", str(up.ready_path),
+                                 "--model", "llm", "--prompt", "hello ferry", "--max-tokens", "4", "--stream"],
+                                capture_output=True, text=True, timeout=60)
+        assert stream.returncode == 0 and len(stream.stdout.split()) == 4, stream
+        assert ready["pids"].keys() == {"controlplane", "proxy", "triton-1"}
+        up.kill(signal.SIGINT)
+        assert up.proc is not None and up.proc.wait(30) == 0
+        assert server.alive(), "ferry up stops only what it started"
+    finally:
+        up.stop()

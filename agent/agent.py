@@ -45,11 +45,16 @@ from agent.triton import TritonEndpoint
 from ferry import __version__
 from ferry.grpcutil import channel_options
 from ferry.metrics import name
+from ferry.tls import TLSConfig
+from ferry.tls import channel as tls_channel
 from ferry.v1 import fleet_pb2, fleet_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 _COMMANDS = {fleet_pb2.Command.KIND_DRAIN: Command.DRAIN, fleet_pb2.Command.KIND_UNDRAIN: Command.UNDRAIN}
+
+
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.ALREADY_EXISTS)  # admission: fix the token or names
 
 
 class StreamLost(Exception):
@@ -74,6 +79,7 @@ class Endpoint:
     replicas: tuple[ReplicaSpec, ...] = ()
     adopt: bool = False
     gpus: int = 1
+    tls: bool = False  # the endpoint serves mutual TLS with the node's certificate
 
 
 class AgentMetrics:
@@ -95,7 +101,7 @@ class Agent:
 
     def __init__(self, *, node: NodeInfo, control_planes: Sequence[str], endpoints: Sequence[Endpoint],
                  settings: AgentSettings | None = None, rng: random.Random | None = None,
-                 metrics: AgentMetrics | None = None) -> None:
+                 metrics: AgentMetrics | None = None, tls: TLSConfig | None = None, join_token: str = "") -> None:
         if not control_planes:
             raise ValueError("at least one control plane address is needed")
         self.node, self.control_planes = node, list(control_planes)
@@ -106,8 +112,10 @@ class Agent:
         self.connected = False
         self.telemetry_sent = self.reconnects = 0
         self._sources = list(endpoints)
-        self._clients = [TritonEndpoint(e.address, e.metrics_url, timeout_seconds=self.settings.probe_timeout_seconds)
-                         for e in endpoints]
+        self._tls = tls  # mutual TLS to the control planes and to endpoints with ``tls``
+        self._join_token = join_token
+        self._clients = [TritonEndpoint(e.address, e.metrics_url, timeout_seconds=self.settings.probe_timeout_seconds,
+                                        tls=tls if e.tls else None) for e in endpoints]
         for i, source in enumerate(self._sources):
             for spec in source.replicas:
                 if not self.inventory.upsert(dataclasses.replace(spec, endpoint=i)):
@@ -241,7 +249,8 @@ class Agent:
                 await self._session(address)
             except (grpc.aio.AioRpcError, StreamLost) as exc:
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.info("control plane %s: %s", address, detail)
+                refused = isinstance(exc, grpc.aio.AioRpcError) and exc.code() in REFUSALS
+                log.log(logging.WARNING if refused else logging.INFO, "control plane %s: %s", address, detail)
             except Exception:
                 log.exception("control plane %s: session failed", address)
             self._set_connected(False)
@@ -251,14 +260,15 @@ class Agent:
             await asyncio.sleep(self._backoff.next_delay())
 
     async def _session(self, address: str) -> None:
-        async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+        async with tls_channel(address, self._tls, options=channel_options()) as channel:
             call = fleet_pb2_grpc.FleetStub(channel).Connect()
             reader: asyncio.Task[None] | None = None
             try:
                 n = self.node
                 self._outbox.clear()  # results of an earlier stream mean nothing to this one
-                await call.write(self.inventory.register(node=n.node, region=n.region, gpus=n.gpus,
-                                                         agent_version=__version__))
+                hello = self.inventory.register(node=n.node, region=n.region, gpus=n.gpus, agent_version=__version__)
+                hello.register.join_token = self._join_token
+                await call.write(hello)
                 reader = asyncio.create_task(self._read(call))
                 await self._send(call, reader)
             finally:

@@ -16,6 +16,13 @@ gang model that lost a GPU leaves the table within one telemetry round trip.
 Once everything serves, the ready file gets
 ``{"node", "pid", "metrics", "replicas": [{"replica_id", "model", "version", "address", "metrics"}]}``
 and, with the batch runtime, ``"batch_runtime": {"address", "metrics", "models"}``.
+SIGUSR1 toggles a tenfold slowdown of every simulated replica of the node
+(fault injection for the outlier tests: each engine step takes 10x longer).
+``--join-token`` (env ``FERRY_JOIN_TOKEN``) is presented on registration.
+``--tls-ca``/``--tls-cert``/``--tls-key`` give mutual TLS to the control
+planes, and the replicas and batch runtime serve mutual TLS with the same
+certificate (an adopted ``--triton`` endpoint stays plain text); else
+``--insecure``; one of them is required.
 Stops cleanly on SIGTERM and SIGINT. Exit status: 0 after a clean stop, 2 for
 bad flags or configuration.
 """
@@ -24,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
 
@@ -35,6 +44,7 @@ from agent.config import AgentSettings
 from agent.engine import EngineParams
 from agent.inventory import ReplicaSpec
 from agent.replica import SimulatedReplica
+from ferry import tls
 from ferry.config import load_file
 from ferry.errors import ConfigError
 from ferry.grpcutil import split_address
@@ -42,6 +52,8 @@ from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
 
 BATCH_PREFIX = "batch-"
+JOIN_ENV = "FERRY_JOIN_TOKEN"
+SLOWDOWN = 10.0  # SIGUSR1: engine steps take this many times longer, until the next SIGUSR1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="the agent's own metrics endpoint (default 127.0.0.1:0)")
     parser.add_argument("--ready-file", metavar="PATH", help="write the bound addresses here once serving")
+    parser.add_argument("--join-token", default=os.environ.get(JOIN_ENV, ""), metavar="TOKEN",
+                        help=f"the control plane's join token (env {JOIN_ENV}); not needed with a certificate "
+                             "of common name agent")
+    tls.add_arguments(parser)
     batch = parser.add_argument_group("batch runtime", "ferry's fixed-batch runtime on this node's GPUs")
     batch.add_argument("--batch-runtime", action="store_true", help="run the batch runtime and register its models")
     add_arguments(batch, prefix=BATCH_PREFIX, version="v1")
@@ -94,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         params = cfg.section(EngineParams, "replica")
         settings = cfg.section(AgentSettings, "agent")
         batch = spec_from_args(args, gpus=args.gpus, prefix=BATCH_PREFIX) if args.batch_runtime else None
+        args.transport = tls.from_args(args)
     except (ValueError, ConfigError) as exc:
         print(f"ferry node: {exc}", file=sys.stderr)
         return 2
@@ -115,6 +132,19 @@ def batch_endpoint(node: str, hosted: HostedRuntime, spec: RuntimeSpec) -> Endpo
     return Endpoint(address=hosted.address, metrics_url=hosted.metrics_url, replicas=replicas, gpus=spec.gpus)
 
 
+def watch_slowdown(replicas: list[SimulatedReplica]) -> None:
+    """SIGUSR1 toggles a ``SLOWDOWN``-fold (10x) slowdown of every simulated replica of the node (fault injection)."""
+
+    def toggle() -> None:
+        runners = [r.runner for r in replicas if r.runner is not None]
+        for runner in runners:
+            runner.slowdown = 1.0 if runner.slowdown != 1.0 else SLOWDOWN
+        logging.getLogger(__name__).warning("simulated replicas slowed down %gx",
+                                            runners[0].slowdown if runners else 1.0)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, toggle)
+
+
 async def serve(args: argparse.Namespace, control_planes: list[str], models: list[tuple[str, str]],
                 params: EngineParams, settings: AgentSettings, batch: RuntimeSpec | None = None) -> None:
     """Run the replicas, the batch runtime and the agent until SIGTERM or SIGINT."""
@@ -130,26 +160,29 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
 
     try:
         if batch is not None:
-            hosted = await HostedRuntime.start(batch, host=args.listen_host, on_change=batch_changed)
+            hosted = await HostedRuntime.start(batch, host=args.listen_host, on_change=batch_changed,
+                                               tls=args.transport)
         for i, (model, version) in enumerate(models):
             replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
-                                       replica_id=f"{args.node}-r{i}")
+                                       replica_id=f"{args.node}-r{i}", tls=args.transport)
             replicas.append(replica)
             await replica.start()
         endpoints = [Endpoint(address=r.address, metrics_url=r.metrics_url, gpus=gpus_each, replicas=(ReplicaSpec(
             replica_id=r.replica_id, model=r.model, version=r.version, address=r.address, kserve_model=r.model,
             gpus=gpus_each, max_concurrency=params.max_running, kv_block_tokens=params.kv_block_tokens,
-            max_context_tokens=params.max_context_tokens),)) for r in replicas]
+            max_context_tokens=params.max_context_tokens),), tls=r.tls is not None) for r in replicas]
         batch_replicas: tuple[ReplicaSpec, ...] = ()
         if hosted is not None and batch is not None:
-            endpoints.append(batch_endpoint(args.node, hosted, batch))
+            endpoint = batch_endpoint(args.node, hosted, batch)
+            endpoints.append(dataclasses.replace(endpoint, tls=args.transport is not None))
             batch_replicas = endpoints[-1].replicas
         if args.triton:
             endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus))
         metrics_host, _ = split_address(args.metrics_listen)
         metrics_port = start_metrics_server(args.metrics_listen)
         agent = Agent(node=NodeInfo(node=args.node, region=args.region, gpus=args.gpus),
-                      control_planes=control_planes, endpoints=endpoints, settings=settings)
+                      control_planes=control_planes, endpoints=endpoints, settings=settings,
+                      tls=args.transport, join_token=args.join_token)
         await agent.start()
         listed = [{"replica_id": r.replica_id, "model": r.model, "version": r.version,
                    "address": r.address, "metrics": r.metrics_address} for r in replicas]
@@ -159,6 +192,7 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
                         "metrics": hosted.metrics_address} for r in batch_replicas]
             ready["batch_runtime"] = {"address": hosted.address, "metrics": hosted.metrics_address,
                                       "models": hosted.runtime.models}
+        watch_slowdown(replicas)
         write_ready_file(args.ready_file, {**ready, "replicas": listed})
         logging.getLogger(__name__).info("node %s serving %d replicas", args.node, len(listed))
         await stop.wait()

@@ -40,6 +40,7 @@ from agent.httptext import serve_text
 from agent.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, NotFound
 from ferry.grpcutil import start_server, status_for
+from ferry.tls import TLSConfig
 from ferry.tokens import chain_hashes, tokenize
 
 SERVICE = "inference.GRPCInferenceService"
@@ -236,8 +237,9 @@ class SimulatedReplica:
     """One simulated replica: gRPC server, engine task and metrics endpoint, all on ``host``."""
 
     def __init__(self, model: str, version: str = "v1", *, params: EngineParams | None = None,
-                 host: str = "127.0.0.1", replica_id: str = "") -> None:
+                 host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None) -> None:
         self.model, self.version, self.host = model, version, host
+        self.tls = tls  # mutual TLS with the node's certificate (None: plain text)
         self.params = params or EngineParams()
         self.replica_id = replica_id or f"{model}-{version}"
         self.runner: EngineRunner | None = None
@@ -267,7 +269,8 @@ class SimulatedReplica:
         self._task = asyncio.create_task(runner.run(), name=f"engine-{self.replica_id}")
         servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner)
         add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
-        self._server, self.port = await start_server([(add, servicer, SERVICE)], f"{self.host}:0")
+        creds = self.tls.server_credentials(require_client_cert=True) if self.tls else None
+        self._server, self.port = await start_server([(add, servicer, SERVICE)], f"{self.host}:0", credentials=creds)
         self._http, self.metrics_port = await serve_text(self.host, 0, {"/metrics": self.render_metrics})
         return self
 

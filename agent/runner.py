@@ -83,6 +83,7 @@ class EngineRunner:
         self._tickets: dict[str, Ticket] = {}
         self._wake = asyncio.Event()
         self._recent: deque[tuple[float, float]] = deque(maxlen=4096)  # (end, duration) of recent steps
+        self.slowdown = 1.0  # steps take this many times longer (fault injection: SIGUSR1 on ``ferry node``)
 
     def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: tuple[int, ...]) -> Ticket:
         """Queue a request; raises Overloaded (queue full) or InvalidArgument (it can never fit)."""
@@ -117,6 +118,7 @@ class EngineRunner:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            duration *= self.slowdown
             await asyncio.sleep(duration)
             now = self._clock()
             self._recent.append((now, duration))

@@ -44,6 +44,7 @@ from tritonclient.utils import InferenceServerException
 from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
 from ferry.grpcutil import channel_options
+from ferry.tls import TLSConfig
 
 ModelKey = tuple[str, str]  # (name, version)
 LLM_TENSORS = {"text_input", "max_tokens", "text_output"}
@@ -91,12 +92,14 @@ class EndpointLoad:
 class TritonEndpoint:
     """A KServe v2 endpoint at ``address`` (host:port) with an optional Prometheus ``metrics_url``."""
 
-    def __init__(self, address: str, metrics_url: str | None = None, *, timeout_seconds: float = 1.0) -> None:
+    def __init__(self, address: str, metrics_url: str | None = None, *, timeout_seconds: float = 1.0,
+                 tls: TLSConfig | None = None) -> None:
         self.address, self.metrics_url, self.timeout = address, metrics_url, timeout_seconds
         # Reconnect within a second once a dead endpoint is back (gRPC's default backoff grows to 2 minutes).
         options = [*channel_options(), ("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", 1000)]
-        self._client = InferenceServerClient(address, channel_args=options)
+        creds = tls.channel_credentials() if tls is not None else None  # mutual TLS to a replica that serves it
+        self._client = InferenceServerClient(address, channel_args=options, creds=creds)
 
     async def close(self) -> None:
         await self._client.close()

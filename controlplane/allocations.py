@@ -1,9 +1,12 @@
 """GPU allocation intent: which replica holds which GPUs of a node, kept in the store.
 
 One record per node at ``/ferry/intent/alloc/{node}``: JSON ``{"node",
-"slots": [{"replica_id", "model", "version", "gpus": [..], "requested_at"}]}``,
-slots sorted by replica id. A gang allocation (all eight GPUs of one node for
-a large model) is one slot, so it is written whole or not at all.
+"slots": [{"replica_id", "model", "version", "gpus": [..], "requested_at",
+"displaces", "placed_at", "cost"}]}`` (the last three optional: the gang
+allocator's, :mod:`controlplane.gang`), slots sorted by replica id. A gang
+allocation (all eight GPUs of one node for a large model) is one slot, so it
+is written whole or not at all; :func:`place` adds it and removes the slots
+of the replicas it displaces in the same transaction.
 
 The record is changed only by read, modify, then :meth:`Store.put_if` on the
 revision read (one transaction): two control planes that allocate on the same
@@ -22,6 +25,7 @@ transaction per attempt.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from controlplane.store import Store, alloc_key
@@ -46,6 +50,9 @@ class Allocation:
     version: str
     gpus: tuple[int, ...]
     requested_at: float = 0.0
+    displaces: tuple[str, ...] = ()  # small replicas drained to make room (gang allocation)
+    placed_at: float = 0.0
+    cost: float = 0.0  # the drain cost paid when it was placed
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +64,8 @@ class NodeAllocations:
 
     def encode(self) -> bytes:
         slots = [{"replica_id": a.replica_id, "model": a.model, "version": a.version, "gpus": list(a.gpus),
-                  "requested_at": a.requested_at} for a in self.slots]
+                  "requested_at": a.requested_at, "displaces": list(a.displaces), "placed_at": a.placed_at,
+                  "cost": a.cost} for a in self.slots]
         return json.dumps({"node": self.node, "slots": slots}, sort_keys=True).encode()
 
     def held(self) -> dict[int, str]:
@@ -71,7 +79,9 @@ def decode(node: str, value: bytes) -> NodeAllocations:
         data = json.loads(value)
         slots = tuple(
             Allocation(str(s["replica_id"]), str(s["model"]), str(s["version"]),
-                       tuple(int(g) for g in s["gpus"]), float(s.get("requested_at", 0.0)))
+                       tuple(int(g) for g in s["gpus"]), float(s.get("requested_at", 0.0)),
+                       tuple(str(r) for r in s.get("displaces", ())), float(s.get("placed_at", 0.0)),
+                       float(s.get("cost", 0.0)))
             for s in data["slots"]
         )
     except (ValueError, KeyError, TypeError) as exc:
@@ -102,12 +112,27 @@ def without(record: NodeAllocations, replica_id: str) -> NodeAllocations:
     return NodeAllocations(record.node, tuple(a for a in record.slots if a.replica_id != replica_id))
 
 
+def with_placement(record: NodeAllocations, slot: Allocation, removed: Iterable[str],
+                   node_gpus: int) -> NodeAllocations:
+    """``record`` without the slots of ``removed`` and with ``slot`` (a gang placement's one change)."""
+    for replica_id in removed:
+        record = without(record, replica_id)
+    return with_allocation(record, slot, node_gpus)
+
+
 async def allocate(store: Store, node: str, slot: Allocation, *, node_gpus: int, attempts: int = 5) -> int:
     """Add ``slot`` to the node's record atomically; returns the store revision of the write."""
+    return await place(store, node, slot, (), node_gpus=node_gpus, attempts=attempts)
+
+
+async def place(store: Store, node: str, slot: Allocation, removed: Iterable[str], *, node_gpus: int,
+                attempts: int = 5) -> int:
+    """Remove the slots of ``removed`` and add ``slot`` in one transaction; returns its store revision."""
+    removed = tuple(removed)
     for _ in range(attempts):
         current = await store.get(alloc_key(node))
         record = decode(node, current.value) if current is not None else NodeAllocations(node)
-        updated = with_allocation(record, slot, node_gpus)
+        updated = with_placement(record, slot, removed, node_gpus)
         revision = await store.put_if(alloc_key(node), updated.encode(),
                                       revision=current.revision if current is not None else 0)
         if revision:

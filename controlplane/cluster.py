@@ -37,6 +37,7 @@ from controlplane.remote import RemoteFleet
 from controlplane.store import MEMBERS_PREFIX, KeyValue, Store, table_key
 from controlplane.table import Published
 from ferry.errors import FerryError
+from ferry.tls import TLSConfig
 from ferry.v1 import admin_pb2, fleet_pb2, tables_pb2
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Cluster:
         on_change: Callable[[], None],
         report: Callable[[], admin_pb2.FollowerReport],
         adopt: Callable[[tables_pb2.TableSnapshot], None],
+        metadata: tuple[tuple[str, str], ...] = (),
+        tls: TLSConfig | None = None,
     ) -> None:
         self._store = store
         self.id = settings.id
@@ -68,7 +71,7 @@ class Cluster:
         self.members = Mirror(store, MEMBERS_PREFIX, on_change=self._member_key)
         self.followers = Followers(max_followers=settings.max_followers, clock=clock)
         self.link = LeaderLink(cp_id=settings.id, leader=lambda: self.election.leader, report=report, adopt=adopt,
-                               interval=settings.tick_seconds)
+                               interval=settings.tick_seconds, metadata=metadata, tls=tls)
         self._heads: dict[str, Published] = {}
         self._clock = clock
         self._tick = settings.tick_seconds

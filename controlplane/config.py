@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from controlplane.gang import Policy
+from controlplane.spill import parse_rtt
 from ferry.errors import ConfigError
 
 
@@ -19,6 +21,8 @@ class ControlPlaneSettings:
     """Timing and bounds of one control plane."""
 
     id: str = "controlplane"
+    # Reserved share of each region's capacity per tier: interactive, standard, batch (controlplane.quotas).
+    tier_reserved: tuple[float, ...] = (0.7, 0.2, 0.1)
     # Timing (seconds).
     tick_seconds: float = 0.5  # recompute every table at least this often
     debounce_seconds: float = 0.02  # after a change, wait this long for more before recomputing
@@ -38,10 +42,32 @@ class ControlPlaneSettings:
     max_name_bytes: int = 128  # node, replica id, model, proxy id
     max_region_bytes: int = 64
     max_version_bytes: int = 64
+    table_history: int = 8  # table versions kept per region for ferryctl table --diff
+    max_pending_allocations: int = 256  # allocation requests waiting for a node, fleet-wide
+    max_alloc_replicas: int = 64  # replicas one Allocate call may ask for
+    max_alloc_gpus: int = 64  # GPUs one replica may ask for
+    # Gang allocation (controlplane.gang.Policy).
+    alloc_gang_gpus: int = 8  # a replica of at least this many GPUs may drain small ones
+    alloc_replica_weight: float = 10.0  # drain cost of a moved replica, in requests in flight
+    alloc_drain_budget: float = 40.0  # drain cost a young large request may impose
+    alloc_aging_seconds: float = 30.0  # from this age a large request drains the cheapest node at any cost
+    # The Admin API's token: its sha256 in hex (the token itself comes from --admin-token-file or
+    # FERRY_ADMIN_TOKEN, see controlplane.adminauth). Without any, every Admin call is refused.
+    admin_token_sha256: str = ""
+    # The agents' join token: its sha256 in hex (the token itself may come from --join-token-file or
+    # FERRY_JOIN_TOKEN, see controlplane.admission). Without one and without mutual TLS, any agent may join.
+    join_token_sha256: str = ""
+    # Regions (controlplane.regions): round trips between regions, "a:b" = ms (symmetric); none: no spill.
+    region_rtt_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    spill_budget_ms: float = 500.0  # the interactive latency budget a spilled request must still fit
+    spill_headroom: float = 0.9  # a region keeps work up to this share of its capacity, takes spill up to it
+    spill_service_ms: float = 200.0  # an interactive request's service time, for the budget test
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ConfigError("controlplane.id", "must not be empty")
+        if len(self.tier_reserved) != 3 or not all(0 <= v <= 1 for v in self.tier_reserved):
+            raise ConfigError("controlplane.tier_reserved", "must be 3 shares in [0, 1] (interactive, standard, batch)")
         positive_floats = (
             "tick_seconds", "grace_seconds", "telemetry_interval_seconds", "forget_after_seconds",
             "first_message_seconds", "store_timeout_seconds", "leader_lease_seconds",
@@ -53,10 +79,21 @@ class ControlPlaneSettings:
             raise ConfigError("controlplane.debounce_seconds", "must be >= 0 and below tick_seconds")
         positive_ints = (
             "max_agents", "max_replicas_per_node", "max_watchers", "max_proxies", "command_queue_size",
-            "max_name_bytes", "max_region_bytes", "max_version_bytes", "max_followers",
+            "max_name_bytes", "max_region_bytes", "max_version_bytes", "max_followers", "table_history",
+            "max_pending_allocations", "max_alloc_replicas", "max_alloc_gpus",
         )
         for key in positive_ints:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"controlplane.{key}", "must be > 0")
         if self.max_proxies < self.max_watchers:
             raise ConfigError("controlplane.max_proxies", "must be >= max_watchers")
+        self.alloc_policy()  # checks the alloc_* keys
+        parse_rtt(self.region_rtt_ms)  # checks region_rtt_ms
+        if not 0 < self.spill_headroom <= 1 or not self.spill_budget_ms > 0 or not self.spill_service_ms >= 0:
+            raise ConfigError("controlplane.spill_headroom", "need 0 < spill_headroom <= 1, spill_budget_ms > 0, "
+                              "spill_service_ms >= 0")
+
+    def alloc_policy(self) -> Policy:
+        """The gang allocator's policy from the ``alloc_*`` keys."""
+        return Policy(gang_gpus=self.alloc_gang_gpus, replica_weight=self.alloc_replica_weight,
+                      drain_budget=self.alloc_drain_budget, aging_seconds=self.alloc_aging_seconds)

@@ -28,7 +28,11 @@ A drain or undrain is refused at once with ``Unavailable`` while the store is
 unreachable; otherwise it waits for the store to echo its write, for the
 tables to drop a drained replica (pushed before it returns), then tells the
 replica's agent; every other control plane tells its own agents when the
-intent reaches it. Cost per computation: see :mod:`controlplane.table`.
+intent reaches it. A cordoned node's replicas leave the tables (no command:
+they keep running what they run). Gang allocation runs in a loop of its own
+on the leader (:mod:`controlplane.allocator`), woken by the same changes and
+every tick, so store writes of placements never delay the tables. Cost per
+computation: see :mod:`controlplane.table`.
 """
 
 from __future__ import annotations
@@ -39,21 +43,27 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from controlplane import validate
+from controlplane import telemetry_check, validate
 from controlplane.agents import Agents, AgentSession
+from controlplane.allocator import GangAllocator
 from controlplane.cluster import Cluster
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet import FleetView, Member
+from controlplane.fleetops import FleetOps
+from controlplane.fleetviews import node_view, usage_rows
 from controlplane.intent import IntentCache
 from controlplane.members import MemberLeases
 from controlplane.metrics import Metrics
 from controlplane.operator import Operator
 from controlplane.peers import Peers
+from controlplane.quotas import attach_quotas
+from controlplane.regions import SpillPlanner
 from controlplane.store import Store
 from controlplane.table import Published, TableVersions, compute_tables, initial_version
 from controlplane.watchers import Watcher, Watchers
-from ferry.config import ModelConfig
-from ferry.errors import InvalidArgument, Overloaded, Unavailable
+from ferry.config import TIERS, ModelConfig
+from ferry.errors import AlreadyExists, InvalidArgument, Overloaded, Unavailable
+from ferry.tls import TLSConfig
 from ferry.v1 import common_pb2, fleet_pb2, tables_pb2
 
 log = logging.getLogger(__name__)
@@ -62,7 +72,7 @@ NOT_DRAINING = (common_pb2.REPLICA_STATE_UNSPECIFIED, common_pb2.REPLICA_STATE_W
 KIND = fleet_pb2.Command
 
 
-class Controller(Operator, Peers):
+class Controller(Operator, FleetOps, Peers):
     """Everything the servicers call; holds no gRPC types but the generated messages."""
 
     def __init__(
@@ -75,6 +85,8 @@ class Controller(Operator, Peers):
         wall: Callable[[], float],
         metrics: Metrics,
         elect: bool = False,
+        admin_metadata: tuple[tuple[str, str], ...] = (),
+        tls: TLSConfig | None = None,
     ) -> None:
         self.settings = s = settings
         self.store = store
@@ -83,14 +95,22 @@ class Controller(Operator, Peers):
         self._wall = wall
         self.metrics = metrics
         self.elect = elect
+        self._admin_metadata = admin_metadata  # a follower's credentials on Admin.Follow
+        self._tls = tls  # a follower's mutual TLS to the leader (None: plain text)
         self.fleet = FleetView(
             clock=clock, grace_seconds=s.grace_seconds, forget_after_seconds=s.forget_after_seconds,
             max_members=s.max_agents, max_replicas_per_node=s.max_replicas_per_node,
         )
         self.agents = Agents(control_plane_id=s.id, max_streams=s.max_agents, queue_size=s.command_queue_size)
         self.watchers = Watchers(max_watchers=s.max_watchers, max_proxies=s.max_proxies, clock=clock)
-        self.tables = TableVersions(initial_version(wall()))
+        self.tables = TableVersions(initial_version(wall()), history=s.table_history)
+        self.spill = SpillPlanner(s.region_rtt_ms, budget_ms=s.spill_budget_ms, headroom=s.spill_headroom,
+                                  service_ms=s.spill_service_ms)  # region spill weights (controlplane.regions)
         self.intent = IntentCache(store, on_change=self.notify, on_drain=self._drain_changed)
+        self.allocator = GangAllocator(store, self.intent, s.alloc_policy(), wall=wall, clock=clock,
+                                       grace_seconds=s.grace_seconds, timeout=s.store_timeout_seconds,
+                                       on_placed=metrics.placed)
+        self._alloc_due = asyncio.Event()
         self.leases = MemberLeases(store, clock=clock, ttl_seconds=s.grace_seconds)
         self.cluster: Cluster | None = None
         self.address = ""
@@ -121,6 +141,7 @@ class Controller(Operator, Peers):
             self.recompute()
         self._tasks.append(asyncio.create_task(self._loop(), name="controlplane-loop"))
         self._tasks.append(asyncio.create_task(self._store_loop(), name="controlplane-store"))
+        self._tasks.append(asyncio.create_task(self._alloc_loop(), name="controlplane-alloc"))
 
     async def join(self, address: str) -> None:
         """Take part in the election as ``address`` (when started with ``elect=True``)."""
@@ -128,7 +149,8 @@ class Controller(Operator, Peers):
         if not self.elect:
             return
         self.cluster = Cluster(self.store, self.settings, address=address, clock=self._clock, wall=self._wall,
-                               on_change=self.notify, report=self.follower_report, adopt=self.adopt)
+                               on_change=self.notify, report=self.follower_report, adopt=self.adopt,
+                               metadata=self._admin_metadata, tls=self._tls)
         await self.cluster.start(self.settings.store_timeout_seconds)
         self._transition()
         if self.leading:
@@ -148,8 +170,12 @@ class Controller(Operator, Peers):
             await self.cluster.stop()
 
     def notify(self) -> None:
-        """Something changed: recompute after the debounce."""
+        """Something changed: recompute after the debounce; the allocator looks again."""
         self._dirty.set()
+        self._alloc_due.set()
+
+    def wake_allocator(self) -> None:
+        self._alloc_due.set()
 
     def reject(self, reason: str, count: int = 1) -> None:
         self.metrics.reject(reason, count)
@@ -165,6 +191,9 @@ class Controller(Operator, Peers):
             raise
         except Overloaded:
             self.reject("agents_limit")
+            raise
+        except AlreadyExists:
+            self.reject("register_conflict")
             raise
         session = self.agents.attach(member)
         self._member_changed(member.node)
@@ -182,6 +211,7 @@ class Controller(Operator, Peers):
             return
         try:
             validate.check_telemetry(telemetry, self.settings)
+            telemetry_check.check_loads(telemetry, self.settings.max_replicas_per_node)
         except InvalidArgument:
             self.reject("telemetry_field")
             raise
@@ -256,8 +286,15 @@ class Controller(Operator, Peers):
             regions |= self.cluster.followers.regions()
         tables = compute_tables(
             members, self._catalog, self.intent.drains, now=now, grace_seconds=self.settings.grace_seconds,
-            regions=regions,
+            regions=regions, cordons=self.intent.cordons,
         )
+        shares = dict(zip(TIERS, self.settings.tier_reserved, strict=True))
+        for region, quotas in attach_quotas(tables, None, shares).items():  # tier reserves (controlplane.quotas)
+            for tier, slots in quotas.quota.items():
+                self.metrics.tier_quota.labels(region=region, tier=tier).set(slots)
+        weights = self.spill.attach(tables)
+        for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
+            self.metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))
         before = set(self.tables.regions())
         changed = self.tables.publish(tables, self._wall())
         for region in before - set(tables):
@@ -277,6 +314,11 @@ class Controller(Operator, Peers):
 
     def _observe(self, now: float, members: list[Member]) -> None:
         self.metrics.observe_fleet(members, self.tables, now=now, grace=self.settings.grace_seconds)
+        self.metrics.observe_usage(usage_rows(members, self.tables, now=now))
+        wall = self._wall()
+        nodes = [node_view(m, self.intent.allocations.get(m.node), now=now, grace=self.settings.grace_seconds,
+                           cordoned=m.node in self.intent.cordons, control_plane="") for m in members]
+        self.metrics.observe_nodes(nodes, [wall - r.requested_at for r in self.intent.pending.values()])
         self.metrics.leader.set(1 if self.leading else 0)
         self._observe_proxies()
 

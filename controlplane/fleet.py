@@ -16,6 +16,11 @@ Bounds: ``max_members`` nodes (a new node beyond it, once dead ones that can
 be forgotten are gone, raises ``Overloaded``) and ``max_replicas_per_node``
 (replicas added by telemetry beyond it are ignored and counted). Costs: O(1)
 per replica per telemetry message; O(members) to forget the expired.
+
+Claims (:func:`claim_conflict`): a registration may not take a replica id or
+a replica address that another live node holds, nor the name of a live,
+connected node from other hosts (``AlreadyExists`` naming the field). Indexes
+by replica id and by address keep the check O(replicas of the registration).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ferry.errors import InvalidArgument, Overloaded
+from ferry.errors import AlreadyExists, Overloaded
 from ferry.v1 import common_pb2, fleet_pb2
 
 READY = common_pb2.REPLICA_STATE_READY
@@ -95,6 +100,32 @@ class TelemetryOutcome:
     state_changed: bool = False
 
 
+def claim_conflict(view: FleetView, reg: fleet_pb2.Register) -> None:
+    """Raise AlreadyExists naming the field when ``reg`` claims what another live node holds.
+
+    A replica id or a replica address held by another live node is refused. The node name itself
+    is refused while a live node of that name is still connected and serves from other hosts (a
+    claim from another machine); the same node reconnecting (replicas on the same hosts) replaces
+    its earlier registration.
+    """
+    for i, info in enumerate(reg.replicas):
+        holder = view.find(info.replica_id)
+        if holder is not None and holder.node != reg.node and view.live(holder):
+            raise AlreadyExists(
+                f"register.replicas[{i}].replica_id", f"{info.replica_id!r} is held by live node {holder.node!r}")
+        for node in sorted(view.serving(info.address) - {reg.node}):
+            other = view.member(node)
+            if other is not None and view.live(other):
+                raise AlreadyExists(f"register.replicas[{i}].address",
+                                    f"{info.address!r} is served by live node {node!r}")
+    same = view.member(reg.node)
+    if same is not None and same.connected and view.live(same):
+        before = {info.address.rpartition(":")[0] for info in same.replicas.values()}
+        after = {info.address.rpartition(":")[0] for info in reg.replicas}
+        if before and after and not after <= before:
+            raise AlreadyExists("register.node", f"{reg.node!r} is held by a live, connected node on other hosts")
+
+
 class FleetView:
     """Members by node name, with a replica-id index; every time comes from ``clock``."""
 
@@ -114,6 +145,7 @@ class FleetView:
         self._max_replicas = max_replicas_per_node
         self._members: dict[str, Member] = {}
         self._owner: dict[str, str] = {}  # replica id -> node
+        self._served: dict[str, Counter[str]] = {}  # replica address -> replicas per node serving there
         self._sessions = itertools.count(1)
 
     def __len__(self) -> int:
@@ -136,12 +168,7 @@ class FleetView:
     def register(self, reg: fleet_pb2.Register) -> Member:
         """Set (or replace) the member of ``reg.node``; ``reg`` is already validated."""
         now = self._clock()
-        for i, info in enumerate(reg.replicas):
-            holder = self.find(info.replica_id)
-            if holder is not None and holder.node != reg.node and self.live(holder):
-                raise InvalidArgument(
-                    f"register.replicas[{i}].replica_id", f"{info.replica_id!r} is held by live node {holder.node!r}"
-                )
+        claim_conflict(self, reg)
         if reg.node not in self._members and len(self._members) >= self._max_members:
             self.forget_expired()
             if len(self._members) >= self._max_members:
@@ -214,10 +241,23 @@ class FleetView:
             self._drop(node)
         return gone
 
+    def serving(self, address: str) -> set[str]:
+        """The nodes (live or not) with a replica at ``address``."""
+        return set(self._served.get(address, ()))
+
+    def _serve(self, address: str, node: str, delta: int) -> None:
+        counts = self._served.setdefault(address, Counter())
+        counts[node] += delta
+        if counts[node] <= 0:
+            del counts[node]
+        if not counts:
+            del self._served[address]
+
     def _drop(self, node: str) -> None:
         member = self._members.pop(node, None)
         if member is not None:
-            for replica_id in member.replicas:
+            for replica_id, info in member.replicas.items():
+                self._serve(info.address, node, -1)
                 if self._owner.get(replica_id) == node:
                     del self._owner[replica_id]
 
@@ -226,10 +266,15 @@ class FleetView:
         stored.CopyFrom(info)
         if not stored.kserve_model:
             stored.kserve_model = stored.model
+        old = member.replicas.get(info.replica_id)
+        if old is not None:
+            self._serve(old.address, member.node, -1)
         member.replicas[info.replica_id] = stored
+        self._serve(stored.address, member.node, 1)
         self._owner[info.replica_id] = member.node
 
     def _remove_replica(self, member: Member, replica_id: str) -> None:
+        self._serve(member.replicas[replica_id].address, member.node, -1)
         del member.replicas[replica_id]
         member.loads.pop(replica_id, None)
         member.load_at.pop(replica_id, None)

@@ -1,4 +1,4 @@
-"""Operator intent (drains, GPU allocations): owned by the store, mirrored here.
+"""Operator intent (drains, cordons, GPU allocations and requests): owned by the store, mirrored here.
 
 The cache is fed only by the store, through a :class:`controlplane.mirror.Mirror`
 of ``/ferry/intent/``: a write made here, or by another control plane on the
@@ -10,11 +10,15 @@ the Admin call returns.
 - ``drains``: replica ids under ``intent/drain/``;
 - ``allocations``: node -> :class:`controlplane.allocations.NodeAllocations`
   under ``intent/alloc/`` (a malformed record is logged and skipped);
-- keys under other ``intent/`` kinds (cordon, tier, spill) are kept in the
+- ``cordons``: node names under ``intent/cordon/``;
+- ``pending``: request id -> :class:`controlplane.gang.Request` under
+  ``intent/pending/`` (allocation requests waiting for a node);
+- keys under other ``intent/`` kinds (tier, spill) are kept in the
   mirror, for the issues that will read them.
 
-``on_change()`` is called once for each change of the drain set or of the
-allocations (a listing that changes nothing calls nothing);
+``on_change()`` is called once for each change of the drain or cordon set,
+the allocations or the requests (a listing that changes nothing calls
+nothing), and :meth:`IntentCache.changed` wakes whoever waits for one;
 ``on_drain(replica_id, drained)`` once per replica whose drain was requested
 or cancelled. When the store is away the cache keeps what it had and lists
 again when it returns (see the mirror). Cost: O(1) per drain event, O(slots
@@ -28,8 +32,19 @@ import logging
 from collections.abc import Callable
 
 from controlplane.allocations import NodeAllocations, decode
+from controlplane.gang import Request
 from controlplane.mirror import Mirror
-from controlplane.store import ALLOC_PREFIX, DRAIN_PREFIX, INTENT_PREFIX, KeyValue, Store, drain_key, drain_value
+from controlplane.store import (
+    ALLOC_PREFIX,
+    CORDON_PREFIX,
+    DRAIN_PREFIX,
+    INTENT_PREFIX,
+    PENDING_PREFIX,
+    KeyValue,
+    Store,
+    drain_key,
+    drain_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +65,9 @@ class IntentCache:
         self._on_drain = on_drain
         self.drains: set[str] = set()
         self.allocations: dict[str, NodeAllocations] = {}
+        self.cordons: set[str] = set()
+        self.pending: dict[str, Request] = {}
+        self._pulse = asyncio.Event()
         self.mirror = Mirror(store, INTENT_PREFIX, on_change=self._changed, retry_seconds=retry_seconds)
 
     @property
@@ -75,8 +93,46 @@ class IntentCache:
         """Keep the cache in step with the store until cancelled."""
         await self.mirror.run()
 
+    async def changed(self, seconds: float) -> bool:
+        """Wait (at most ``seconds``) for the next change of the intent; False on timeout."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._pulse.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def slot(self, replica_id: str) -> tuple[str, int] | None:
+        """(node, index in its record's slots) of the allocation slot of ``replica_id``, if any."""
+        for node, record in self.allocations.items():
+            for i, slot in enumerate(record.slots):
+                if slot.replica_id == replica_id:
+                    return node, i
+        return None
+
     def _changed(self, key: str, kv: KeyValue | None) -> None:
-        if key.startswith(DRAIN_PREFIX):
+        self._apply(key, kv)
+        self._pulse.set()
+        self._pulse = asyncio.Event()
+
+    def _apply(self, key: str, kv: KeyValue | None) -> None:
+        if key.startswith(CORDON_PREFIX):
+            node = key.removeprefix(CORDON_PREFIX)
+            if (node in self.cordons) != (kv is not None):
+                (self.cordons.add if kv is not None else self.cordons.discard)(node)
+                self._on_change()
+        elif key.startswith(PENDING_PREFIX):
+            request_id = key.removeprefix(PENDING_PREFIX)
+            if kv is None:
+                self.pending.pop(request_id, None)
+            else:
+                try:
+                    self.pending[request_id] = Request.decode(request_id, kv.value)
+                except ValueError as exc:
+                    log.warning("%s", exc)
+                    return
+            self._on_change()
+        elif key.startswith(DRAIN_PREFIX):
             replica_id = key.removeprefix(DRAIN_PREFIX)
             before = replica_id in self.drains
             if kv is None:

@@ -6,7 +6,7 @@
 one message per follower per tick, whatever the number of replicas), and
 hands every ``LeaderUpdate`` table to ``adopt``. It closes the stream as soon
 as the leader changes or this control plane leads (checked at each report and
-on :meth:`wake`), and after a failure waits a backoff (0.1 s doubling to
+on :meth:`wake`), presents the admin token (``metadata``), and after a failure waits a backoff (0.1 s doubling to
 ``backoff_max_seconds``, 1 s) before it tries again. Reports travel over gRPC,
 not through the store: the store's write rate does not grow with the fleet,
 and telemetry keeps flowing while the store is away.
@@ -26,6 +26,8 @@ import grpc
 
 from controlplane.election import PlaneInfo
 from ferry.grpcutil import channel_options
+from ferry.tls import TLSConfig
+from ferry.tls import channel as tls_channel
 from ferry.v1 import admin_pb2, admin_pb2_grpc, tables_pb2
 
 log = logging.getLogger(__name__)
@@ -43,13 +45,17 @@ class LeaderLink:
         adopt: Callable[[tables_pb2.TableSnapshot], None],
         interval: float,
         backoff_max_seconds: float = 1.0,
+        metadata: tuple[tuple[str, str], ...] = (),
+        tls: TLSConfig | None = None,
     ) -> None:
+        self._tls = tls
         self._id = cp_id
         self._leader = leader
         self._report = report
         self._adopt = adopt
         self._interval = interval
         self._backoff_max = backoff_max_seconds
+        self._metadata = metadata  # the admin token: Follow is an Admin call
         self._wake = asyncio.Event()
         self.following: PlaneInfo | None = None  # the leader a stream is open to
 
@@ -89,8 +95,8 @@ class LeaderLink:
                 await self._wake.wait()
 
     async def _follow(self, target: PlaneInfo) -> None:
-        async with grpc.aio.insecure_channel(target.address, options=channel_options()) as channel:
-            call = admin_pb2_grpc.AdminStub(channel).Follow()
+        async with tls_channel(target.address, self._tls, options=channel_options()) as channel:
+            call = admin_pb2_grpc.AdminStub(channel).Follow(metadata=self._metadata)
             reader = asyncio.ensure_future(self._read(call))
             try:
                 while self._target() == target and not reader.done():

@@ -7,7 +7,14 @@ Flags: ``--listen`` (gRPC, default 127.0.0.1:0), ``--metrics-listen``
 catalog), ``--id`` (overrides ``controlplane.id``; every control plane on one
 store needs its own), ``--store`` (``memory://``, the default: the embedded
 store, one control plane alone; or ``etcd://host:port``: the fleet's state in
-etcd, and an election among every control plane on it). Exit codes: 0 after
+etcd, and an election among every control plane on it), ``--admin-token-file``
+(a file holding the Admin API's token; else env ``FERRY_ADMIN_TOKEN``, else
+``controlplane.admin_token_sha256``: see :mod:`controlplane.adminauth`;
+without any, every Admin call is refused), ``--join-token-file`` (the agents'
+join token; else env ``FERRY_JOIN_TOKEN``, else ``controlplane.join_token_sha256``:
+see :mod:`controlplane.admission`), and either ``--tls-ca``, ``--tls-cert``,
+``--tls-key`` (mutual TLS on the port and to the leader) or ``--insecure``
+(plain text; with neither it refuses to start, exit 2). Exit codes: 0 after
 a clean stop, 2 for a bad config or flag, 1 when it cannot start (the store
 did not answer within ``store_timeout_seconds``, or the port is taken).
 """
@@ -23,13 +30,18 @@ import sys
 
 from prometheus_client import REGISTRY
 
+from controlplane import adminauth, admission
+from controlplane.adminauth import AdminAuth
+from controlplane.admission import Admission
 from controlplane.config import ControlPlaneSettings
 from controlplane.etcdstore import EtcdStore, parse_endpoint
 from controlplane.server import ControlPlane
+from ferry import tls
 from ferry.config import ModelConfig, load_file
 from ferry.errors import ConfigError, FerryError
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
+from ferry.tls import TLSConfig
 
 log = logging.getLogger("controlplane")
 
@@ -44,14 +56,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default=None, help="TOML config file")
     parser.add_argument("--id", default=None, help="this control plane's id (default: controlplane.id)")
     parser.add_argument("--store", default="memory://", help="memory:// (default) or etcd://host:port")
+    parser.add_argument("--admin-token-file", default=None,
+                        help="file holding the Admin API token (else env FERRY_ADMIN_TOKEN, else the config's hash)")
+    parser.add_argument("--join-token-file", default=None,
+                        help="file holding the agents' join token (else env FERRY_JOIN_TOKEN, else the config's hash)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    tls.add_arguments(parser)
     return parser.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalog: tuple[ModelConfig, ...]) -> int:
+async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalog: tuple[ModelConfig, ...],
+                admin_auth: AdminAuth | None = None, transport: TLSConfig | None = None,
+                joining: Admission | None = None) -> int:
     stop = stop_event()
     store = open_store(args.store, settings)
-    cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore))
+    cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore),
+                      admin_auth=admin_auth, tls=transport, admission=joining)
     try:
         port = await cp.start(args.listen)
     except (OSError, FerryError) as exc:
@@ -105,10 +125,22 @@ def main(argv: list[str] | None = None) -> int:
         if args.id is not None:
             settings = dataclasses.replace(settings, id=args.id)
         check_store_url(args.store)
+        admin_auth = adminauth.load(settings.admin_token_sha256, args.admin_token_file)
+        transport = tls.from_args(args)
+        joining = admission.load(settings.join_token_sha256, args.join_token_file, mutual_tls=transport is not None)
     except ConfigError as exc:
         print(f"ferry controlplane: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(args, settings, config.models))
+    if not admin_auth.sha256:
+        log.warning("no admin token (--admin-token-file, FERRY_ADMIN_TOKEN or controlplane.admin_token_sha256): "
+                    "the Admin API refuses every call")
+    elif admin_auth.token is None and args.store not in MEMORY:
+        log.warning("only the admin token's sha256 is known: this control plane cannot follow a leader "
+                    "(Admin.Follow needs the token itself: --admin-token-file or FERRY_ADMIN_TOKEN)")
+    if joining.open:
+        log.warning("no join token (--join-token-file, FERRY_JOIN_TOKEN or controlplane.join_token_sha256) and "
+                    "no mutual TLS: any agent may register")
+    return asyncio.run(serve(args, settings, config.models, admin_auth, transport, joining))
 
 
 if __name__ == "__main__":

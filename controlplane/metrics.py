@@ -10,6 +10,7 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_members`` | gauge: live nodes | |
 | ``ferry_controlplane_replicas`` | gauge: replicas known | region, state (``warming`` … ``dead``) |
 | ``ferry_controlplane_table_version`` | gauge | region |
+| ``ferry_controlplane_spill_weight`` | gauge: share of a region's interactive traffic spilled | source, target |
 | ``ferry_controlplane_table_pushes_total`` | counter: snapshots sent to proxies | region |
 | ``ferry_controlplane_proxy_applied_version`` | gauge | proxy |
 | ``ferry_controlplane_proxy_lag_versions`` | gauge | proxy |
@@ -18,6 +19,18 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_table_compute_seconds`` | histogram: one recomputation (compute, version, offer) | |
 | ``ferry_controlplane_leader`` | gauge: 1 while this control plane computes the tables | |
 | ``ferry_controlplane_rejected_messages_total`` | counter: messages or entries refused or ignored | reason |
+| ``ferry_controlplane_kv_utilisation`` | gauge: used / total KV blocks of routable replicas | region, model |
+| ``ferry_controlplane_gpu_utilisation`` | gauge: mean GPU utilisation of routable replicas | region, model |
+| ``ferry_controlplane_telemetry_max_age_seconds`` | gauge: oldest load among routable replicas | region |
+| ``ferry_controlplane_node_gpus`` | gauge: GPUs of live nodes, ``held`` or ``free`` | region, state |
+| ``ferry_controlplane_cordoned_nodes`` | gauge | region |
+| ``ferry_controlplane_alloc_pending`` | gauge: allocation requests waiting for a node | |
+| ``ferry_controlplane_alloc_oldest_pending_seconds`` | gauge: age of the oldest (0: none) | |
+| ``ferry_controlplane_alloc_placements_total`` | counter: replicas placed, by planner branch | branch |
+| ``ferry_controlplane_alloc_displaced_replicas_total`` | counter: small replicas drained to make room | |
+
+Models and regions are bounded by the catalog and the fleet; a pair that
+disappears loses its series at the next observation.
 """
 
 from __future__ import annotations
@@ -28,10 +41,11 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controlplane.fleet import Member, is_live, load_of, replica_state
+from controlplane.gang import BRANCHES, Placement
 from controlplane.table import TableVersions
 from controlplane.watchers import ProxyStatus
 from ferry.metrics import name
-from ferry.v1 import common_pb2
+from ferry.v1 import admin_pb2, common_pb2
 
 STATE_NAMES = {v: k.removeprefix("REPLICA_STATE_").lower() for k, v in common_pb2.ReplicaState.items()}
 
@@ -44,6 +58,11 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.members = Gauge(name("controlplane_members"), "Live nodes in the fleet.", registry=registry)
+        self.spill_weight = Gauge(name("controlplane_spill_weight"),
+                                  "Share of a region's interactive traffic spilled to another (controlplane.regions).",
+                                  ["source", "target"], registry=registry)
+        self.tier_quota = Gauge(name("controlplane_tier_quota"), "Concurrency slots a tier may run (table quota).",
+                                ["region", "tier"], registry=registry)
         self.replicas = Gauge(
             name("controlplane_replicas"), "Replicas known, by region and state.", ["region", "state"],
             registry=registry,
@@ -81,7 +100,80 @@ class Metrics:
             registry=registry,
         )
 
+        self.kv_utilisation = Gauge(
+            name("controlplane_kv_utilisation"), "Used / total KV-cache blocks of routable replicas, 0..1.",
+            ["region", "model"], registry=registry,
+        )
+        self.gpu_utilisation = Gauge(
+            name("controlplane_gpu_utilisation"), "Mean GPU utilisation of routable replicas, 0..1.",
+            ["region", "model"], registry=registry,
+        )
+        self.telemetry_max_age = Gauge(
+            name("controlplane_telemetry_max_age_seconds"), "Age of the oldest load among a region's routable "
+            "replicas at the last computation.", ["region"], registry=registry,
+        )
+        self.node_gpus = Gauge(
+            name("controlplane_node_gpus"), "GPUs of live nodes, held (by replicas or allocations) or free.",
+            ["region", "state"], registry=registry,
+        )
+        self.cordoned_nodes = Gauge(name("controlplane_cordoned_nodes"), "Cordoned nodes.", ["region"],
+                                    registry=registry)
+        self.alloc_pending = Gauge(name("controlplane_alloc_pending"), "Allocation requests waiting for a node.",
+                                   registry=registry)
+        self.alloc_oldest = Gauge(
+            name("controlplane_alloc_oldest_pending_seconds"), "Age of the oldest waiting allocation request.",
+            registry=registry,
+        )
+        self.alloc_placements = Counter(
+            name("controlplane_alloc_placements"), "Replicas placed by the gang allocator, by branch.", ["branch"],
+            registry=registry,
+        )
+        self.alloc_displaced = Counter(
+            name("controlplane_alloc_displaced_replicas"), "Small replicas drained to make room for a large one.",
+            registry=registry,
+        )
+        for branch in BRANCHES:
+            self.alloc_placements.labels(branch=branch)
+
         self._proxies: set[str] = set()
+
+    def placed(self, placement: Placement) -> None:
+        self.alloc_placements.labels(branch=placement.branch).inc()
+        self.alloc_displaced.inc(len(placement.slot.displaces))
+
+    def observe_usage(self, rows: Iterable[admin_pb2.UsageRow]) -> None:
+        """KV and GPU utilisation per region and model, oldest telemetry per region."""
+        self.kv_utilisation.clear()
+        self.gpu_utilisation.clear()
+        self.telemetry_max_age.clear()
+        ages: dict[str, float] = {}
+        for row in rows:
+            if not row.replicas_ready:
+                continue
+            self.kv_utilisation.labels(region=row.region, model=row.model).set(row.kv_utilisation)
+            self.gpu_utilisation.labels(region=row.region, model=row.model).set(row.gpu_utilisation)
+            ages[row.region] = max(ages.get(row.region, 0.0), row.telemetry_age_seconds)
+        for region, age in ages.items():
+            self.telemetry_max_age.labels(region=region).set(age)
+
+    def observe_nodes(self, nodes: Iterable[admin_pb2.NodeView], pending: Iterable[float]) -> None:
+        """GPUs held and free per region (live nodes), cordoned nodes, and the requests' ages."""
+        gpus: Tally[tuple[str, str]] = Tally()
+        cordoned: Tally[str] = Tally()
+        for node in nodes:
+            cordoned[node.region] += node.cordoned
+            if node.live:
+                gpus[node.region, "held"] += node.gpus_allocated
+                gpus[node.region, "free"] += node.gpus_free
+        self.node_gpus.clear()
+        for (region, state), count in gpus.items():
+            self.node_gpus.labels(region=region, state=state).set(count)
+        self.cordoned_nodes.clear()
+        for region, count in cordoned.items():
+            self.cordoned_nodes.labels(region=region).set(count)
+        ages = list(pending)
+        self.alloc_pending.set(len(ages))
+        self.alloc_oldest.set(max(ages, default=0.0))
 
     def reject(self, reason: str, count: int = 1) -> None:
         self.rejected.labels(reason=reason).inc(count)

@@ -79,7 +79,7 @@ class Operator:
         validate.check_filter(region, "region", self.settings.max_region_bytes)
         return views.list_replicas(
             self.members(), drains=self.intent.drains, tables=self.tables, now=self._clock(),
-            grace=self.settings.grace_seconds, model=model, region=region,
+            grace=self.settings.grace_seconds, model=model, region=region, cordons=self.intent.cordons,
         )
 
     def get_table(self, region: str) -> admin_pb2.GetTableResponse:
@@ -126,7 +126,7 @@ class Operator:
             self._initiating.discard(replica_id)
         return views.replica_view(
             member, replica_id, drains=self.intent.drains, tables=self.tables, now=self._clock(),
-            grace=self.settings.grace_seconds,
+            grace=self.settings.grace_seconds, cordons=self.intent.cordons,
         )
 
     async def _until_routed(self, region: str, replica_id: str, routed: bool, seconds: float) -> None:

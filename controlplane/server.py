@@ -9,7 +9,14 @@ and the server. Nothing is global: the store (default: a fresh
 (default: a fresh one) are injected, so several control planes can share a
 process and a store. With ``elect=True`` (every etcd-backed control plane) it
 joins the election once its server is bound, advertising ``advertise``
-(default: the bound ``host:port``) to the other control planes.
+(default: the bound ``host:port``) to the other control planes. Every call of
+the ``Admin`` service must carry the admin token of ``admin_auth``
+(:mod:`controlplane.adminauth`; default: none, so the Admin API refuses
+everything); a follower presents it to the leader on ``Admin.Follow``.
+With ``tls`` (:mod:`ferry.tls`) the port is mutual TLS and a client
+certificate with common name ``admin`` also opens the Admin API; agents are
+admitted by ``admission`` (:mod:`controlplane.admission`: join token or
+certificate common name ``agent``).
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ from collections.abc import Callable, Sequence
 import grpc
 from prometheus_client import CollectorRegistry
 
+from controlplane.adminauth import AdminAuth, AdminAuthInterceptor
+from controlplane.admission import Admission
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
 from controlplane.memstore import MemoryStore
@@ -28,6 +37,7 @@ from controlplane.servicers import AdminServicer, FleetServicer, TablesServicer
 from controlplane.store import Store
 from ferry.config import ModelConfig
 from ferry.grpcutil import split_address, start_server
+from ferry.tls import TLSConfig
 from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc, tables_pb2_grpc
 
 SERVICE_NAMES = ("ferry.v1.Fleet", "ferry.v1.Tables", "ferry.v1.Admin")
@@ -46,14 +56,21 @@ class ControlPlane:
         wall: Callable[[], float] = time.time,
         registry: CollectorRegistry | None = None,
         elect: bool = False,
+        admin_auth: AdminAuth | None = None,
+        tls: TLSConfig | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings or ControlPlaneSettings()
+        self.tls = tls  # mutual TLS on the port (every peer shows a certificate of the CA) and to the leader
+        self.admission = admission if admission is not None else Admission(
+            self.settings.join_token_sha256, mutual_tls=tls is not None)
+        self.admin_auth = admin_auth if admin_auth is not None else AdminAuth(self.settings.admin_token_sha256)
         self.store: Store = store if store is not None else MemoryStore(clock=clock)
         self._owns_store = store is None
         self.registry = registry if registry is not None else CollectorRegistry()
         self.controller = Controller(
             self.settings, store=self.store, catalog=catalog, clock=clock, wall=wall,
-            metrics=Metrics(self.registry), elect=elect,
+            metrics=Metrics(self.registry), elect=elect, admin_metadata=self.admin_auth.metadata(), tls=tls,
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0
@@ -63,12 +80,15 @@ class ControlPlane:
         await self.controller.start()
         c = self.controller
         services = [
-            (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c), SERVICE_NAMES[0]),
+            (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c, self.admission), SERVICE_NAMES[0]),
             (tables_pb2_grpc.add_TablesServicer_to_server, TablesServicer(c), SERVICE_NAMES[1]),
             (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(c), SERVICE_NAMES[2]),
         ]
         try:
-            self._server, self.port = await start_server(services, listen)
+            guard = AdminAuthInterceptor(self.admin_auth, lambda: c.reject("admin_unauthenticated"))
+            credentials = self.tls.server_credentials(require_client_cert=True) if self.tls else None
+            self._server, self.port = await start_server(services, listen, interceptors=[guard],
+                                                         credentials=credentials)
             await self.controller.join(advertise or f"{split_address(listen)[0]}:{self.port}")
         except BaseException:
             await self.stop(grace=0)

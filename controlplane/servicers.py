@@ -20,15 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
+from controlplane.adminrpc import FleetRpcs
+from controlplane.admission import Admission
 from controlplane.agents import AgentSession
 from controlplane.controller import Controller
-from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded
+from controlplane.telemetry_check import TelemetryRate
+from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated
 from ferry.grpcutil import status_for
+from ferry.tls import peer_common_name
 from ferry.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
 
 T = TypeVar("T")
@@ -80,8 +85,9 @@ def _body_error(kind: str | None, first: str) -> InvalidArgument:
 class FleetServicer(fleet_pb2_grpc.FleetServicer):
     """``Fleet.Connect``: one stream per agent."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, admission: Admission | None = None) -> None:
         self._c = controller
+        self._admission = admission or Admission()
 
     async def Connect(self, request_iterator: AsyncIterator[fleet_pb2.AgentMessage], context: Any) -> None:
         try:
@@ -105,6 +111,11 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
             self._c.reject("first_message")
             got = first.WhichOneof("body") or "an empty message"
             raise InvalidArgument("register", f"the first message must be register, got {got}")
+        try:
+            self._admission.check(first.register.join_token, peer_common_name(context))
+        except Unauthenticated:
+            self._c.reject("register_unauthenticated")
+            raise
         session = self._c.register(first.register)
         settings = self._c.settings
         try:
@@ -124,9 +135,15 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
             await context.abort(code, session.closed_reason or "closed")
 
     async def _read(self, stream: AsyncIterator[fleet_pb2.AgentMessage], session: AgentSession) -> None:
+        rate = TelemetryRate(clock=time.monotonic)
         async for message in stream:
             kind = message.WhichOneof("body")
             if kind == "telemetry":
+                try:
+                    rate.take()
+                except Overloaded:
+                    self._c.reject("telemetry_rate")
+                    raise
                 self._c.telemetry(session, message.telemetry)
             elif kind == "result":
                 self._c.command_result(session, message.result)
@@ -178,8 +195,8 @@ class TablesServicer(tables_pb2_grpc.TablesServicer):
             await context.abort(code, watcher.closed_reason or "closed")
 
 
-class AdminServicer(admin_pb2_grpc.AdminServicer):
-    """The operator API, and ``Follow`` between control planes."""
+class AdminServicer(FleetRpcs, admin_pb2_grpc.AdminServicer):
+    """The operator API (nodes, models, allocations: :mod:`controlplane.adminrpc`), and ``Follow``."""
 
     def __init__(self, controller: Controller) -> None:
         self._c = controller

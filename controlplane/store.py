@@ -20,9 +20,11 @@ key                                   value                                     
 ``intent/alloc/{node}``               JSON allocation record of the node's GPUs     none
                                       (:mod:`controlplane.allocations`), written
                                       only by :meth:`Store.put_if`
-``intent/cordon/{node}``,             reserved for cordon, tier quota and spill     none
-``intent/tier/{tier}``,               settings (same JSON-per-key convention)
-``intent/spill/{from}/{to}``
+``intent/cordon/{node}``              JSON ``{"requested_at"}``: node cordoned       none
+``intent/pending/{request}``          JSON allocation request waiting for a node    none
+                                      (:mod:`controlplane.allocator`)
+``intent/tier/{tier}``,               reserved for tier quota and spill settings    none
+``intent/spill/{from}/{to}``          (same JSON-per-key convention)
 ``controlplanes/{id}``                JSON ``{"id", "address", "since", "lease"}``  the control plane's,
                                                                                     TTL
                                                                                     ``leader_lease_seconds``
@@ -67,6 +69,8 @@ MEMBERS_PREFIX = PREFIX + "members/"
 INTENT_PREFIX = PREFIX + "intent/"
 DRAIN_PREFIX = INTENT_PREFIX + "drain/"
 ALLOC_PREFIX = INTENT_PREFIX + "alloc/"
+CORDON_PREFIX = INTENT_PREFIX + "cordon/"
+PENDING_PREFIX = INTENT_PREFIX + "pending/"
 CONTROLPLANES_PREFIX = PREFIX + "controlplanes/"
 ELECTION_PREFIX = PREFIX + "election/"
 ELECTION_KEY = ELECTION_PREFIX + "leader"
@@ -92,6 +96,16 @@ def drain_value(requested_at: float) -> bytes:
 def alloc_key(node: str) -> str:
     """Key of the GPU allocation record of a node."""
     return ALLOC_PREFIX + node
+
+
+def cordon_key(node: str) -> str:
+    """Key of the cordon intent of a node (its value: :func:`drain_value`)."""
+    return CORDON_PREFIX + node
+
+
+def pending_key(request_id: str) -> str:
+    """Key of an allocation request that waits for a node."""
+    return PENDING_PREFIX + request_id
 
 
 def controlplane_key(cp_id: str) -> str:

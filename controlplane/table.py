@@ -4,8 +4,8 @@
 each region (those of the members plus those named in ``regions``, e.g.
 watched by a proxy) it lists every model of the catalog, sorted by name, each
 with its routable replicas of that region, sorted by replica id. A replica is
-routable when its member is live (:func:`controlplane.fleet.is_live`), its
-agent reports ``ready`` and no drain was requested. A model with no routable
+routable when its member is live (:func:`controlplane.fleet.is_live`) and
+not cordoned, its agent reports ``ready`` and no drain was requested. A model with no routable
 replica is still listed, so a proxy answers UNAVAILABLE rather than NOT_FOUND.
 
 The catalog (:func:`catalog_models`) is the configured models plus every model
@@ -26,7 +26,9 @@ above every version issued so far, and each change of its content adds one
 only for equality. A follower control plane adopts the leader's snapshots as
 they are (:meth:`TableVersions.adopt`); a control plane that becomes leader
 rebases (:meth:`TableVersions.rebase`) above every version it saw and above
-its own clock's start, so versions keep growing across a failover.
+its own clock's start, so versions keep growing across a failover. It also
+keeps the last ``history`` (8) versions of each region in memory (references
+to the snapshots already built, nothing copied) for ``ferryctl table --diff``.
 
 Cost: O(replicas + regions x models) per computation, plus one serialization
 of each region's table to compare content.
@@ -34,6 +36,7 @@ of each region's table to compare content.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -67,6 +70,7 @@ def compute_tables(
     now: float,
     grace_seconds: float,
     regions: Iterable[str] = (),
+    cordons: AbstractSet[str] = frozenset(),
 ) -> dict[str, tables_pb2.TableSnapshot]:
     """Per region, the table content at ``now`` (``version``, ``nonce`` and ``computed_at`` unset)."""
     members = list(members)
@@ -74,7 +78,7 @@ def compute_tables(
     names = set(regions)
     for member in members:
         names.add(member.region)
-        if not is_live(member, now, grace_seconds):
+        if not is_live(member, now, grace_seconds) or member.node in cordons:
             continue
         for replica_id, info in member.replicas.items():
             if replica_id in drains or replica_state(member, replica_id, True) != READY:
@@ -136,9 +140,21 @@ class Published:
 class TableVersions:
     """The current versioned table of each region."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, *, history: int = 8) -> None:
         self._high = start
         self._current: dict[str, Published] = {}
+        self._history: dict[str, deque[tables_pb2.TableSnapshot]] = {}
+        self._keep = max(1, history)
+
+    def history(self, region: str) -> list[tables_pb2.TableSnapshot]:
+        """The last versions of ``region`` kept, oldest first."""
+        return list(self._history.get(region, ()))
+
+    def _remember(self, snapshot: tables_pb2.TableSnapshot) -> None:
+        kept = self._history.setdefault(snapshot.region, deque(maxlen=self._keep))
+        if kept and kept[-1].version >= snapshot.version:
+            kept.clear()  # a new term rebased below what we kept: start again
+        kept.append(snapshot)
 
     @property
     def high(self) -> int:
@@ -164,6 +180,7 @@ class TableVersions:
         ids = frozenset(r.replica_id for m in stamped.models for r in m.replicas)
         self._current[snapshot.region] = published = Published(stamped, content_key(stamped), ids)
         self._high = max(self._high, snapshot.version)
+        self._remember(stamped)
         return published
 
     def regions(self) -> list[str]:
@@ -176,6 +193,7 @@ class TableVersions:
         """
         for region in [r for r in self._current if r not in tables]:
             del self._current[region]
+            self._history.pop(region, None)
         changed: list[Published] = []
         for region in sorted(tables):
             snapshot = tables[region]
@@ -191,5 +209,6 @@ class TableVersions:
             stamped.computed_at = computed_at
             ids = frozenset(r.replica_id for m in stamped.models for r in m.replicas)
             self._current[region] = published = Published(stamped, key, ids)
+            self._remember(stamped)
             changed.append(published)
         return changed

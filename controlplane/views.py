@@ -20,6 +20,7 @@ from ferry.v1 import admin_pb2
 
 def replica_view(
     member: Member, replica_id: str, *, drains: AbstractSet[str], tables: TableVersions, now: float, grace: float,
+    cordons: AbstractSet[str] = frozenset(),
 ) -> admin_pb2.ReplicaView:
     info = member.replicas[replica_id]
     live = is_live(member, now, grace)
@@ -29,17 +30,17 @@ def replica_view(
         replica_id=replica_id, node=member.node, region=member.region, model=info.model, version=info.version,
         address=info.address, state=replica_state(member, replica_id, live), drain_requested=replica_id in drains,
         load=load, telemetry_age_seconds=age,
-        in_table=published is not None and replica_id in published.replica_ids,
+        in_table=published is not None and replica_id in published.replica_ids, cordoned=member.node in cordons,
     )
 
 
 def list_replicas(
     members: Iterable[Member], *, drains: AbstractSet[str], tables: TableVersions, now: float, grace: float,
-    model: str = "", region: str = "",
+    model: str = "", region: str = "", cordons: AbstractSet[str] = frozenset(),
 ) -> list[admin_pb2.ReplicaView]:
     """Every known replica, optionally only those of ``model`` and/or ``region``."""
     views = [
-        replica_view(member, replica_id, drains=drains, tables=tables, now=now, grace=grace)
+        replica_view(member, replica_id, drains=drains, tables=tables, now=now, grace=grace, cordons=cordons)
         for member in members
         if not region or member.region == region
         for replica_id, info in member.replicas.items()

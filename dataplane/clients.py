@@ -22,16 +22,19 @@ from typing import Any
 from tritonclient.grpc.aio import InferenceServerClient
 
 from ferry.grpcutil import channel_options
+from ferry.tls import TLSConfig
 
 ClientFactory = Callable[[str], Any]
 
 
-def default_factory(max_message_bytes: int) -> ClientFactory:
-    """Build clients with Ferry's channel options (message size limits, keepalive)."""
+def default_factory(max_message_bytes: int, tls: TLSConfig | None = None) -> ClientFactory:
+    """Build clients with Ferry's channel options (message size limits, keepalive); mutual TLS with ``tls``."""
     options = channel_options(max_message_bytes)
 
     def make(address: str) -> Any:
-        return InferenceServerClient(address, channel_args=options)
+        if tls is None:
+            return InferenceServerClient(address, channel_args=options)
+        return InferenceServerClient(address, channel_args=options, creds=tls.channel_credentials())
 
     return make
 

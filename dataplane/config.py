@@ -8,20 +8,43 @@ file; unknown keys fail at load time with their dotted name.
 
 Defaults: region ``local``; a request without a gRPC deadline gets 300 s;
 at most 4096 requests in flight per proxy (then RESOURCE_EXHAUSTED with a
-retry-after of 1 s); two attempts (one retry) for the interactive tier only;
+retry-after of 1 s); two attempts (one retry) for the interactive tier only,
+retries within a budget of 10 % of requests plus 10 a second (10 s window), a
+stream cut mid-way continued on another replica at most twice; outlier
+ejection after 5 failures in a row or 5x the peers' latency, for 2 s
+doubling to 60 s, at most 10 % of a model's replicas (at least one);
 a warning when the table has not been refreshed for 10 s; telemetry older
 than 1 s starts to cost score and counts as saturated at 6 s; reconnects to
 the control plane back off from 0.1 s, doubling, to 5 s, with jitter.
+
+The pick (:mod:`dataplane.route`): prefix keys at depths 1, 2, 4, 8 and 16
+blocks of 512 tokens (``prefix_depths``); a hot-prefix sketch of 256 keys
+decayed every 1,024 requests; a ring with load factor 1.25 and 128 points
+per replica (the table's ring parameters override both), its key shares
+from loads smoothed over 10 s; a walk of at most 8 replicas; a spill factor
+of 12 (:mod:`dataplane.picker`).
+
+Admission (:mod:`dataplane.queues`, :mod:`dataplane.admission`): tier queues
+bounded at 256 / 512 / 4,096 (interactive / standard / batch) and 8,192 per
+model, queue timeouts 2 / 10 / 60 s, reserved shares 0.7 / 0.2 / 0.1 until a
+table brings the control plane's, free plans limited to half a queue, DRR
+quantum 512 tokens; the proxy dispatches ``admission_capacity_share`` (1.0)
+of the replicas' concurrency; idempotency keys kept 300 s, 10,000 at most.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+from dataplane.prefix import DEPTHS
+from dataplane.queues import QueueParams
+from dataplane.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
+from dataplane.table import MAX_VNODES, TableParams
 from ferry.config import TIERS, FileConfig, Limits, TenantConfig, load_file
 from ferry.errors import ConfigError
 
@@ -37,6 +60,16 @@ class ProxySettings:
     retry_after_seconds: float = 1.0
     max_attempts: int = 2
     retry_tiers: tuple[str, ...] = ("interactive",)
+    retry_budget_ratio: float = 0.1  # retries and continuations at most 10 % of requests per window …
+    retry_budget_min_per_second: float = 10.0  # … plus this many per second (dataplane.retrybudget)
+    retry_budget_window_seconds: float = 10.0
+    simulate_region_rtt: bool = False  # sleep a spill target's rtt_ms before a cross-region forward (one machine)
+    max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.continuation)
+    outlier_consecutive_failures: int = 5  # outlier ejection (dataplane.outlier): failures in a row …
+    outlier_latency_factor: float = 5.0  # … or seconds per token above this many times the peers' median
+    outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
+    outlier_max_ejection_seconds: float = 60.0
+    outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
     table_stale_warn_seconds: float = 10.0
     telemetry_fresh_seconds: float = 1.0
@@ -45,6 +78,40 @@ class ProxySettings:
     reconnect_max_seconds: float = 5.0
     max_table_replicas: int = 100_000
     max_table_models: int = 10_000
+    prefix_depths: tuple[int, ...] = DEPTHS
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    ring_vnodes: int = DEFAULT_VNODES
+    load_smoothing_seconds: float = 10.0
+    walk_limit: int = 8
+    spill_factor: float = 12.0
+    hot_keys: int = 256
+    hot_window: int = 1024
+    # admission (dataplane.queues, dataplane.admission, dataplane.idempotency): per tier in the order
+    # interactive, standard, batch
+    admission: bool = True
+    admission_capacity_share: float = 1.0   # share of the fleet's concurrency this proxy dispatches
+    queue_bounds: tuple[int, ...] = (256, 512, 4096)
+    queue_timeouts: tuple[float, ...] = (2.0, 10.0, 60.0)
+    queue_max_total: int = 8192
+    tier_reserved: tuple[float, ...] = (0.7, 0.2, 0.1)
+    free_queue_share: float = 0.5
+    fair_quantum_tokens: int = 512
+    idempotency_entries: int = 10_000
+    idempotency_ttl_seconds: float = 300.0
+
+    def queue_params(self) -> QueueParams:
+        """What the tier queues need of these settings."""
+        return QueueParams(bounds=dict(zip(TIERS, self.queue_bounds, strict=True)),
+                           timeouts=dict(zip(TIERS, self.queue_timeouts, strict=True)),
+                           max_queued=self.queue_max_total, free_share=self.free_queue_share,
+                           quantum=self.fair_quantum_tokens,
+                           reserved=dict(zip(TIERS, self.tier_reserved, strict=True)))
+
+    def table_params(self) -> TableParams:
+        """What the table holder needs of these settings."""
+        return TableParams(max_models=self.max_table_models, max_replicas=self.max_table_replicas,
+                           load_factor=self.load_factor, vnodes=self.ring_vnodes,
+                           smoothing_seconds=self.load_smoothing_seconds)
 
     def __post_init__(self) -> None:
         positive = {
@@ -57,6 +124,11 @@ class ProxySettings:
             "reconnect_max_seconds": self.reconnect_max_seconds,
             "max_table_replicas": self.max_table_replicas,
             "max_table_models": self.max_table_models,
+            "walk_limit": self.walk_limit,
+            "retry_budget_window_seconds": self.retry_budget_window_seconds,
+            "load_smoothing_seconds": self.load_smoothing_seconds,
+            "hot_keys": self.hot_keys,
+            "hot_window": self.hot_window,
         }
         for key, value in positive.items():
             if not value > 0:  # also rejects NaN
@@ -70,6 +142,26 @@ class ProxySettings:
                 raise ConfigError("proxy.retry_tiers", f"unknown tier {tier!r} (known: {', '.join(TIERS)})")
         if not self.region:
             raise ConfigError("proxy.region", "must not be empty")
+        depths = self.prefix_depths
+        if not depths or depths[0] < 1 or any(b <= a for a, b in itertools.pairwise(depths)):
+            raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
+        if not self.load_factor > 1.0:
+            raise ConfigError("proxy.load_factor", "must be above 1")
+        if not 0 < self.ring_vnodes <= MAX_VNODES:
+            raise ConfigError("proxy.ring_vnodes", f"must be 1..{MAX_VNODES}")
+        for key, value in (("retry_budget_ratio", self.retry_budget_ratio),
+                           ("retry_budget_min_per_second", self.retry_budget_min_per_second),
+                           ("max_continuations", self.max_continuations)):
+            if not value >= 0:
+                raise ConfigError(f"proxy.{key}", "must be >= 0")
+        for key, tiered in (("queue_bounds", self.queue_bounds), ("queue_timeouts", self.queue_timeouts),
+                            ("tier_reserved", self.tier_reserved)):
+            if len(tiered) != len(TIERS) or not all(v >= 0 for v in tiered):
+                raise ConfigError(f"proxy.{key}", f"must be {len(TIERS)} values >= 0 ({', '.join(TIERS)})")
+        if not 0 < self.admission_capacity_share <= 1 or not 0 < self.free_queue_share <= 1:
+            raise ConfigError("proxy.admission_capacity_share", "shares must be in (0, 1]")
+        if not self.spill_factor >= 0:
+            raise ConfigError("proxy.spill_factor", "must be >= 0")
 
     def resolved(self) -> ProxySettings:
         """These settings with an empty ``proxy_id`` replaced by ``<hostname>-<pid>``."""

@@ -78,6 +78,7 @@ class Outcome:
     queue_seconds: float = 0.0
     service_seconds: float = 0.0
     ttft_seconds: float = 0.0
+    cached_reported: bool = False  # the replica sent ferry_cached_tokens
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ def _fill(outcome: Outcome, params: Any) -> bool:
     cached = _param(params, "ferry_cached_tokens")
     if cached is not None:
         outcome.cached_tokens = int(cached)
+        outcome.cached_reported = True
     queue = _param(params, "ferry_queue_seconds")
     if queue is not None:
         outcome.queue_seconds = float(queue)

@@ -8,7 +8,10 @@ Flags (every address ``host:port``, port 0 for any free one):
   ``{"grpc", "metrics", "pid", "proxy_id", "region"}`` (docs/CONTRACTS.md);
 - ``--control-plane HOST:PORT[,HOST:PORT…]``: where to watch the table;
 - ``--region`` (default from the config, ``local``), ``--id`` (default
-  ``<hostname>-<pid>``), ``--config PATH`` (TOML; see ferry.config).
+  ``<hostname>-<pid>``), ``--config PATH`` (TOML; see ferry.config);
+- ``--tls-ca``, ``--tls-cert``, ``--tls-key`` (TLS on the public port, mutual
+  TLS to the control planes and replicas; ``--replica-plaintext`` keeps the
+  replicas in plain text) or ``--insecure``: one of them is required.
 
 Exit status: 0 after a clean stop, 2 on a config or flag error.
 """
@@ -23,9 +26,11 @@ import sys
 
 from dataplane.config import ProxyConfig, load, parse_addresses
 from dataplane.server import Proxy
+from ferry import tls
 from ferry.errors import ConfigError
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
+from ferry.tls import TLSConfig
 
 log = logging.getLogger("ferry.proxy")
 
@@ -40,14 +45,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--region", default=None, help="the proxy's region (default: config, else 'local')")
     p.add_argument("--config", default=None, help="TOML config file (tenants, limits, [proxy])")
     p.add_argument("--id", dest="proxy_id", default=None, help="proxy id (default: hostname-pid)")
+    p.add_argument("--replica-plaintext", action="store_true",
+                   help="with TLS, still reach the replicas in plain text (replicas that serve no TLS)")
+    tls.add_arguments(p)
     return p
 
 
-async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: tuple[str, ...]) -> int:
+async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: tuple[str, ...],
+                transport: TLSConfig | None = None) -> int:
     """Start the proxy and its metrics server, write the ready file, wait for a stop signal."""
     stop = stop_event()
     proxy = Proxy(
-        settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes
+        settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes,
+        tls=transport, replica_tls=not args.replica_plaintext,
     )
     port = await proxy.start(args.listen)
     metrics_port = start_metrics_server(args.metrics_listen)
@@ -81,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ConfigError(flag, f"address {value!r}: expected host:port (port 0 for any)")
+        transport = tls.from_args(args)
     except ConfigError as exc:
         print(f"ferry proxy: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, args, control_planes))
+    return asyncio.run(serve(config, args, control_planes, transport))
 
 
 if __name__ == "__main__":

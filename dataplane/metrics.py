@@ -7,6 +7,10 @@
 | ``ferry_proxy_ttft_seconds`` | histogram | model, tier |
 | ``ferry_proxy_picks_total`` | counter | model, branch (p2c, single, none) |
 | ``ferry_proxy_retries_total`` | counter | model, reason (failure kind) |
+| ``ferry_proxy_retry_budget_exhausted_total`` | counter | model |
+| ``ferry_proxy_spilled_total`` | counter | from, to (regions) |
+| ``ferry_proxy_outlier_ejections_total`` | counter | model, reason (failures, latency) |
+| ``ferry_proxy_stream_continuations_total`` | counter | model, outcome (continued, cut) |
 | ``ferry_proxy_inflight`` | gauge | |
 | ``ferry_proxy_table_version`` | gauge | |
 | ``ferry_proxy_table_age_seconds`` | gauge (read at scrape) | |
@@ -52,6 +56,22 @@ class ProxyMetrics:
         )
         self.retries = Counter(
             name("proxy_retries_total"), "Attempts retried on another replica.", ["model", "reason"], registry=reg,
+        )
+        self.retry_budget_exhausted = Counter(
+            name("proxy_retry_budget_exhausted_total"), "Retries or continuations refused by the retry budget.",
+            ["model"], registry=reg,
+        )
+        self.spilled = Counter(
+            name("proxy_spilled_total"), "Requests sent to another region's replica (dataplane.spill).",
+            ["from", "to"], registry=reg,
+        )
+        self.ejections = Counter(
+            name("proxy_outlier_ejections_total"), "Replicas ejected by outlier detection.",
+            ["model", "reason"], registry=reg,
+        )
+        self.continuations = Counter(
+            name("proxy_stream_continuations_total"), "Streams cut mid-way, by what happened next.",
+            ["model", "outcome"], registry=reg,
         )
         self.inflight = Gauge(name("proxy_inflight"), "Requests in flight in this proxy.", registry=reg)
         self.table_version = Gauge(name("proxy_table_version"), "Version of the applied table.", registry=reg)

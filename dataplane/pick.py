@@ -1,4 +1,4 @@
-"""The local pick: filters, then a load score, then power of two choices.
+"""Power of two choices on a load score: the pick without a prefix key, the last step of :mod:`dataplane.route`.
 
 ``pick(candidates, need, inflight, rng, excluded) -> Decision(replica | None, branch)``
 is pure: no I/O, no clock (the table's age is passed in), the random
@@ -31,7 +31,8 @@ scorers:
    ``stale`` = 6 s counts as one full replica of load), fresh 1 s.
 3. **Picker** (:func:`better`): of the drawn pair the lower score wins, an
    exact tie is settled by the rng (never list order). Only the two drawn
-   replicas are scored.
+   replicas are scored. A caller may pass another ``cost`` (the spill of
+   :mod:`dataplane.route` compares prefill backlogs).
 
 Branches (a metric label and a test assertion): ``p2c`` (a pair compared),
 ``single`` (one replica left, or the only one with room), ``none``
@@ -48,22 +49,29 @@ import enum
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from dataplane.table import Replica
+from dataplane.pool import Replica
 
 
 class Branch(enum.StrEnum):
-    """Which way the pick went."""
+    """Which way the pick went (a metric label); :mod:`dataplane.route` documents each."""
 
+    AFFINITY = "affinity"
+    OVERFLOW = "overflow"
+    SPILL = "spill"
+    SPREAD = "spread"
     P2C = "p2c"
+    FALLBACK = "fallback"
     SINGLE = "single"
     NONE = "none"
+    TOO_LONG = "too_long"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Need:
-    """What the request asks of a replica: tokens to hold (prompt + max_tokens)."""
+    """What the request asks of a replica: tokens to hold (prompt + max_tokens), of which prompt tokens."""
 
     tokens: int
+    prompt_tokens: int = 0
 
     def blocks(self, kv_block_tokens: int) -> int:
         """KV-cache blocks needed on a replica with blocks of ``kv_block_tokens`` (0 if unknown)."""
@@ -159,6 +167,7 @@ def pick(
     avoid_nodes: Collection[str] = (),
     table_age: float = 0.0,
     params: ScoreParams = DEFAULT_PARAMS,
+    cost: Callable[[Replica], float] | None = None,
 ) -> Decision:
     """Choose a replica among ``candidates`` for a request needing ``need``; see the module docstring."""
     pool = exclude(candidates, excluded, avoid_nodes)
@@ -171,8 +180,8 @@ def pick(
     if len(pair) == 1:
         return Decision(pair[0], Branch.SINGLE)
 
-    def cost(replica: Replica) -> float:
+    def default_cost(replica: Replica) -> float:
         age = replica.telemetry_age + table_age
         return score(replica, need, inflight.get(replica.replica_id, 0), age, params)
 
-    return Decision(better(pair[0], pair[1], cost, rng), Branch.P2C)
+    return Decision(better(pair[0], pair[1], cost or default_cost, rng), Branch.P2C)

@@ -2,20 +2,28 @@
 
 Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.auth`),
 validates (:mod:`dataplane.validate`), checks the tier against the plan,
-resolves the model and version in the current table, and takes an in-flight
-slot (:class:`dataplane.policy.InflightLimit`), in that order, so the first
+resolves the model, version and prefix keys in the current table
+(:meth:`dataplane.picker.Picker.prepare`), and takes an in-flight slot
+(:class:`dataplane.policy.InflightLimit`), in that order, so the first
 problem found is the one reported. Then :meth:`Router.infer` or
-:meth:`Router.stream` picks (:func:`dataplane.pick.pick`) and forwards with
+:meth:`Router.stream` picks (:meth:`dataplane.picker.Picker.choose`) and forwards with
 the remaining deadline, counting the request in the proxy's per-replica
 in-flight load while it runs; a failure before any output is retried when
 :func:`dataplane.policy.retry_reason` says so, on a replica not yet tried
 and, when there is one, on another node than the failed ones (a node that
-dies takes all its replicas with it).
+dies takes all its replicas with it), while the retry budget allows
+(:mod:`dataplane.retrybudget`); a stream cut after output is continued on
+another replica (:mod:`dataplane.continuation`) or ends UNAVAILABLE saying
+how many tokens were delivered. Before the tier queue, an interactive
+request may be sent to another region by the table's spill weights; it then
+skips this region's queues. Budget, ejected replicas (kept out of the pick
+unless nothing else is left), continuation and spill are
+:class:`dataplane.failover.Failover`'s.
 :meth:`Router.end` gives the slot back. Every error is a
 :class:`ferry.errors.FerryError`; the servicer chooses the status.
 
-State: the holder's current table (read once per request) and the local
-load; nothing else survives a request.
+State: the holder's current table (read once per request) and the picker
+(local load, hot-key sketch); nothing else survives a request.
 """
 
 from __future__ import annotations
@@ -24,16 +32,26 @@ import dataclasses
 import random
 from collections.abc import AsyncGenerator, Callable, Iterable
 
+from dataplane.admission import Admission, Preempted
 from dataplane.auth import Authenticator
 from dataplane.config import ProxySettings
+from dataplane.continuation import Delivered, cut_message
+from dataplane.failover import Failover, Spilled
 from dataplane.forward import Call, Forwarder, Outcome, Piece
+from dataplane.idempotency import Idempotency
+from dataplane.limits import TenantInflight
 from dataplane.metrics import UNKNOWN, ProxyMetrics
-from dataplane.pick import Branch, Need, ScoreParams, pick
+from dataplane.pick import Branch, Decision, ScoreParams
+from dataplane.picker import Attempt, Picker, Routing
 from dataplane.policy import InflightLimit, LocalLoad, retry_reason
+from dataplane.prefix import HotKeys
+from dataplane.queues import Ticket
+from dataplane.route import RouteParams
 from dataplane.table import Replica, Table, TableHolder
-from dataplane.validate import TIER_PRIORITY, ValidRequest, check_tier, resolve, validate_request
+from dataplane.tenantlimits import TenantLimits
+from dataplane.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
 from ferry.config import Limits, TenantConfig
-from ferry.errors import DeadlineExceeded, FerryError, NoReplica, Unavailable
+from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, NoReplica, ReplicaFailed, Unavailable
 from ferry.v1 import inference_pb2
 
 
@@ -50,13 +68,18 @@ class RequestState:
     request: ValidRequest | None = None
     table: Table | None = None
     version: str = ""
-    candidates: tuple[Replica, ...] = ()
+    routing: Routing | None = None
     call: Call | None = None
     attempts: int = 0
     replica_id: str = ""
     forwarded_at: float = 0.0
     outcome: Outcome = dataclasses.field(default_factory=Outcome)
     admitted: bool = False
+    region: str = ""  # the region of the replica that answered, when it is not the proxy's (spilled)
+    rtt_ms: float = 0.0  # the round trip to that region
+    spilled: Spilled | None = None  # step 3 chose another region (dataplane.failover)
+    limited: bool = False  # counted in the tenant's concurrency cap (dataplane.tenantlimits)
+    ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission), when queued
 
 
 class Router:
@@ -80,13 +103,29 @@ class Router:
         self._holder = holder
         self._forwarder = forwarder
         self._metrics = metrics
-        self._rng = rng
         self._clock = clock
         self._admission = InflightLimit(settings.max_inflight, settings.retry_after_seconds)
-        self._params = ScoreParams(
+        self._tenants = TenantInflight(limits.max_inflight_per_tenant, settings.retry_after_seconds)
+        self.failover = Failover(settings, metrics, holder, rng=rng, clock=clock)  # budget, outliers, spill
+        params = RouteParams(walk_limit=settings.walk_limit, score=ScoreParams(
             fresh_seconds=settings.telemetry_fresh_seconds, stale_seconds=settings.telemetry_stale_seconds
-        )
-        self.local_load = LocalLoad()
+        ))
+        self.picker = Picker(rng, params=params, depths=settings.prefix_depths, spill_factor=settings.spill_factor,
+                             hot=HotKeys(capacity=settings.hot_keys, window=settings.hot_window))
+        self.tenant_limits = TenantLimits()
+        self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
+            clock=clock, max_entries=settings.idempotency_entries, ttl=settings.idempotency_ttl_seconds)
+        self.admission = Admission(settings.queue_params(), clock=clock, registry=metrics.registry,
+                                   capacity_share=settings.admission_capacity_share)
+        if settings.admission:
+            holder.on_applied(self.admission.apply)
+            if holder.table is not None:
+                self.admission.apply(holder.table)
+
+    @property
+    def local_load(self) -> LocalLoad:
+        """This proxy's in-flight requests per replica."""
+        return self.picker.local
 
     @property
     def inflight(self) -> int:
@@ -104,14 +143,18 @@ class Router:
         remaining = self._settings.default_deadline_seconds if time_remaining is None else time_remaining
         state.deadline = state.started + remaining
         state.tenant = self._auth.authenticate(metadata)
-        valid = validate_request(request, self._limits)
+        valid = validate_request(request, self._limits, self._settings.prefix_depths[-1])
         state.request, state.tier_label = valid, valid.tier
         check_tier(valid.tier, state.tenant)
         table = self._holder.table
         if table is None:
             raise Unavailable("no routing table yet: the proxy has not heard from a control plane")
         state.table = table
-        state.version, state.candidates = resolve(table, valid)
+        state.routing = self.picker.prepare(table, tenant=state.tenant.name, model=valid.model,
+                                            version=valid.version, prompt_tokens=valid.prompt_tokens,
+                                            max_tokens=valid.max_tokens, prefix_key=valid.prefix_key,
+                                            hashes=valid.prefix_hashes)
+        state.version = state.routing.version
         state.model_label = valid.model
         state.call = Call(
             request_id=state.request_id,
@@ -123,31 +166,62 @@ class Router:
             tenant=state.tenant.name,
             plan=state.tenant.plan,
         )
-        self._admission.enter()
+        self._tenants.enter(state.tenant.name)  # dataplane.limits: one tenant cannot take every slot
+        try:
+            self._admission.enter()
+        except FerryError:
+            self._tenants.leave(state.tenant.name)
+            raise
         state.admitted = True
+        # dataplane.tenantlimits: the tenant's own rate limits and concurrency cap (end() undoes the above)
+        state.limited = self.tenant_limits.admit(state.tenant, valid.prompt_tokens + valid.max_tokens, self._clock())
+        if not valid.version:  # step 3, the region: a spilled request skips this region's tier queues
+            state.spilled = self.failover.spill(table, valid.model, valid.tier, self.picker.local)
+        if state.spilled is None and self.admission.active(valid.model):
+            state.ticket = Ticket(tenant=state.tenant.name, plan=state.tenant.plan, tier=valid.tier,
+                                  cost=valid.prompt_tokens + valid.max_tokens, deadline=state.deadline)
+        self.failover.note_request()
         self._metrics.inflight.set(self._admission.count)
 
     def end(self, state: RequestState) -> None:
         """Give back the request's in-flight slot (no-op when it was never admitted)."""
+        if state.ticket is not None:
+            self.admission.release(state.model_label, state.ticket)
+            state.ticket = None
+        if state.limited and state.tenant is not None:
+            state.limited = False
+            self.tenant_limits.release(state.tenant)
         if state.admitted:
             state.admitted = False
             self._admission.leave()
+            if state.tenant is not None:
+                self._tenants.leave(state.tenant.name)
             self._metrics.inflight.set(self._admission.count)
 
-    def _pick(self, state: RequestState, excluded: set[str], avoid_nodes: set[str]) -> Replica:
-        assert state.request is not None and state.table is not None
-        need = Need(state.request.prompt_tokens + state.request.max_tokens)
-        table_age = self._clock() - state.table.applied_at
-        decision = pick(
-            state.candidates, need, self.local_load, self._rng, excluded,
-            avoid_nodes=avoid_nodes, table_age=table_age, params=self._params,
-        )
+    def _pick(self, state: RequestState, excluded: set[str], avoid_nodes: set[str]) -> Decision:
+        assert state.request is not None and state.table is not None and state.routing is not None
+        now = self._clock()
+        ejected = self.failover.ejected()
+        decision = self.picker.choose(state.table, state.routing, now, excluded=excluded | ejected if ejected
+                                      else excluded, avoid_nodes=avoid_nodes)
+        if decision.replica is None and ejected and decision.branch is not Branch.TOO_LONG:
+            # Only ejected replicas are left: an ejected replica beats none.
+            decision = self.picker.choose(state.table, state.routing, now, excluded=excluded,
+                                          avoid_nodes=avoid_nodes)
+        table_age = now - state.table.applied_at
         self._metrics.picks.labels(state.model_label, decision.branch.value).inc()
+        if decision.branch is Branch.TOO_LONG:
+            raise InvalidArgument("max_tokens", decision.reason)
         if decision.replica is None:
             raise NoReplica(state.request.model, decision.reason)
         assert decision.branch is not Branch.NONE
         self._metrics.telemetry_age.observe(decision.replica.telemetry_age + table_age)
-        return decision.replica
+        return decision
+
+    def _result(self, state: RequestState, replica: Replica, *, ok: bool, tokens: int) -> None:
+        assert state.routing is not None
+        self.failover.result(replica.replica_id, state.model_label, ok=ok, started=state.forwarded_at, tokens=tokens,
+                             pool_size=len(state.routing.pool.replicas))
 
     def _remaining(self, state: RequestState) -> float:
         remaining = state.deadline - self._clock()
@@ -165,64 +239,111 @@ class Router:
         )
         if reason is None:
             return False
+        if not self.failover.may_retry(error, state.model_label):
+            return False
         self._metrics.retries.labels(state.model_label, reason).inc()
         return True
 
-    def _next(self, state: RequestState, failed: list[Replica], last: FerryError | None) -> Replica:
+    def _next(self, state: RequestState, failed: list[Replica], last: FerryError | None) -> tuple[Replica, Attempt]:
         """Pick for the next attempt, off the replicas (and nodes) that failed; none left: the failure stands."""
+        assert state.routing is not None
+        spilled = state.spilled if state.attempts == 0 else None
+        if spilled is not None:  # step 3: another region (dataplane.failover); a retry stays home
+            state.attempts, state.replica_id, state.forwarded_at = 1, spilled.replica.replica_id, self._clock()
+            state.region, state.rtt_ms, state.version = spilled.region, spilled.rtt_ms, spilled.replica.version
+            return spilled.replica, self.picker.sent(spilled.replica.replica_id, state.routing, Branch.SPILL)
+        state.region, state.rtt_ms = "", 0.0
         try:
-            replica = self._pick(state, {r.replica_id for r in failed}, {r.node for r in failed if r.node})
+            decision = self._pick(state, {r.replica_id for r in failed}, {r.node for r in failed if r.node})
         except NoReplica:
             if last is not None:
                 raise last from None
             raise
+        replica = decision.replica
+        assert replica is not None and state.routing is not None
         state.attempts += 1
         state.replica_id = replica.replica_id
         state.version = replica.version  # the default may span versions when the table names none
         state.forwarded_at = self._clock()
-        return replica
+        return replica, self.picker.sent(replica.replica_id, state.routing, decision.branch)
 
     async def infer(self, state: RequestState) -> Outcome:
-        """Forward a unary request, retrying when policy allows; fills ``state.outcome``."""
+        """Wait in the tier queue, then forward (a preempted batch request waits again); fills ``state.outcome``."""
+        ticket = state.ticket
+        if ticket is None:
+            return await self._infer(state)
+        while True:
+            await self.admission.acquire(state.model_label, ticket)
+            try:
+                return await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))
+            except Preempted:
+                continue
+
+    async def _infer(self, state: RequestState) -> Outcome:
+        """Forward a unary request, retrying when policy allows."""
         assert state.call is not None
         failed: list[Replica] = []
         last: FerryError | None = None
         while True:
-            replica = self._next(state, failed, last)
-            self.local_load.add(replica.replica_id)
+            replica, attempt = self._next(state, failed, last)
+            cached: int | None = None
             try:
+                await self.failover.cross_region(state.rtt_ms)
                 state.outcome = await self._forwarder.infer(replica, state.call, self._remaining(state))
+                cached = state.outcome.cached_tokens if state.outcome.cached_reported else None
+                self._result(state, replica, ok=True, tokens=state.outcome.completion_tokens)
                 return state.outcome
             except FerryError as error:
+                if isinstance(error, ReplicaFailed):
+                    self._result(state, replica, ok=False, tokens=0)
                 if not self._retry(state, error):
                     raise
                 failed.append(replica)
                 last = error
             finally:
-                self.local_load.done(replica.replica_id)
+                self.picker.done(attempt, cached)
 
     async def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
-        """Forward a streaming request; retries only while no piece reached the caller."""
+        """Forward a streaming request: retried while nothing reached the caller, continued after (module doc)."""
         assert state.call is not None
+        if state.ticket is not None:  # wait in the tier queue first (streams are not preempted)
+            state.ticket.preemptible = False
+            await self.admission.acquire(state.model_label, state.ticket)
         failed: list[Replica] = []
         last: FerryError | None = None
-        while True:
-            replica = self._next(state, failed, last)
-            self.local_load.add(replica.replica_id)
+        call: Call | None = state.call
+        delivered = Delivered()
+        while call is not None:
+            replica, attempt = self._next(state, failed, last)
             outcome = Outcome()
+            cached: int | None = None
             try:
-                pieces = self._forwarder.stream(replica, state.call, self._remaining(state), outcome)
+                await self.failover.cross_region(state.rtt_ms)
+                pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome)
                 try:
                     async for piece in pieces:
+                        self.picker.first(attempt)
+                        delivered.add(piece)
                         yield piece
                 finally:
                     await pieces.aclose()
-                state.outcome = outcome
+                state.outcome = delivered.merge(outcome, state.call)
+                cached = outcome.cached_tokens if outcome.cached_reported else None
+                self._result(state, replica, ok=True, tokens=outcome.completion_tokens)
                 return
             except FerryError as error:
-                if not self._retry(state, error):
-                    raise
+                if isinstance(error, ReplicaFailed):
+                    self._result(state, replica, ok=False, tokens=0)
+                if not delivered.tokens and not delivered.texts:
+                    if not self._retry(state, error):
+                        raise
+                    last = error
+                else:
+                    call = self.failover.resume(state.call, error, delivered, state.model_label)
+                    last = Unavailable(cut_message(delivered, error, "no other replica"))
                 failed.append(replica)
-                last = error
             finally:
-                self.local_load.done(replica.replica_id)
+                self.picker.done(attempt, cached)
+        # The cut stream had already delivered max_tokens: it is complete.
+        state.outcome = Outcome(text=delivered.text, prompt_tokens=state.call.prompt_tokens,
+                                completion_tokens=delivered.tokens)

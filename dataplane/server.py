@@ -3,6 +3,9 @@
 ``await Proxy(...).start(listen) -> port`` serves ``ferry.v1.Inference``
 (with gRPC health and reflection, :func:`ferry.grpcutil.start_server`) and
 starts the table watcher when control-plane addresses are given;
+with ``tls`` the public port is TLS (no client certificate asked: tenants
+authenticate by API key) and the proxy uses mutual TLS to the control planes
+and, unless ``replica_tls`` is false, to the replicas;
 ``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
 seconds, stops the watcher and closes the replica clients. Tests run it in
 process; :mod:`dataplane.main` runs it as ``ferry proxy``.
@@ -36,6 +39,7 @@ from dataplane.table import Table, TableHolder
 from dataplane.watch import Backoff, TableWatcher
 from ferry.config import Limits, TenantConfig
 from ferry.grpcutil import start_server
+from ferry.tls import TLSConfig
 from ferry.v1 import inference_pb2_grpc
 
 SERVICE_NAME = "ferry.v1.Inference"
@@ -55,7 +59,10 @@ class Proxy:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         client_factory: ClientFactory | None = None,
+        tls: TLSConfig | None = None,
+        replica_tls: bool = True,
     ) -> None:
+        self.tls = tls  # TLS on the public port; mutual TLS to control planes (and replicas, with replica_tls)
         self.settings = (settings or ProxySettings()).resolved()
         self.limits = limits or Limits()
         self.control_planes = tuple(control_planes)
@@ -65,10 +72,10 @@ class Proxy:
         self.holder = TableHolder(
             self.settings.region,
             clock=clock,
-            max_models=self.settings.max_table_models,
-            max_replicas=self.settings.max_table_replicas,
+            params=self.settings.table_params(),
         )
-        self.pool = ClientPool(client_factory or default_factory(self.limits.max_message_bytes))
+        self.pool = ClientPool(client_factory or default_factory(
+            self.limits.max_message_bytes, tls if replica_tls else None))
         self.router = Router(
             settings=self.settings,
             limits=self.limits,
@@ -93,6 +100,7 @@ class Proxy:
                 metrics=self.metrics,
                 stale_warn_seconds=self.settings.table_stale_warn_seconds,
                 clock=clock,
+                tls=tls,
             )
         self.holder.on_applied(self._on_table)
         self.metrics.watch_table_age(self.holder.age)
@@ -110,6 +118,8 @@ class Proxy:
             [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer, SERVICE_NAME)],
             listen,
             max_message_bytes=self.limits.max_message_bytes,
+            max_streams=self.limits.max_streams_per_connection,
+            credentials=self.tls.server_credentials(require_client_cert=False) if self.tls else None,
         )
         if self.watcher is not None:
             self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from dataplane.idempotency import body_digest
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import RequestState, Router
 from ferry.errors import DeadlineExceeded, FerryError, Overloaded
@@ -54,7 +55,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         state = await self._start(context)
         try:
             self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
-            await self._router.infer(state)
+            if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.idempotency)
+                response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
+                                                              body_digest(request), lambda: self._answer(state))
+            else:
+                response = await self._answer(state)
         except FerryError as error:
             await self._fail(state, error, context)
         except asyncio.CancelledError:
@@ -66,6 +71,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             self._router.end(state)
         state.outcome.ttft_seconds = self._clock() - state.started  # the whole answer is the first token
         self._succeed(state)
+        return response
+
+    async def _answer(self, state: RequestState) -> inference_pb2.InferResponse:
+        await self._router.infer(state)
+        state.outcome.ttft_seconds = self._clock() - state.started
         return self._summary(state, state.outcome.text)
 
     async def InferStream(
@@ -102,7 +112,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,
             replica_id=state.replica_id,
-            region=self._region,
+            region=state.region or self._region,
             queue_seconds=proxy_wait + outcome.queue_seconds,
             service_seconds=outcome.service_seconds,
             request_id=state.request_id,

@@ -16,18 +16,24 @@ the tier when the tenant's plan does not allow it, and :func:`resolve`
 raises :class:`ferry.errors.NotFound` for a model (``"model"``) or version
 (``"version"``) that the table does not name.
 
+Without an explicit ``prefix_key``, the chained hashes of the prompt's first
+``prefix_blocks`` blocks (:func:`dataplane.prefix.leading_hashes`) are taken
+from the same split, for the pick's prefix keys.
+
 Cost: one UTF-8 encoding of the prompt (kept for forwarding) and one
-whitespace split to count its tokens; the other fields are short.
+whitespace split to count its tokens; hashing of at most ``prefix_blocks``
+blocks of it (16 x 512 words by default), whatever the prompt's size; the
+other fields are short.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from dataplane.table import Replica, Table
+from dataplane.prefix import DEPTHS, leading_hashes
+from dataplane.table import Pool, Table
 from ferry.config import Limits, TenantConfig
 from ferry.errors import InvalidArgument, PermissionDenied
-from ferry.tokens import count_tokens
 from ferry.v1 import common_pb2, inference_pb2
 
 TIER_NAMES = {
@@ -52,6 +58,7 @@ class ValidRequest:
     max_tokens: int
     prefix_key: str
     idempotency_key: str
+    prefix_hashes: tuple[int, ...] = ()  # chained hashes of the leading blocks (none with a prefix_key)
 
 
 def _bounded(value: str, field: str, limit: int, *, required: bool = False) -> bytes:
@@ -70,7 +77,8 @@ def _no_control(value: str, field: str) -> None:
         raise InvalidArgument(field, "must not contain control characters")
 
 
-def validate_request(request: inference_pb2.InferRequest, limits: Limits) -> ValidRequest:
+def validate_request(request: inference_pb2.InferRequest, limits: Limits,
+                     prefix_blocks: int = DEPTHS[-1]) -> ValidRequest:
     """Check every field of ``request``; raises InvalidArgument naming the first bad one."""
     _bounded(request.model, "model", limits.max_model_bytes, required=True)
     _no_control(request.model, "model")
@@ -89,15 +97,18 @@ def validate_request(request: inference_pb2.InferRequest, limits: Limits) -> Val
         raise InvalidArgument("max_tokens", f"over the limit of {limits.max_tokens}")
     _bounded(request.prefix_key, "prefix_key", limits.max_prefix_key_bytes)
     _bounded(request.idempotency_key, "idempotency_key", limits.max_idempotency_key_bytes)
+    words = request.prompt.split()
+    hashes = () if request.prefix_key else tuple(leading_hashes(words, prefix_blocks))
     return ValidRequest(
         model=request.model,
         version=request.version,
         tier=tier,
         prompt=prompt,
-        prompt_tokens=count_tokens(request.prompt),
+        prompt_tokens=len(words),
         max_tokens=request.max_tokens,
         prefix_key=request.prefix_key,
         idempotency_key=request.idempotency_key,
+        prefix_hashes=hashes,
     )
 
 
@@ -108,6 +119,6 @@ def check_tier(tier: str, tenant: TenantConfig) -> None:
         raise PermissionDenied(f"tier {tier!r} is not allowed for plan {tenant.plan!r} (allowed: {allowed})")
 
 
-def resolve(table: Table, request: ValidRequest) -> tuple[str, tuple[Replica, ...]]:
-    """The version served and its routable replicas; raises NotFound("model"|"version", …)."""
-    return table.candidates(request.model, request.version)
+def resolve(table: Table, request: ValidRequest, u: float = 0.0) -> tuple[str, Pool]:
+    """The version served and its pool (``u`` draws a canary split); raises NotFound("model"|"version", …)."""
+    return table.candidates(request.model, request.version, u)

@@ -27,6 +27,8 @@ import grpc
 from dataplane.metrics import ProxyMetrics
 from dataplane.table import TableHolder, TableRejected
 from ferry.grpcutil import channel_options
+from ferry.tls import TLSConfig
+from ferry.tls import channel as tls_channel
 from ferry.v1 import tables_pb2, tables_pb2_grpc
 
 log = logging.getLogger("ferry.proxy.watch")
@@ -66,7 +68,9 @@ class TableWatcher:
         metrics: ProxyMetrics,
         stale_warn_seconds: float = 10.0,
         clock: Callable[[], float],
+        tls: TLSConfig | None = None,
     ) -> None:
+        self._tls = tls  # mutual TLS to the control planes (None: plain text)
         if not addresses:
             raise ValueError("at least one control-plane address is needed")
         self._addresses = list(addresses)
@@ -110,7 +114,7 @@ class TableWatcher:
     async def _watch(self, address: str, stop: asyncio.Event) -> bool:
         """One stream; returns whether any snapshot arrived on it."""
         got = False
-        async with grpc.aio.insecure_channel(address, options=channel_options()) as channel:
+        async with tls_channel(address, self._tls, options=channel_options()) as channel:
             call = tables_pb2_grpc.TablesStub(channel).Watch()
             stopper = asyncio.ensure_future(stop.wait())
             try:

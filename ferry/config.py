@@ -12,6 +12,9 @@ File layout (every section optional)::
     api_key_sha256 = "…"            # sha256 hex of the API key; keys are never stored
     plan = "enterprise"              # free | paid | enterprise
     tiers = ["interactive", "standard", "batch"]
+    requests_per_second = 50.0       # optional limits per proxy, 0 or absent: none
+    tokens_per_second = 200000.0
+    max_concurrency = 64
 
     [[models]]       # the catalog, read by the control plane
     name = "chat-large"
@@ -58,8 +61,14 @@ class TenantConfig:
     api_key_sha256: str
     plan: str = "paid"
     tiers: tuple[str, ...] = TIERS
+    requests_per_second: float = 0.0   # rate limit per proxy (dataplane.tenantlimits); 0: none
+    tokens_per_second: float = 0.0     # prompt + max_tokens per second per proxy; 0: none
+    max_concurrency: int = 0           # requests in flight per proxy; 0: none
 
     def __post_init__(self) -> None:
+        for key in ("requests_per_second", "tokens_per_second", "max_concurrency"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"tenants.{self.name}.{key}", "must be >= 0 (0: no limit)")
         if self.plan not in PLANS:
             raise ConfigError(f"tenants.{self.name}.plan", f"must be one of {', '.join(PLANS)}")
         for tier in self.tiers:
@@ -89,6 +98,8 @@ class Limits:
     max_prefix_key_bytes: int = 256
     max_idempotency_key_bytes: int = 128
     max_message_bytes: int = 8 * 1024 * 1024
+    max_inflight_per_tenant: int = 1024  # requests of one tenant in flight in one proxy
+    max_streams_per_connection: int = 256  # concurrent calls on one client connection (HTTP/2 streams)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

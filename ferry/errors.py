@@ -46,6 +46,15 @@ class NotFound(FerryError):
         self.name = name
 
 
+class AlreadyExists(FerryError):
+    """A claim (replica id, node name, address) that another live holder already has."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
 class NoReplica(FerryError):
     """The model exists but no replica can take the request now."""
 

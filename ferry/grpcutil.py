@@ -38,10 +38,17 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     ]
 
 
-def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[tuple[str, Any]]:
-    """Server options: the channel options plus permission for client keepalive pings."""
+DEFAULT_MAX_STREAMS_PER_CONNECTION = 256
+
+
+def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                   max_streams: int = DEFAULT_MAX_STREAMS_PER_CONNECTION) -> list[tuple[str, Any]]:
+    """Server options: the channel options, at most ``max_streams`` concurrent streams (calls) per
+    connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: a client over it waits, none is dropped), and
+    permission for client keepalive pings."""
     return [
         *channel_options(max_message_bytes),
+        ("grpc.max_concurrent_streams", max_streams),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ]
@@ -62,6 +69,7 @@ async def start_server(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
+    max_streams: int = DEFAULT_MAX_STREAMS_PER_CONNECTION,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a server for ``services`` (each ``(add_fn, servicer, full_service_name)``) on ``listen``.
 
@@ -70,7 +78,8 @@ async def start_server(
     port is TLS, otherwise plain text. Returns the server and the port it bound.
     """
     guard = DecodeGuard()  # undecodable request bytes: INVALID_ARGUMENT, not UNKNOWN
-    server = grpc.aio.server(options=server_options(max_message_bytes), interceptors=[guard, *interceptors])
+    server = grpc.aio.server(options=server_options(max_message_bytes, max_streams),
+                             interceptors=[guard, *interceptors])
     names = []
     for add, servicer, name in services:
         add(servicer, server)
@@ -93,6 +102,7 @@ _STATUS: list[tuple[type[errors.FerryError], grpc.StatusCode]] = [
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (errors.PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (errors.NotFound, grpc.StatusCode.NOT_FOUND),
+    (errors.AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (errors.NoReplica, grpc.StatusCode.UNAVAILABLE),
     (errors.Overloaded, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),

@@ -229,9 +229,10 @@ def start_fleet(work: Path, args: argparse.Namespace, keys: dict[str, str]) -> t
     config = {"tenants": [{"name": name, "api_key_sha256": hash_api_key(key), "plan": name}
                           for name, key in keys.items()]}
     (work / "ferry.toml").write_text(dumps(config))
-    cfg = ["--config", str(work / "ferry.toml")]
+    cfg = ["--config", str(work / "ferry.toml"), "--insecure"]  # plain text on loopback
     children: list[Child] = []
-    cp = Child("controlplane", ["controlplane", *cfg], work).start()
+    token = secrets.token_hex(16)  # the Admin API's, for wait_routable
+    cp = Child("controlplane", ["controlplane", *cfg], work, env={"FERRY_ADMIN_TOKEN": token}).start()
     children.append(cp)
     cp_addr = cp.wait_ready()["grpc"]
     proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", *cfg], work).start()
@@ -240,7 +241,8 @@ def start_fleet(work: Path, args: argparse.Namespace, keys: dict[str, str]) -> t
     children += [proxy, node]
     data_plane = proxy.wait_ready()["grpc"]
     ready = node.wait_ready()
-    wait_routable(cp_addr, {r["replica_id"] for r in ready["replicas"]}, "bench-proxy", 30, children)
+    wait_routable(cp_addr, {r["replica_id"] for r in ready["replicas"]}, "bench-proxy", 30, children,
+                  admin_token=token)
     return children, {"data_plane": data_plane, **ready["batch_runtime"],
                       "pids": {c.name: c.pid for c in children}}
 

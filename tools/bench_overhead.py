@@ -139,10 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
         work = Path(tmp)
         (work / "ferry.toml").write_text(dumps(config))
-        cfg = ["--config", str(work / "ferry.toml")]
+        cfg = ["--config", str(work / "ferry.toml"), "--insecure"]  # plain text on loopback
         children: list[Child] = []
         try:
-            cp = Child("controlplane", ["controlplane", *cfg], work).start()
+            token = secrets.token_hex(16)  # the Admin API's, for wait_routable
+            cp = Child("controlplane", ["controlplane", *cfg], work, env={"FERRY_ADMIN_TOKEN": token}).start()
             children.append(cp)
             cp_addr = cp.wait_ready()["grpc"]
             proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", *cfg], work).start()
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             children += [proxy, node]
             data_plane = proxy.wait_ready()["grpc"]
             replica = node.wait_ready()["replicas"][0]
-            wait_routable(cp_addr, {replica["replica_id"]}, "bench-proxy", 30, children)
+            wait_routable(cp_addr, {replica["replica_id"]}, "bench-proxy", 30, children, admin_token=token)
             result = asyncio.run(bench(replica, data_plane, key, args))
         finally:
             stop_all(children)

@@ -35,6 +35,7 @@ import contextlib
 import json
 import random
 import re
+import secrets
 import tempfile
 import time
 import urllib.request
@@ -45,11 +46,12 @@ import grpc
 
 from controlplane.fleet import FleetView
 from controlplane.table import TableVersions, compute_tables
+from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, stop_all
 from ferry.cli.tomlw import dumps
 from ferry.config import ModelConfig
 from ferry.etcd import LocalEtcd
-from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
+from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
 from tools.report import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -242,10 +244,12 @@ async def bench_fleet(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path) 
     config = workdir / "ferry.toml"
     config.write_text(dumps({"models": [{"name": "chat"}], "controlplane": {"tick_seconds": TICK}}))
     cps = []
+    token = secrets.token_hex(16)  # the Admin API's: the followers present it to the leader too
     for i in range(2):
         cps.append(Child(f"controlplane-{i + 1}", ["controlplane", "--store", f"etcd://{etcd.endpoint}",
                                                     "--id", f"controlplane-{i + 1}", "--config", str(config),
-                                                    "--log-level", "WARNING"], workdir).start())
+                                                    "--log-level", "WARNING", "--insecure"], workdir,
+                         env={"FERRY_ADMIN_TOKEN": token}).start())
         cps[-1].wait_ready(30)
     addresses = [cp.ready["grpc"] for cp in cps]
     agents = Agents(addresses, args.replicas, args.per_node)
@@ -258,7 +262,7 @@ async def bench_fleet(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path) 
         seen = await proxies.until(lambda t: routed(t) == everyone, 120)
         if len(seen) < args.proxies:
             raise SystemExit(f"only {len(seen)} of {args.proxies} proxies got the full table")
-        admin = admin_pb2_grpc.AdminStub(channel)
+        admin = AdminClient(channel, token)
         status = await admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=10)
         if status.role != "leader":
             raise SystemExit(f"controlplane-1 is {status.role}, expected leader")

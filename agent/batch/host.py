@@ -38,6 +38,7 @@ from agent.batch.reference import DEFAULT_FUNCTION, load_function
 from agent.batch.runtime import VERSION, BatchRuntime, HostedModel
 from agent.batch.server import serve
 from ferry.errors import ConfigError
+from ferry.tls import TLSConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,13 +134,13 @@ class HostedRuntime:
 
     @classmethod
     async def start(cls, spec: RuntimeSpec, *, host: str = "127.0.0.1", port: int = 0, metrics_port: int = 0,
-                    on_change: Callable[[], None] | None = None) -> HostedRuntime:
+                    on_change: Callable[[], None] | None = None, tls: TLSConfig | None = None) -> HostedRuntime:
         """Load the function, start the runtime, then its server and metrics; raises ConfigError."""
         function = load_function(spec.function)
         hosted = [HostedModel(c, function) for c in spec.contracts()]
         runtime = BatchRuntime(hosted, spec.scheduler(), version=spec.version, on_change=on_change)
         await runtime.start()
-        server, bound = await serve(runtime, f"{host}:{port}", allow_faults=spec.allow_faults)
+        server, bound = await serve(runtime, f"{host}:{port}", allow_faults=spec.allow_faults, tls=tls)
         http, metrics_bound = await metrics.serve(f"{host}:{metrics_port}", runtime.metrics)
         return cls(runtime, server, http, host=host, port=bound, metrics_port=metrics_bound)
 

@@ -8,7 +8,8 @@ derived from ``--budget-ms`` (see :mod:`agent.batch.budget`) unless
 function as a model that needs all the node's GPUs per batch, so one node
 serves a small and a large model. Writes ``--ready-file`` as JSON
 ``{"address", "metrics", "pid", "models"}`` once it serves; stops cleanly on
-SIGTERM and SIGINT.
+SIGTERM and SIGINT. ``--tls-ca``/``--tls-cert``/``--tls-key`` serve mutual TLS
+(callers show a certificate of the CA), ``--insecure`` plain text; one is required.
 
 This runs the runtime alone, reachable by address. To put it behind the
 proxy, run it inside a node instead: ``ferry node --batch-runtime`` takes the
@@ -25,9 +26,11 @@ import os
 import sys
 
 from agent.batch.host import HostedRuntime, RuntimeSpec, add_arguments, spec_from_args
+from ferry import tls
 from ferry.errors import ConfigError
 from ferry.grpcutil import split_address
 from ferry.process import stop_event, write_ready_file
+from ferry.tls import TLSConfig
 
 log = logging.getLogger("ferry.batch")
 
@@ -39,16 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-file", help="write the bound addresses here as JSON once serving")
     p.add_argument("--gpus", type=int, default=8, help="the node's GPUs (default %(default)s)")
     add_arguments(p)
+    tls.add_arguments(p)
     return p
 
 
-async def run(spec: RuntimeSpec, args: argparse.Namespace) -> int:
+async def run(spec: RuntimeSpec, args: argparse.Namespace, transport: TLSConfig | None = None) -> int:
     host, port = split_address(args.listen)
     metrics_host, metrics_port = split_address(args.metrics_listen)
     if metrics_host != host:
         raise ConfigError("metrics_listen", f"must be on the host of --listen ({host})")
     stop = stop_event()
-    hosted = await HostedRuntime.start(spec, host=host, port=port, metrics_port=metrics_port)
+    hosted = await HostedRuntime.start(spec, host=host, port=port, metrics_port=metrics_port, tls=transport)
     try:
         write_ready_file(args.ready_file, {"address": hosted.address, "metrics": hosted.metrics_address,
                                            "pid": os.getpid(), "models": hosted.runtime.models})
@@ -65,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         spec = spec_from_args(args, gpus=args.gpus)
-        return asyncio.run(run(spec, args))
+        transport = tls.from_args(args)
+        return asyncio.run(run(spec, args, transport))
     except (ConfigError, ValueError) as exc:
         print(f"ferry batch-runtime: {exc}", file=sys.stderr)
         return 2

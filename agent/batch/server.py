@@ -37,6 +37,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from agent.batch.runtime import BatchRuntime
 from ferry import grpcutil
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, PermissionDenied
+from ferry.tls import TLSConfig
 
 SERVICE = "inference.GRPCInferenceService"
 FAULT_MODEL = "ferry.fault"
@@ -241,8 +242,10 @@ class BatchServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ign
         return await self._unimplemented(context)
 
 
-async def serve(runtime: BatchRuntime, listen: str, *, allow_faults: bool = False) -> tuple[grpc.aio.Server, int]:
-    """Start the KServe server for ``runtime`` on ``listen`` (port 0 allowed); returns it and its port."""
+async def serve(runtime: BatchRuntime, listen: str, *, allow_faults: bool = False,
+                tls: TLSConfig | None = None) -> tuple[grpc.aio.Server, int]:
+    """Start the KServe server for ``runtime`` on ``listen`` (port 0 allowed; mutual TLS with ``tls``)."""
     servicer = BatchServicer(runtime, allow_faults=allow_faults)
+    creds = tls.server_credentials(require_client_cert=True) if tls else None
     return await grpcutil.start_server(
-        [(service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, SERVICE)], listen)
+        [(service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, servicer, SERVICE)], listen, credentials=creds)

@@ -2,7 +2,8 @@
 
 Exits 0 on success; otherwise prints ``STATUS_NAME: details`` on standard
 error and exits 1 (2 for a usage error). ``--ready-file`` takes the data plane
-and an API key from the ready file of ``ferry up``.
+and an API key from the ready file of ``ferry up`` (and, after ``ferry up
+--tls``, the CA to verify the proxy's certificate; else ``--tls-ca``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from ferry import clienttls
 from ferry.process import read_ready_file
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
@@ -38,12 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream", action="store_true", help="use InferStream and print chunks as they come")
     parser.add_argument("--timeout", type=float, default=60.0, help="deadline in seconds")
     parser.add_argument("--json", action="store_true", help="print the response as JSON")
+    parser.add_argument("--tls-ca", default=None, help="CA of the proxy's TLS certificate (else the ready file's)")
 
 
 def _resolve(args: argparse.Namespace) -> tuple[str, str]:
     data_plane, key = args.data_plane, args.api_key
+    ready = (read_ready_file(args.ready_file) or {}) if args.ready_file else {}
+    try:
+        args.credentials = clienttls.credentials(ca=args.tls_ca, ready=ready, client_cert=False)
+    except ValueError as exc:
+        raise SystemExit(f"ferry call: {exc}") from exc
     if args.ready_file:
-        ready = read_ready_file(args.ready_file) or {}
         data_plane = data_plane or ready.get("data_plane")
         keys = ready.get("api_keys") or {}
         key = key or next(iter(keys.values()), None)
@@ -59,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, prefix_key=args.prefix_key, idempotency_key=args.idempotency_key)
     metadata = (("x-api-key", key),) if key else ()
     started = time.monotonic()
-    with grpc.insecure_channel(data_plane) as channel:
+    with clienttls.sync_channel(data_plane, args.credentials) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         try:
             if args.stream:

@@ -1,41 +1,99 @@
 """``ferryctl``: the operator's command line, over the control plane's Admin API.
 
-Commands: ``replicas``, ``table``, ``drain ID``, ``undrain ID``, ``status``
-(leader, control planes, store health, table version per region and each
-proxy's lag: it asks the given control plane, then every other control plane
-it names, and merges their proxies). Every command
-takes ``--control-plane host:port`` (env ``FERRY_CONTROL_PLANE``, or
-``--ready-file`` of ``ferry up``) and ``--json``. Human tables by default.
-Exit codes: 0 done, 1 the control plane refused (the status is printed),
-2 usage error or the control plane is unreachable.
+Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples):
+
+- ``status``: leader, control planes, store health, table version per region,
+  each proxy's lag (asks every control plane it names and merges them);
+- ``replicas [--model M] [--region R]``: every replica, its state and load;
+- ``nodes [--region R]``: GPUs, GPUs allocated and free, replicas, agent
+  stream and the control plane holding it, cordon (asked of the leader when
+  pointed at a follower: only the leader hears of every agent stream);
+- ``models``: default version, versions, replicas ready/total, GPUs each,
+  allocation slots and waiting requests;
+- ``table [--region R] [--diff V1 V2]``: table versions and proxies, or what
+  changed between two kept versions (0 0: the last change);
+- ``drain ID`` / ``undrain ID``: a replica out of (back into) the tables;
+- ``cordon NODE`` / ``uncordon NODE``: a node's replicas out of (back into)
+  the tables, running work untouched;
+- ``alloc MODEL --gpus 8 --replicas N``, ``alloc --list [MODEL]``,
+  ``alloc --release ID``: gang allocation;
+- ``top [--iterations N] [--interval S]``: live view per model and region;
+- ``completion bash|zsh``: a shell completion script.
+
+Every command takes ``--control-plane host:port`` (else ``--ready-file`` of
+``ferry up``, else env ``FERRY_CONTROL_PLANE``), ``--admin-token TOKEN`` (else
+the ready file's ``admin_token``, else env ``FERRY_ADMIN_TOKEN``; sent as
+``authorization: Bearer TOKEN``), ``--tls-ca``/``--tls-cert``/``--tls-key``
+(mutual TLS; else the ready file's ``tls`` section; a certificate of common
+name ``admin`` needs no token) and ``--json`` (JSON on stdout; ``top``:
+one object per line and frame). Human tables by default. Exit codes: 0 done,
+1 the control plane refused (the status and its message are printed, e.g.
+UNAUTHENTICATED saying how to pass the token), 2 usage error or the control
+plane is unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
+from ferry import clienttls
+from ferry.cli import completion, ctltop
+from ferry.cli.ctlviews import (
+    change_row,
+    merge_status,
+    model_row,
+    node_row,
+    pending_row,
+    print_table,
+    replica_row,
+    slot_row,
+)
 from ferry.process import read_ready_file
-from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from ferry.v1 import admin_pb2, admin_pb2_grpc
 
 TIMEOUT = 5.0
+ALLOC_TIMEOUT = 30.0
+TOKEN_ENV = "FERRY_ADMIN_TOKEN"
 
 
-def _state(value: int) -> str:
-    return str(common_pb2.ReplicaState.Name(value)).removeprefix("REPLICA_STATE_").lower()
+class UsageError(Exception):
+    """A missing or contradictory argument: exit 2."""
+
+
+def admin_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata that carries the admin token."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class AdminClient:
+    """An ``Admin`` stub whose every call carries the admin token."""
+
+    def __init__(self, channel: grpc.Channel, token: str | None) -> None:
+        self._stub = admin_pb2_grpc.AdminStub(channel)
+        self._metadata = admin_metadata(token)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        return functools.partial(getattr(self._stub, name), metadata=self._metadata)
 
 
 def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     default = None if top else argparse.SUPPRESS
     parser.add_argument("--control-plane", default=default, help="host:port (env FERRY_CONTROL_PLANE)")
-    parser.add_argument("--ready-file", default=default, help="take the control plane from ferry up's ready file")
+    parser.add_argument("--ready-file", default=default, help="take the control plane and token from ferry up's "
+                                                              "ready file")
+    parser.add_argument("--admin-token", default=default, help=f"the Admin API token (env {TOKEN_ENV})")
+    parser.add_argument("--tls-ca", default=default, help="CA of the control plane (mutual TLS; else the ready file's)")
+    parser.add_argument("--tls-cert", default=default, help="client certificate (CN admin opens the Admin API)")
+    parser.add_argument("--tls-key", default=default, help="the client certificate's key")
     parser.add_argument("--json", action="store_true", default=False if top else argparse.SUPPRESS,
                         help="machine-readable output")
 
@@ -44,34 +102,66 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ferryctl", description="Operate a Ferry fleet.")
     _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("replicas", help="every replica: node, region, model, state, load, telemetry age")
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text)
+        _common(p, top=False)
+        return p
+
+    add("status", "leader, control planes, store health, table versions and proxy lag")
+    p = add("replicas", "every replica: node, region, model, state, load, telemetry age")
     p.add_argument("--model", default="")
     p.add_argument("--region", default="")
-    _common(p, top=False)
-    p = sub.add_parser("table", help="table version per region and the version each proxy applied")
+    add("nodes", "every node: GPUs allocated and free, replicas, agent, control plane, cordon").add_argument(
+        "--region", default="")
+    add("models", "every model: versions, replicas ready/total, GPUs each, allocations")
+    p = add("table", "table version per region and the version each proxy applied, or a diff of two versions")
     p.add_argument("--region", default="")
-    _common(p, top=False)
-    p = sub.add_parser("status", help="leader, control planes, store health, table versions and proxy lag")
-    _common(p, top=False)
+    p.add_argument("--diff", nargs=2, type=int, metavar=("V1", "V2"),
+                   help="what changed from V1 to V2 (0 0: the last change; see kept_versions)")
     for name, text in (("drain", "take a replica out of the table; it finishes what it runs"),
                        ("undrain", "put a drained replica back")):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("replica_id", metavar="ID")
-        _common(p, top=False)
+        add(name, text).add_argument("replica_id", metavar="ID")
+    for name, text in (("cordon", "take a node's replicas out of the table; they keep running what they run"),
+                       ("uncordon", "put a cordoned node's replicas back")):
+        add(name, text).add_argument("node", metavar="NODE")
+    p = add("alloc", "place replicas that need GPUs of one node (all or nothing), draining small ones for room")
+    p.add_argument("model", nargs="?", metavar="MODEL", help="the model (with --list: a filter)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs each replica needs (default: the model's)")
+    p.add_argument("--replicas", type=int, default=1, help="how many replicas (default 1)")
+    p.add_argument("--version", default="", help="model version (default: the model's default)")
+    p.add_argument("--region", default="", help="only nodes of this region")
+    p.add_argument("--list", action="store_true", help="list allocation slots and waiting requests")
+    p.add_argument("--release", metavar="ID", help="remove an allocation slot or waiting request")
+    p = add("top", "live view per model and region: rate, queue, utilisation (p99 and shed: n/a)")
+    p.add_argument("--iterations", type=int, default=0, help="frames to show, then exit (default: until Ctrl-C)")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
+    p = sub.add_parser("completion", help="print a shell completion script")
+    p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
 
 
+def _ready(args: argparse.Namespace) -> dict[str, Any]:
+    return (read_ready_file(args.ready_file) or {}) if args.ready_file else {}
+
+
 def _address(args: argparse.Namespace) -> str:
-    if args.control_plane:
-        return str(args.control_plane)
-    if args.ready_file:
-        ready = read_ready_file(args.ready_file) or {}
-        if ready.get("control_plane"):
-            return str(ready["control_plane"])
-    env = os.environ.get("FERRY_CONTROL_PLANE")
-    if env:
-        return env
-    raise SystemExit("ferryctl: give --control-plane host:port (or set FERRY_CONTROL_PLANE)")
+    address = args.control_plane or _ready(args).get("control_plane") or os.environ.get("FERRY_CONTROL_PLANE")
+    if not address:
+        raise UsageError("give --control-plane host:port, --ready-file, or set FERRY_CONTROL_PLANE")
+    return str(address)
+
+
+def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    try:
+        return clienttls.credentials(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, ready=_ready(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    token = args.admin_token or _ready(args).get("admin_token") or os.environ.get(TOKEN_ENV)
+    return str(token) if token else None
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
@@ -80,102 +170,112 @@ def _to_dict(message: Any) -> dict[str, Any]:
     return data
 
 
-def _replica_row(r: Any) -> dict[str, Any]:
-    return {
-        "id": r.replica_id, "node": r.node, "region": r.region, "model": r.model, "version": r.version,
-        "address": r.address, "state": _state(r.state), "drain_requested": r.drain_requested,
-        "in_table": r.in_table, "queue": r.load.queued, "running": r.load.running,
-        "free_kv": r.load.kv_blocks_free, "total_kv": r.load.kv_blocks_total,
-        "telemetry_age_s": round(r.telemetry_age_seconds, 3),
-    }
-
-
-def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
-    """Print ``rows`` as an aligned text table with the given columns."""
-    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+def _emit(args: argparse.Namespace, data: Any, show: Callable[[], None]) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        show()
 
 
 def cmd_replicas(stub: Any, args: argparse.Namespace) -> None:
     reply = stub.ListReplicas(admin_pb2.ListReplicasRequest(model=args.model, region=args.region), timeout=TIMEOUT)
-    rows = [_replica_row(r) for r in reply.replicas]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-    else:
-        print_table(rows, ["id", "node", "region", "model", "version", "state", "in_table", "queue", "running",
-                           "free_kv", "telemetry_age_s"])
+    rows = [replica_row(r) for r in reply.replicas]
+    _emit(args, rows, lambda: print_table(rows, ["id", "node", "region", "model", "version", "state", "in_table",
+                                                 "cordoned", "queue", "running", "free_kv", "telemetry_age_s"]))
+
+
+def cmd_nodes(stub: Any, args: argparse.Namespace) -> None:
+    request = admin_pb2.ListNodesRequest(region=args.region)
+    reply = None
+    status = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=TIMEOUT)
+    if status.role == "follower" and status.leader_address:  # only the leader hears of every agent stream
+        try:
+            with clienttls.sync_channel(status.leader_address, _credentials(args)) as channel:
+                reply = AdminClient(channel, _token(args)).ListNodes(request, timeout=TIMEOUT)
+        except grpc.RpcError:
+            reply = None  # the follower's own view, then
+    if reply is None:
+        reply = stub.ListNodes(request, timeout=TIMEOUT)
+    rows = [node_row(n) for n in reply.nodes]
+    _emit(args, rows, lambda: print_table(rows, ["node", "region", "gpus", "gpus_allocated", "gpus_free", "replicas",
+                                                 "slots", "agent_connected", "control_plane", "cordoned", "live",
+                                                 "heard_s"]))
+
+
+def cmd_models(stub: Any, args: argparse.Namespace) -> None:
+    rows = [model_row(m) for m in stub.ListModels(admin_pb2.ListModelsRequest(), timeout=TIMEOUT).models]
+    _emit(args, rows, lambda: print_table(rows, ["model", "default_version", "versions", "ready", "total",
+                                                 "gpus_each", "slots", "pending"]))
 
 
 def cmd_table(stub: Any, args: argparse.Namespace) -> None:
-    reply = stub.GetTable(admin_pb2.GetTableRequest(region=args.region), timeout=TIMEOUT)
-    if args.json:
-        print(json.dumps(_to_dict(reply), indent=2))
+    if args.diff:
+        request = admin_pb2.DiffTableRequest(region=args.region, from_version=max(0, args.diff[0]),
+                                             to_version=max(0, args.diff[1]))
+        diff = stub.DiffTable(request, timeout=TIMEOUT)
+        data = {"region": diff.region, "from_version": diff.from_version, "to_version": diff.to_version,
+                "kept_versions": list(diff.kept_versions), "changes": [change_row(c) for c in diff.changes]}
+
+        def show() -> None:
+            print(f"region {diff.region}: version {diff.from_version} -> {diff.to_version}, "
+                  f"{len(diff.changes)} changes (kept: {', '.join(str(v) for v in diff.kept_versions)})")
+            print_table(data["changes"], ["change", "model", "replica_id", "detail"])
+        _emit(args, data, show)
         return
-    print_table([{"region": t.region, "version": t.version, "replicas": t.replicas, "models": ",".join(t.models)}
-                 for t in reply.regions], ["region", "version", "replicas", "models"])
-    print()
-    print_table([{"proxy": p.proxy_id, "region": p.region, "applied": p.applied_version, "lag": p.lag_versions,
-                  "connected": p.connected, "last_ack_s": round(p.last_ack_age_seconds, 1),
-                  "last_error": p.last_error} for p in reply.proxies],
-                ["proxy", "region", "applied", "lag", "connected", "last_ack_s", "last_error"])
+    reply = stub.GetTable(admin_pb2.GetTableRequest(region=args.region), timeout=TIMEOUT)
+
+    def show_table() -> None:
+        print_table([{"region": t.region, "version": t.version, "replicas": t.replicas, "models": list(t.models)}
+                     for t in reply.regions], ["region", "version", "replicas", "models"])
+        print()
+        print_table([{"proxy": p.proxy_id, "region": p.region, "applied": p.applied_version, "lag": p.lag_versions,
+                      "connected": p.connected, "last_ack_s": round(p.last_ack_age_seconds, 1),
+                      "last_error": p.last_error} for p in reply.proxies],
+                    ["proxy", "region", "applied", "lag", "connected", "last_ack_s", "last_error"])
+    _emit(args, _to_dict(reply), show_table)
 
 
 def cmd_drain(stub: Any, args: argparse.Namespace) -> None:
     method = stub.Drain if args.command == "drain" else stub.Undrain
-    reply = method(admin_pb2.DrainRequest(replica_id=args.replica_id), timeout=TIMEOUT)
-    row = _replica_row(reply.replica)
-    if args.json:
-        print(json.dumps(row, indent=2))
+    row = replica_row(method(admin_pb2.DrainRequest(replica_id=args.replica_id), timeout=TIMEOUT).replica)
+    _emit(args, row, lambda: print(f"{args.command}: {row['id']} is {row['state']}"
+                                   f"{' (drain requested)' if row['drain_requested'] else ''}, "
+                                   f"in table: {row['in_table']}"))
+
+
+def cmd_cordon(stub: Any, args: argparse.Namespace) -> None:
+    method = stub.Cordon if args.command == "cordon" else stub.Uncordon
+    row = node_row(method(admin_pb2.CordonRequest(node=args.node), timeout=TIMEOUT).node)
+    what = ("cordoned: its replicas left the table and keep running what they run" if row["cordoned"]
+            else "not cordoned: its ready replicas are back in the table")
+    _emit(args, row, lambda: print(f"{args.command}: node {row['node']} is {what} ({row['replicas']} replicas)"))
+
+
+def cmd_alloc(stub: Any, args: argparse.Namespace) -> None:
+    if sum((args.list, args.release is not None, args.model is not None and not args.list)) != 1:
+        raise UsageError("alloc: give MODEL (to allocate), --list [MODEL] or --release ID")
+    if args.release is not None:
+        reply = stub.Release(admin_pb2.ReleaseRequest(replica_id=args.release), timeout=TIMEOUT)
+        data = {"released": reply.released, "undrained": list(reply.undrained)}
+        _emit(args, data, lambda: print(f"released {args.release}; undrained: "
+                                        f"{', '.join(reply.undrained) or 'nothing'}"))
+        return
+    if args.list:
+        listing = stub.ListAllocations(admin_pb2.ListAllocationsRequest(model=args.model or ""), timeout=TIMEOUT)
+        slots, pending = listing.slots, listing.pending
     else:
-        print(f"{args.command}: {row['id']} is {row['state']}"
-              f"{' (drain requested)' if row['drain_requested'] else ''}, in table: {row['in_table']}")
+        request = admin_pb2.AllocateRequest(model=args.model, version=args.version, gpus=max(0, args.gpus),
+                                            replicas=max(0, args.replicas), region=args.region)
+        answer = stub.Allocate(request, timeout=ALLOC_TIMEOUT)
+        slots, pending = answer.placed, answer.pending
+    data = {"slots": [slot_row(s) for s in slots], "pending": [pending_row(p) for p in pending]}
 
-
-def merge_status(first: Any, answers: dict[str, Any], unreachable: dict[str, str]) -> dict[str, Any]:
-    """One view of the control side from each control plane's GetStatus (``first`` answered the call).
-
-    Tables and counts come from the leader's answer when it answered; proxies from the control plane
-    each one watches from, with ``leader_version`` and ``synced`` (applied the leader's version).
-    """
-    leader = answers.get(first.leader_id) if first.leader_id else None
-    main = leader if leader is not None else first
-    versions = {t.region: t.version for t in main.regions}
-    planes = []
-    for view in first.control_planes:
-        answer = answers.get(view.id)
-        planes.append({
-            "id": view.id, "address": view.address, "leader": view.id == first.leader_id,
-            "role": answer.role if answer is not None else "", "reachable": answer is not None,
-            "error": unreachable.get(view.id, ""), "agents": answer.agents if answer is not None else 0,
-            "store_healthy": answer.store.healthy if answer is not None else None,
-        })
-    proxies = []
-    for cp_id, answer in sorted(answers.items()):
-        for p in answer.proxies:
-            proxies.append({
-                "proxy_id": p.proxy_id, "region": p.region, "control_plane": cp_id,
-                "applied_version": p.applied_version, "lag_versions": p.lag_versions,
-                "leader_version": versions.get(p.region, 0),
-                "synced": p.applied_version == versions.get(p.region, -1), "connected": p.connected,
-                "last_ack_age_s": round(p.last_ack_age_seconds, 3), "last_error": p.last_error,
-            })
-    store = first.store
-    return {
-        "answered_by": first.control_plane_id,
-        "leader": {"id": first.leader_id, "address": first.leader_address, "term": main.term}
-        if first.leader_id else None,
-        "store": {"backend": store.backend, "endpoint": store.endpoint, "healthy": store.healthy,
-                  "error": store.error, "revision": store.revision,
-                  "last_ok_age_s": round(store.last_ok_age_seconds, 3)},
-        "control_planes": planes,
-        "regions": [{"region": t.region, "version": t.version, "replicas": t.replicas, "models": list(t.models),
-                     "computed_at": t.computed_at} for t in main.regions],
-        "proxies": sorted(proxies, key=lambda p: (p["proxy_id"], not p["connected"])),
-        "members": main.members, "drains": main.drains, "allocations": main.allocations,
-    }
+    def show() -> None:
+        print_table(data["slots"], ["replica_id", "node", "model", "gpus", "state", "displaces", "drain_cost"])
+        if data["pending"]:
+            print()
+            print_table(data["pending"], ["request_id", "model", "gpus", "age_s", "reason"])
+    _emit(args, data, show)
 
 
 def cmd_status(stub: Any, args: argparse.Namespace) -> None:
@@ -186,9 +286,9 @@ def cmd_status(stub: Any, args: argparse.Namespace) -> None:
         if view.id in answers or not view.address:
             continue
         try:
-            with grpc.insecure_channel(view.address) as channel:
-                answers[view.id] = admin_pb2_grpc.AdminStub(channel).GetStatus(admin_pb2.GetStatusRequest(),
-                                                                               timeout=2.0)
+            with clienttls.sync_channel(view.address, _credentials(args)) as channel:
+                answers[view.id] = AdminClient(channel, _token(args)).GetStatus(admin_pb2.GetStatusRequest(),
+                                                                                timeout=2.0)
         except grpc.RpcError as exc:
             unreachable[view.id] = f"{exc.code().name}: {exc.details()}"
     status = merge_status(first, answers, unreachable)
@@ -211,26 +311,39 @@ def cmd_status(stub: Any, args: argparse.Namespace) -> None:
                                     "lag_versions", "synced", "connected", "last_ack_age_s", "last_error"])
 
 
+def cmd_top(stub: Any, args: argparse.Namespace) -> None:
+    if args.iterations < 0 or args.interval <= 0:
+        raise UsageError("top: --iterations must be >= 0 and --interval > 0")
+    ctltop.run(stub, iterations=args.iterations, interval=args.interval, as_json=args.json, timeout=TIMEOUT)
+
+
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
-    "replicas": cmd_replicas, "table": cmd_table, "drain": cmd_drain, "undrain": cmd_drain, "status": cmd_status,
+    "replicas": cmd_replicas, "nodes": cmd_nodes, "models": cmd_models, "table": cmd_table, "drain": cmd_drain,
+    "undrain": cmd_drain, "cordon": cmd_cordon, "uncordon": cmd_cordon, "alloc": cmd_alloc, "status": cmd_status,
+    "top": cmd_top,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    address = _address(args)
-    with grpc.insecure_channel(address) as channel:
-        stub = admin_pb2_grpc.AdminStub(channel)
-        try:
-            COMMANDS[args.command](stub, args)
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                print(f"ferryctl: control plane {address} unreachable ({code.name}): {exc.details()}",
-                      file=sys.stderr)
-                return 2
-            print(f"ferryctl: {code.name}: {exc.details()}", file=sys.stderr)
-            return 1
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "completion":
+        print(completion.SHELLS[args.shell](parser), end="")
+        return 0
+    try:
+        address = _address(args)
+        with clienttls.sync_channel(address, _credentials(args)) as channel:
+            COMMANDS[args.command](AdminClient(channel, _token(args)), args)
+    except UsageError as exc:
+        print(f"ferryctl: {exc}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as exc:
+        code = exc.code()
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            print(f"ferryctl: control plane {address} unreachable ({code.name}): {exc.details()}", file=sys.stderr)
+            return 2
+        print(f"ferryctl: {code.name}: {exc.details()}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,6 +1,7 @@
 """A minimal TOML writer for the config files ``ferry up`` generates.
 
-Handles what Ferry's config uses: tables of scalars, lists of scalars, and
+Handles what Ferry's config uses: tables of scalars, lists of scalars,
+inline tables inside a table (``region_rtt_ms = {"a:b" = 40.0}``), and
 arrays of tables (``[[tenants]]``). Strings are written with JSON escaping,
 which is valid TOML for basic strings.
 """
@@ -20,11 +21,13 @@ def _scalar(value: Any) -> str:
         return json.dumps(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table inside a section, e.g. region_rtt_ms = {"a:b" = 40.0}
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_scalar(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {type(value).__name__} as a TOML value")
 
 
-def _body(table: dict[str, Any]) -> list[str]:
-    return [f"{k} = {_scalar(v)}" for k, v in table.items() if not isinstance(v, dict)]
+def _body(table: dict[str, Any], *, inline: bool = False) -> list[str]:
+    return [f"{k} = {_scalar(v)}" for k, v in table.items() if inline or not isinstance(v, dict)]
 
 
 def dumps(data: dict[str, Any]) -> str:
@@ -32,10 +35,10 @@ def dumps(data: dict[str, Any]) -> str:
     lines = _body({k: v for k, v in data.items() if not _is_table_array(v)})
     for key, value in data.items():
         if isinstance(value, dict):
-            lines += ["", f"[{key}]", *_body(value)]
+            lines += ["", f"[{key}]", *_body(value, inline=True)]
         elif _is_table_array(value):
             for item in value:
-                lines += ["", f"[[{key}]]", *_body(item)]
+                lines += ["", f"[[{key}]]", *_body(item, inline=True)]
     return "\n".join(lines).lstrip("\n") + "\n"
 
 

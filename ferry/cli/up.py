@@ -7,8 +7,11 @@ Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
 ``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
-``models``, ``api_keys``, and the pids, metrics and replicas of every
-component), and runs until SIGINT or SIGTERM, then stops every child.
+``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
+of every component), and runs until SIGINT or SIGTERM, then stops every child.
+It makes up a fresh admin token for the Admin API, hands it to its control
+planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
+it in the ready file, where ``ferryctl --ready-file`` finds it.
 
 ``--store`` chooses where the fleet's state lives: ``memory`` (the default:
 the embedded store, one control plane), ``etcd`` (a local etcd started
@@ -17,6 +20,16 @@ the ready file gains ``etcd``) or ``etcd://host:port`` (an external one).
 With etcd, the control planes elect a leader and every proxy and node is
 given every control plane's address (each node's list starts at a different
 one, so the agents spread over them).
+
+Transport: by default every child runs with ``--insecure`` (plain text on
+loopback). ``--tls`` makes a throw-away CA and certificates in the workdir
+(:mod:`ferry.tlsgen`: ``controlplane``, ``proxy``, ``agent``, ``admin``), runs
+every child with its certificate (mutual TLS inside, TLS on the public API)
+and adds ``tls`` (``ca``, ``client_cert``, ``client_key``: the operator's
+certificate, common name ``admin``) to the ready file, where ``ferry call``
+and ``ferryctl --ready-file`` find them. Either way a fresh join token goes
+to the control planes (``--join-token-file``) and to the nodes (env
+``FERRY_JOIN_TOKEN``).
 """
 
 from __future__ import annotations
@@ -34,12 +47,15 @@ from typing import Any
 
 import grpc
 
+from ferry import clienttls, tlsgen
+from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, ChildFailed, stop_all
 from ferry.cli.tomlw import dumps
+from ferry.cli.upregions import region_names, with_regions
 from ferry.config import hash_api_key
 from ferry.etcd import EtcdFailed, LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
-from ferry.v1 import admin_pb2, admin_pb2_grpc
+from ferry.v1 import admin_pb2
 
 DEFAULT_MODELS = ("chat-large", "chat-small")
 MODEL_GPUS = {"chat-large": 8, "chat-small": 1}
@@ -54,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas-per-node", type=int, default=2, help="replicas per node process (default 2)")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated model names")
     parser.add_argument("--region", default="local")
+    parser.add_argument("--regions", type=int, default=1,
+                        help="lay out N regions a, b, c, … with a proxy each and round trips between them "
+                             "(ferry.cli.upregions; default 1: --region only)")
     parser.add_argument("--config", help="a config file; its tenants and models replace the made-up ones")
     parser.add_argument("--ready-file", help="write the addresses and API keys here once everything is ready")
     parser.add_argument("--workdir", help="keep config, ready files and logs here (default: a temporary folder)")
@@ -62,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory (default), etcd (start a local etcd) or etcd://host:port")
     parser.add_argument("--control-planes", type=int, default=1,
                         help="control planes (default 1; more than one needs an etcd store)")
+    parser.add_argument("--tls", action="store_true",
+                        help="make a throw-away CA and certificates and run everything over (mutual) TLS; "
+                             "without it the children run with --insecure")
     parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL]",
                         help="a running Triton (or any KServe v2) server: an agent beside it adopts its LLM models "
                              "(repeatable; replaces the simulated replicas unless --replicas is given)")
@@ -95,28 +117,45 @@ class Fleet:
         self.etcd: LocalEtcd | None = None
         self.store = "memory://"
         self.proxy: Child | None = None
+        self.proxies: dict[str, Child] = {}
         self.nodes: list[Child] = []
         self.api_keys: dict[str, str] = {}
+        self.admin_token = "fat_" + secrets.token_hex(16)
+        self.join_token = "fjt_" + secrets.token_hex(16)
+        self.tls_dir: Path | None = None
 
     def start(self) -> dict[str, Any]:
         args = self.args
         user = tomllib.loads(Path(args.config).read_text()) if args.config else {}
         config, self.api_keys = build_config(user, self.models)
+        regions = region_names(getattr(args, "regions", 1), args.region)
+        config = with_regions(config, regions)
         config_path = self.workdir / "ferry.toml"
         config_path.write_text(dumps(config))
         cfg = ["--config", str(config_path)]
+        token_path = self.workdir / "admin-token"
+        token_path.touch(mode=0o600)
+        token_path.chmod(0o600)  # also when --workdir held one already
+        token_path.write_text(self.admin_token + "\n")
+        self._secure()
         self.store = self._store()
         count = max(1, args.control_planes)
         for i in range(count):
             name = "controlplane" if count == 1 else f"controlplane-{i + 1}"
             extra = [] if self.store == "memory://" else ["--store", self.store, "--id", name]
+            extra += ["--admin-token-file", str(token_path)]
             self.control_planes.append(self._spawn(name, ["controlplane", "--listen", "127.0.0.1:0", *cfg, *extra]))
         addresses = [cp.wait_ready(args.timeout)["grpc"] for cp in self.control_planes]
         self.control_plane = self.control_planes[0]
         cp_addr = addresses[0]
-        self.proxy = self._spawn("proxy", ["proxy", "--listen", "127.0.0.1:0", "--control-plane", ",".join(addresses),
-                                           "--region", args.region, "--id", "proxy-1", *cfg])
+        for region in regions:  # one proxy per region: "proxy" (id proxy-1) alone, else proxy-a, proxy-b, …
+            name = "proxy" if len(regions) == 1 else f"proxy-{region}"
+            self.proxies[region] = self._spawn(name, ["proxy", "--listen", "127.0.0.1:0", "--control-plane",
+                                                      ",".join(addresses), "--region", region, "--id",
+                                                      "proxy-1" if len(regions) == 1 else name, *cfg])
+        self.proxy = self.proxies[regions[0]]
         expected = []
+        by_region: dict[str, set[str]] = {r: set() for r in regions}
         per_node = max(1, args.replicas_per_node)
         replicas = args.replicas if args.replicas is not None else (0 if args.triton else 8)
         for n, first in enumerate(range(0, replicas, per_node)):
@@ -125,9 +164,10 @@ class Fleet:
             for i in range(first, min(first + per_node, args.replicas)):
                 reps += ["--replica", f"{self.models[i % len(self.models)]}:v1"]
                 expected.append(f"{name}-r{i - first}")
+                by_region[regions[n % len(regions)]].add(expected[-1])
             own = ",".join(addresses[n % count:] + addresses[:n % count])
             self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", own,
-                                                 "--region", args.region, *reps, *cfg]))
+                                                 "--region", regions[n % len(regions)], *reps, *cfg]))
         adopting = []
         for k, server in enumerate(args.triton):
             address, _, metrics = server.partition(",")
@@ -136,11 +176,13 @@ class Fleet:
             extra = ["--triton-metrics", metrics] if metrics else []
             self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", ",".join(addresses),
                                                  "--region", args.region, "--triton", address, *extra, *cfg]))
-        proxy = self.proxy.wait_ready(args.timeout)
         for node in self.nodes:
             node.wait_ready(args.timeout)
-        wait_routable(cp_addr, set(expected), proxy["proxy_id"], args.timeout, self.children,
-                      nodes_with_any=set(adopting))
+        for region, child in self.proxies.items():
+            proxy = child.wait_ready(args.timeout)
+            wait_routable(cp_addr, set(expected) if len(regions) == 1 else by_region[region], proxy["proxy_id"],
+                          args.timeout, self.children, nodes_with_any=set(adopting), admin_token=self.admin_token,
+                          credentials=clienttls.credentials(ready={"tls": self.tls_section()}))
         return self.describe()
 
     def _store(self) -> str:
@@ -164,8 +206,38 @@ class Fleet:
             return store
         raise ChildFailed(f"--store {store!r}: expected memory, etcd or etcd://host:port")
 
+    def _secure(self) -> None:
+        """The join token file (mode 0600) and, with ``--tls``, the throw-away CA and certificates."""
+        join_path = self.workdir / "join-token"
+        join_path.touch(mode=0o600)
+        join_path.chmod(0o600)
+        join_path.write_text(self.join_token + "\n")
+        if self.args.tls:
+            if self.args.triton:
+                raise ChildFailed("--tls with --triton is not supported: a Triton endpoint serves plain text")
+            self.tls_dir = self.workdir / "tls"
+            tlsgen.generate(self.tls_dir, ("controlplane", "proxy", "agent", "admin"))
+
+    def tls_section(self) -> dict[str, str]:
+        """The ready file's ``tls``: the CA and the operator's client certificate (common name admin)."""
+        if self.tls_dir is None:
+            return {}
+        d = self.tls_dir
+        return {"ca": str(d / "ca.pem"), "client_cert": str(d / "admin.pem"), "client_key": str(d / "admin.key")}
+
+    def _transport(self, component: str) -> tuple[list[str], dict[str, str] | None]:
+        """Flags (TLS files or --insecure, the join token) and environment of a child."""
+        identity = {"controlplane": "controlplane", "proxy": "proxy", "node": "agent"}[component]
+        flags = tlsgen.paths(self.tls_dir, identity) if self.tls_dir is not None else ["--insecure"]
+        if component == "controlplane":
+            return [*flags, "--join-token-file", str(self.workdir / "join-token")], None
+        if component == "node":
+            return flags, {"FERRY_JOIN_TOKEN": self.join_token}  # in the environment, not in ps
+        return flags, None
+
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, argv, self.workdir).start()
+        flags, env = self._transport(argv[0])
+        child = Child(name, [*argv, *flags], self.workdir, env=env).start()
         self.children.append(child)
         return child
 
@@ -173,11 +245,14 @@ class Fleet:
         assert self.control_plane and self.proxy
         info: dict[str, Any] = {
             "data_plane": self.proxy.ready["grpc"],
+            "data_planes": {region: child.ready["grpc"] for region, child in self.proxies.items()},
             "control_plane": self.control_plane.ready["grpc"],
             "control_planes": [cp.ready["grpc"] for cp in self.control_planes],
             "region": self.args.region,
             "models": self.models,
             "api_keys": self.api_keys,
+            "admin_token": self.admin_token,
+            "tls": self.tls_section(),
             "workdir": str(self.workdir),
             "pids": {c.name: c.pid for c in self.children},
             "metrics": {c.name: c.ready.get("metrics") for c in self.children},
@@ -194,7 +269,8 @@ class Fleet:
 
 
 def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child],
-                  *, nodes_with_any: set[str] | None = None) -> None:
+                  *, nodes_with_any: set[str] | None = None, admin_token: str | None = None,
+                  credentials: grpc.ChannelCredentials | None = None) -> None:
     """Poll the Admin API until every expected replica is in the table and the proxy applied it.
 
     ``nodes_with_any`` names nodes whose replicas are discovered (adopted endpoints):
@@ -202,8 +278,8 @@ def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: floa
     """
     deadline = time.monotonic() + timeout
     last = "no answer yet"
-    with grpc.insecure_channel(cp_addr) as channel:
-        admin = admin_pb2_grpc.AdminStub(channel)
+    with clienttls.sync_channel(cp_addr, credentials) as channel:
+        admin = AdminClient(channel, admin_token)
         while time.monotonic() < deadline:
             for child in children:
                 if not child.alive():
@@ -271,4 +347,7 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
         print(f"  etcd           {info['etcd']}")
     for tenant, key in info["api_keys"].items():
         print(f"  api key        {tenant}: {key}")
+    print(f"  admin token    {info['admin_token']} (ferryctl --ready-file finds it there too)")
+    if info.get("tls"):
+        print(f"  tls            CA {info['tls']['ca']}, operator certificate {info['tls']['client_cert']}")
     print("  Ctrl-C stops everything.", flush=True)

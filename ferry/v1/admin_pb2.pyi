@@ -17,7 +17,7 @@ class ListReplicasRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
 
 class ReplicaView(_message.Message):
-    __slots__ = ("replica_id", "node", "region", "model", "version", "address", "state", "drain_requested", "load", "telemetry_age_seconds", "in_table")
+    __slots__ = ("replica_id", "node", "region", "model", "version", "address", "state", "drain_requested", "load", "telemetry_age_seconds", "in_table", "cordoned")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class ReplicaView(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IN_TABLE_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     node: str
     region: str
@@ -40,7 +41,8 @@ class ReplicaView(_message.Message):
     load: _common_pb2.ReplicaLoad
     telemetry_age_seconds: float
     in_table: bool
-    def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.ReplicaState, str]] = ..., drain_requested: _Optional[bool] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ..., in_table: _Optional[bool] = ...) -> None: ...
+    cordoned: bool
+    def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., state: _Optional[_Union[_common_pb2.ReplicaState, str]] = ..., drain_requested: _Optional[bool] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ..., in_table: _Optional[bool] = ..., cordoned: _Optional[bool] = ...) -> None: ...
 
 class ListReplicasResponse(_message.Message):
     __slots__ = ("replicas",)
@@ -199,3 +201,251 @@ class LeaderUpdate(_message.Message):
     leader_id: str
     table: _tables_pb2.TableSnapshot
     def __init__(self, leader_id: _Optional[str] = ..., table: _Optional[_Union[_tables_pb2.TableSnapshot, _Mapping]] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class NodeView(_message.Message):
+    __slots__ = ("node", "region", "gpus", "gpus_allocated", "gpus_free", "replica_ids", "agent_connected", "control_plane", "cordoned", "live", "heard_seconds_ago", "slots")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_ALLOCATED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FREE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_PLANE_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    HEARD_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    region: str
+    gpus: int
+    gpus_allocated: int
+    gpus_free: int
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    agent_connected: bool
+    control_plane: str
+    cordoned: bool
+    live: bool
+    heard_seconds_ago: float
+    slots: int
+    def __init__(self, node: _Optional[str] = ..., region: _Optional[str] = ..., gpus: _Optional[int] = ..., gpus_allocated: _Optional[int] = ..., gpus_free: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., agent_connected: _Optional[bool] = ..., control_plane: _Optional[str] = ..., cordoned: _Optional[bool] = ..., live: _Optional[bool] = ..., heard_seconds_ago: _Optional[float] = ..., slots: _Optional[int] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeView]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeView, _Mapping]]] = ...) -> None: ...
+
+class CordonRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    def __init__(self, node: _Optional[str] = ...) -> None: ...
+
+class CordonResponse(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeView
+    def __init__(self, node: _Optional[_Union[NodeView, _Mapping]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelView(_message.Message):
+    __slots__ = ("model", "default_version", "versions", "replicas_ready", "replicas_total", "gpus_each", "slots", "pending")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_READY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_EACH_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    default_version: str
+    versions: _containers.RepeatedScalarFieldContainer[str]
+    replicas_ready: int
+    replicas_total: int
+    gpus_each: int
+    slots: int
+    pending: int
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., replicas_ready: _Optional[int] = ..., replicas_total: _Optional[int] = ..., gpus_each: _Optional[int] = ..., slots: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelView]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelView, _Mapping]]] = ...) -> None: ...
+
+class GetUsageRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UsageRow(_message.Message):
+    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_READY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    GPU_UTILISATION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    region: str
+    replicas_ready: int
+    replicas: int
+    queued: int
+    running: int
+    kv_utilisation: float
+    gpu_utilisation: float
+    requests_total: int
+    telemetry_age_seconds: float
+    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...
+
+class GetUsageResponse(_message.Message):
+    __slots__ = ("rows", "sampled_at")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[UsageRow]
+    sampled_at: float
+    def __init__(self, rows: _Optional[_Iterable[_Union[UsageRow, _Mapping]]] = ..., sampled_at: _Optional[float] = ...) -> None: ...
+
+class DiffTableRequest(_message.Message):
+    __slots__ = ("region", "from_version", "to_version")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TO_VERSION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    from_version: int
+    to_version: int
+    def __init__(self, region: _Optional[str] = ..., from_version: _Optional[int] = ..., to_version: _Optional[int] = ...) -> None: ...
+
+class ReplicaChange(_message.Message):
+    __slots__ = ("model", "replica_id", "change", "detail")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replica_id: str
+    change: str
+    detail: str
+    def __init__(self, model: _Optional[str] = ..., replica_id: _Optional[str] = ..., change: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class DiffTableResponse(_message.Message):
+    __slots__ = ("region", "from_version", "to_version", "changes", "kept_versions")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TO_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    from_version: int
+    to_version: int
+    changes: _containers.RepeatedCompositeFieldContainer[ReplicaChange]
+    kept_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, region: _Optional[str] = ..., from_version: _Optional[int] = ..., to_version: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[ReplicaChange, _Mapping]]] = ..., kept_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AllocateRequest(_message.Message):
+    __slots__ = ("model", "version", "gpus", "replicas", "region")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    gpus: int
+    replicas: int
+    region: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., gpus: _Optional[int] = ..., replicas: _Optional[int] = ..., region: _Optional[str] = ...) -> None: ...
+
+class SlotView(_message.Message):
+    __slots__ = ("replica_id", "node", "region", "model", "version", "gpus", "state", "displaces", "requested_at", "placed_at", "drain_cost")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DISPLACES_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    PLACED_AT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_COST_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    node: str
+    region: str
+    model: str
+    version: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    state: str
+    displaces: _containers.RepeatedScalarFieldContainer[str]
+    requested_at: float
+    placed_at: float
+    drain_cost: float
+    def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., state: _Optional[str] = ..., displaces: _Optional[_Iterable[str]] = ..., requested_at: _Optional[float] = ..., placed_at: _Optional[float] = ..., drain_cost: _Optional[float] = ...) -> None: ...
+
+class PendingView(_message.Message):
+    __slots__ = ("request_id", "model", "version", "gpus", "region", "age_seconds", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model: str
+    version: str
+    gpus: int
+    region: str
+    age_seconds: float
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., gpus: _Optional[int] = ..., region: _Optional[str] = ..., age_seconds: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AllocateResponse(_message.Message):
+    __slots__ = ("placed", "pending")
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    placed: _containers.RepeatedCompositeFieldContainer[SlotView]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingView]
+    def __init__(self, placed: _Optional[_Iterable[_Union[SlotView, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingView, _Mapping]]] = ...) -> None: ...
+
+class ListAllocationsRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class ListAllocationsResponse(_message.Message):
+    __slots__ = ("slots", "pending")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    slots: _containers.RepeatedCompositeFieldContainer[SlotView]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingView]
+    def __init__(self, slots: _Optional[_Iterable[_Union[SlotView, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingView, _Mapping]]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released", "undrained")
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    UNDRAINED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    undrained: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, released: _Optional[bool] = ..., undrained: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -65,6 +65,51 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.FollowerReport.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.LeaderUpdate.FromString,
                 _registered_method=True)
+        self.ListNodes = channel.unary_unary(
+                '/ferry.v1.Admin/ListNodes',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
+                _registered_method=True)
+        self.Cordon = channel.unary_unary(
+                '/ferry.v1.Admin/Cordon',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.CordonRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.CordonResponse.FromString,
+                _registered_method=True)
+        self.Uncordon = channel.unary_unary(
+                '/ferry.v1.Admin/Uncordon',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.CordonRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.CordonResponse.FromString,
+                _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/ferry.v1.Admin/ListModels',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ListModelsResponse.FromString,
+                _registered_method=True)
+        self.GetUsage = channel.unary_unary(
+                '/ferry.v1.Admin/GetUsage',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetUsageResponse.FromString,
+                _registered_method=True)
+        self.DiffTable = channel.unary_unary(
+                '/ferry.v1.Admin/DiffTable',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.DiffTableRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.DiffTableResponse.FromString,
+                _registered_method=True)
+        self.Allocate = channel.unary_unary(
+                '/ferry.v1.Admin/Allocate',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.AllocateResponse.FromString,
+                _registered_method=True)
+        self.ListAllocations = channel.unary_unary(
+                '/ferry.v1.Admin/ListAllocations',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ListAllocationsRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ListAllocationsResponse.FromString,
+                _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/ferry.v1.Admin/Release',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -114,6 +159,69 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListNodes(self, request, context):
+        """Nodes: GPUs and what holds them, replicas, agent stream, cordon.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cordon(self, request, context):
+        """A cordoned node's replicas leave the tables for new work and keep running
+        what they run; no command goes to the agent. Intent in the store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Uncordon(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Models: versions, replicas ready and in all, GPUs each, allocations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetUsage(self, request, context):
+        """Per model and region, what the control plane knows of the load (ferryctl top).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiffTable(self, request, context):
+        """What changed between two table versions of a region kept in memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Allocate(self, request, context):
+        """Gang allocation: place replicas that need GPUs of one node (all eight of
+        it for a large model) atomically, draining small replicas to make room.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAllocations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Release(self, request, context):
+        """Remove an allocation slot (or a pending request); cancels the drains it made.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +254,51 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Follow,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.FollowerReport.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.LeaderUpdate.SerializeToString,
+            ),
+            'ListNodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNodes,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ListNodesRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ListNodesResponse.SerializeToString,
+            ),
+            'Cordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cordon,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.CordonRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.CordonResponse.SerializeToString,
+            ),
+            'Uncordon': grpc.unary_unary_rpc_method_handler(
+                    servicer.Uncordon,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.CordonRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.CordonResponse.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ListModelsRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'GetUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetUsage,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetUsageRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetUsageResponse.SerializeToString,
+            ),
+            'DiffTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffTable,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.DiffTableRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.DiffTableResponse.SerializeToString,
+            ),
+            'Allocate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Allocate,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.AllocateRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.AllocateResponse.SerializeToString,
+            ),
+            'ListAllocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAllocations,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ListAllocationsRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ListAllocationsResponse.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ReleaseRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +464,249 @@ class Admin:
             '/ferry.v1.Admin/Follow',
             ferry_dot_v1_dot_admin__pb2.FollowerReport.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.LeaderUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/ListNodes',
+            ferry_dot_v1_dot_admin__pb2.ListNodesRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ListNodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/Cordon',
+            ferry_dot_v1_dot_admin__pb2.CordonRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Uncordon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/Uncordon',
+            ferry_dot_v1_dot_admin__pb2.CordonRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.CordonResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/ListModels',
+            ferry_dot_v1_dot_admin__pb2.ListModelsRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetUsage',
+            ferry_dot_v1_dot_admin__pb2.GetUsageRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/DiffTable',
+            ferry_dot_v1_dot_admin__pb2.DiffTableRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.DiffTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Allocate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/Allocate',
+            ferry_dot_v1_dot_admin__pb2.AllocateRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.AllocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAllocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/ListAllocations',
+            ferry_dot_v1_dot_admin__pb2.ListAllocationsRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ListAllocationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/Release',
+            ferry_dot_v1_dot_admin__pb2.ReleaseRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

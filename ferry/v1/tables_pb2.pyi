@@ -38,28 +38,66 @@ class Ack(_message.Message):
     def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TableSnapshot(_message.Message):
-    __slots__ = ("version", "nonce", "region", "computed_at", "models")
+    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     COMPUTED_AT_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
+    TIER_QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    SPILL_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: str
     region: str
     computed_at: float
     models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...
+    ring: RingParams
+    tier_quotas: _containers.RepeatedCompositeFieldContainer[TierQuota]
+    spill: _containers.RepeatedCompositeFieldContainer[SpillRoute]
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ...) -> None: ...
+
+class TierQuota(_message.Message):
+    __slots__ = ("tier", "reserved_share", "reserved_slots", "quota_slots", "lent_slots")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LENT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    reserved_share: float
+    reserved_slots: int
+    quota_slots: int
+    lent_slots: int
+    def __init__(self, tier: _Optional[str] = ..., reserved_share: _Optional[float] = ..., reserved_slots: _Optional[int] = ..., quota_slots: _Optional[int] = ..., lent_slots: _Optional[int] = ...) -> None: ...
+
+class RingParams(_message.Message):
+    __slots__ = ("load_factor", "vnodes")
+    LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    VNODES_FIELD_NUMBER: _ClassVar[int]
+    load_factor: float
+    vnodes: int
+    def __init__(self, load_factor: _Optional[float] = ..., vnodes: _Optional[int] = ...) -> None: ...
+
+class VersionWeight(_message.Message):
+    __slots__ = ("version", "weight")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    weight: float
+    def __init__(self, version: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("model", "default_version", "replicas")
+    __slots__ = ("model", "default_version", "replicas", "version_weights")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     default_version: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRoute]
-    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ...) -> None: ...
+    version_weights: _containers.RepeatedCompositeFieldContainer[VersionWeight]
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ...) -> None: ...
 
 class ReplicaRoute(_message.Message):
     __slots__ = ("replica_id", "node", "region", "version", "address", "kserve_model", "max_concurrency", "kv_block_tokens", "max_context_tokens", "load", "telemetry_age_seconds")
@@ -86,3 +124,15 @@ class ReplicaRoute(_message.Message):
     load: _common_pb2.ReplicaLoad
     telemetry_age_seconds: float
     def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...
+
+class SpillRoute(_message.Message):
+    __slots__ = ("region", "weight", "rtt_ms", "models")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    weight: float
+    rtt_ms: float
+    models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
+    def __init__(self, region: _Optional[str] = ..., weight: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...

@@ -26,7 +26,7 @@ async def test_node_process_serves_registers_and_stops_on_sigterm(tmp_path):
         sys.executable, "-c", "import sys; from agent.main import main; sys.exit(main())",
         "--control-plane", f"127.0.0.1:{port}", "--node", "node-7", "--region", "eu",
         "--replica", "chat", "--replica", "code:v2", "--gpus", "8", "--config", str(config),
-        "--ready-file", str(ready), env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
+        "--ready-file", str(ready), "--insecure", env={**os.environ, "GRPC_VERBOSITY": "ERROR"},
         stderr=asyncio.subprocess.DEVNULL)
     try:
         _, register = await fake.next("register", within=20)

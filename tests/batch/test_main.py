@@ -34,7 +34,7 @@ async def test_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "agent.batch.main", "--ready-file", str(ready), "--max-wait-ms", "0", "--gpus", "2",
-        stderr=asyncio.subprocess.PIPE, env=env, cwd=ROOT)
+        "--insecure", stderr=asyncio.subprocess.PIPE, env=env, cwd=ROOT)
     try:
         assert proc.stderr is not None
         line = await asyncio.wait_for(proc.stderr.readline(), 20)  # logged after the ready file is written

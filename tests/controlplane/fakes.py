@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
+from controlplane.adminauth import AdminAuth
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet import FleetView, Member
 from controlplane.memstore import MemoryStore
 from controlplane.server import ControlPlane
 from controlplane.store import StoreHealth
+from ferry.cli.ctl import AdminClient
 from ferry.config import ModelConfig
 from ferry.errors import Unavailable
 from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
 
 READY = common_pb2.REPLICA_STATE_READY
+TOKEN = "test-admin-token"  # the Admin API's, in every in-process control plane here
 WAIT = 5.0  # bound on every wait for a message: a failing test fails, it does not hang
 GRACE = 3.0
 
@@ -39,7 +43,9 @@ class FakeClock:
 def replica(
     rid: str, model: str = "chat", *, version: str = "v1", state: int = READY, **kw: Any,
 ) -> fleet_pb2.ReplicaInfo:
-    fields: dict[str, Any] = {"address": "127.0.0.1:9000", "max_concurrency": 60, "gpus": 1}
+    # one address per replica id: a replica address held by another live node is refused
+    fields: dict[str, Any] = {"address": f"127.0.0.1:{9000 + zlib.crc32(rid.encode()) % 50000}",
+                              "max_concurrency": 60, "gpus": 1}
     fields.update(kw)
     return fleet_pb2.ReplicaInfo(replica_id=rid, model=model, version=version, state=state, **fields)  # type: ignore[arg-type]
 
@@ -142,14 +148,16 @@ class Harness:
     def __init__(self, cp: ControlPlane, channel: grpc.aio.Channel) -> None:
         self.cp = cp
         self.channel = channel
-        self.admin = admin_pb2_grpc.AdminStub(channel)
+        self.admin = AdminClient(channel, TOKEN)
+        self.anonymous = admin_pb2_grpc.AdminStub(channel)  # no token
 
     @classmethod
     async def start(cls, clock: FakeClock, **settings: Any) -> Harness:
         merged: dict[str, Any] = {"grace_seconds": GRACE, "tick_seconds": 0.1, "debounce_seconds": 0.001}
         merged.update(settings)
         catalog = (ModelConfig(name="chat", default_version="v1"), ModelConfig(name="empty-model"))
-        cp = ControlPlane(ControlPlaneSettings(**merged), catalog=catalog, clock=clock, wall=time.time)
+        cp = ControlPlane(ControlPlaneSettings(**merged), catalog=catalog, clock=clock, wall=time.time,
+                          admin_auth=AdminAuth.with_token(TOKEN))
         port = await cp.start("127.0.0.1:0")
         return cls(cp, grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
 

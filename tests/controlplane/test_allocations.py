@@ -13,8 +13,10 @@ from controlplane.allocations import (
     NodeAllocations,
     allocate,
     decode,
+    place,
     release,
     with_allocation,
+    with_placement,
     without,
 )
 from controlplane.intent import IntentCache
@@ -90,3 +92,21 @@ async def test_the_intent_cache_mirrors_allocations() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_placement_removes_the_displaced_slots_in_the_same_transaction() -> None:
+    store = MemoryStore()
+    await allocate(store, "n1", SMALL, node_gpus=8)
+    revision = (await store.get(alloc_key("n1"))).revision  # type: ignore[union-attr]
+    gang = Allocation("n1/big", "chat-large", "v1", tuple(range(8)), displaces=("n1/r0",), placed_at=5.0, cost=10.0)
+    written = await place(store, "n1", gang, ("n1/r0",), node_gpus=8)
+    assert written == revision + 1  # one write: the small slot gone and the gang in, together
+    stored = decode("n1", (await store.get(alloc_key("n1"))).value)  # type: ignore[union-attr]
+    assert stored.slots == (gang,)
+    with pytest.raises(AllocationConflict):  # without removing it, the small slot blocks the gang
+        with_placement(NodeAllocations("n1", (SMALL,)), gang, (), node_gpus=8)
+
+
+def test_records_written_before_the_gang_fields_still_decode() -> None:
+    old = b'{"node": "n1", "slots": [{"replica_id": "r", "model": "m", "version": "v1", "gpus": [0]}]}'
+    assert decode("n1", old).slots == (Allocation("r", "m", "v1", (0,)),)

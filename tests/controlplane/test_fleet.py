@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.fleet import FleetView, is_live, replica_state
-from ferry.errors import InvalidArgument, Overloaded
+from ferry.errors import AlreadyExists, Overloaded
 from ferry.v1 import common_pb2, fleet_pb2
 from tests.controlplane.fakes import GRACE, FakeClock, fleet_with, load, register, replica
 
@@ -59,7 +59,7 @@ def test_registering_again_replaces_the_earlier_registration() -> None:
 def test_a_replica_id_held_by_a_live_node_is_refused_naming_the_field() -> None:
     clock = FakeClock()
     fleet, _ = fleet_with(clock, register("n1", replica("n1/r0")))
-    with pytest.raises(InvalidArgument) as err:
+    with pytest.raises(AlreadyExists) as err:
         fleet.register(register("n2", replica("n2/r0"), replica("n1/r0")))
     assert err.value.field == "register.replicas[1].replica_id"
 

@@ -8,6 +8,7 @@ and the clock is real, with short ticks and leases.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,12 +16,14 @@ from typing import Any
 import grpc
 import pytest
 
+from controlplane.adminauth import AdminAuth
 from controlplane.config import ControlPlaneSettings
 from controlplane.memstore import MemoryStore
 from controlplane.server import ControlPlane
+from ferry.cli.ctl import AdminClient
 from ferry.config import ModelConfig
-from ferry.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2
-from tests.controlplane.fakes import WAIT, FakeAgent, FakeProxy, FlakyStore, load, register, replica, routed
+from ferry.v1 import admin_pb2, fleet_pb2
+from tests.controlplane.fakes import TOKEN, WAIT, FakeAgent, FakeProxy, FlakyStore, load, register, replica, routed
 
 TICK = 0.25
 LEASE = 1.0
@@ -39,23 +42,28 @@ class Pair:
         for i, link in enumerate(self.links):
             settings = ControlPlaneSettings(id=f"cp{i + 1}", tick_seconds=TICK, debounce_seconds=0.005,
                                             grace_seconds=2.0, leader_lease_seconds=LEASE, store_timeout_seconds=1.0)
-            cp = ControlPlane(settings, catalog=(ModelConfig(name="chat"),), store=link, elect=True)  # type: ignore[arg-type]
+            cp = ControlPlane(settings, catalog=(ModelConfig(name="chat"),), store=link, elect=True,  # type: ignore[arg-type]
+                              admin_auth=AdminAuth.with_token(TOKEN))
             port = await cp.start("127.0.0.1:0")
             self.cps.append(cp)
             self.channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
         return self
 
     def admin(self, i: int) -> Any:
-        return admin_pb2_grpc.AdminStub(self.channels[i])
+        return AdminClient(self.channels[i], TOKEN)
 
     async def status(self, i: int) -> admin_pb2.GetStatusResponse:
         return await self.admin(i).GetStatus(admin_pb2.GetStatusRequest(), timeout=WAIT)
 
     async def stop(self) -> None:
-        for cp in self.cps:
-            await cp.stop(grace=0.2)
-        for channel in self.channels:
-            await channel.close()
+        for what, closing in [*((f"cp{i + 1}", cp.stop(grace=0.2)) for i, cp in enumerate(self.cps)),
+                              *((f"channel {i}", c.close()) for i, c in enumerate(self.channels))]:
+            try:
+                await asyncio.wait_for(closing, WAIT)
+            except TimeoutError:
+                for task in asyncio.all_tasks():
+                    task.print_stack(file=sys.stderr)
+                raise AssertionError(f"{what} did not stop within {WAIT} s (task stacks on stderr)") from None
 
 
 @pytest.fixture
@@ -144,6 +152,22 @@ async def test_when_the_leader_stops_the_follower_leads_at_once_with_higher_vers
     after = await proxy.until(lambda t: t.version > before.version)
     assert routed(after) == ["n1/r0"]  # cp1's node is in the store (its lease outlives the stream by the grace)
     assert (await pair.status(1)).role == "leader"
+
+
+async def test_an_allocation_asked_of_the_follower_is_placed_by_the_leader(pair: Pair) -> None:
+    agent = FakeAgent(pair.channels[0])  # held by cp1, the leader
+    await agent.register(register("n1", replica("n1/r0", gpus=4), replica("n1/r1", gpus=4)))
+    proxy = FakeProxy(pair.channels[1], "p2")
+    await proxy.send_subscribe()
+    await proxy.until(lambda t: routed(t) == ["n1/r0", "n1/r1"])
+    answer = await pair.admin(1).Allocate(admin_pb2.AllocateRequest(model="chat", gpus=8), timeout=WAIT)
+    assert [(s.node, list(s.displaces)) for s in answer.placed] == [("n1", ["n1/r0", "n1/r1"])]
+    drained = sorted([(await agent.command()).replica_id for _ in range(2)])
+    assert drained == ["n1/r0", "n1/r1"]
+    await proxy.until(lambda t: routed(t) == [])
+    nodes = (await pair.admin(0).ListNodes(admin_pb2.ListNodesRequest(), timeout=WAIT)).nodes
+    assert [(n.node, n.control_plane, n.slots) for n in nodes] == [("n1", "cp1", 1)]  # the stream is cp1's
+    assert (await pair.admin(1).ListAllocations(admin_pb2.ListAllocationsRequest(), timeout=WAIT)).slots
 
 
 async def test_while_the_store_is_away_intent_is_refused_and_the_last_tables_stay(pair: Pair) -> None:

@@ -57,10 +57,10 @@ def test_the_process_serves_writes_its_ready_file_and_stops_on_sigterm(tmp_path:
     config = tmp_path / "ferry.toml"
     config.write_text('[[models]]\nname = "chat"\n\n[controlplane]\ntick_seconds = 0.2\n')
     ready = tmp_path / "ready.json"
-    argv = ["--ready-file", str(ready), "--config", str(config), "--id", "cp-7"]
+    argv = ["--ready-file", str(ready), "--config", str(config), "--id", "cp-7", "--insecure"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "controlplane.main", *argv], cwd=ROOT, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, env={"GRPC_VERBOSITY": "ERROR", "PATH": "/usr/bin"},
+        stderr=subprocess.PIPE, env={"GRPC_VERBOSITY": "ERROR", "PATH": "/usr/bin", "FERRY_ADMIN_TOKEN": "t0k"},
     )
     try:
         deadline = time.monotonic() + 20
@@ -78,7 +78,11 @@ def test_the_process_serves_writes_its_ready_file_and_stops_on_sigterm(tmp_path:
                 answer = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
                 assert answer.status == health_pb2.HealthCheckResponse.SERVING
             admin = admin_pb2_grpc.AdminStub(channel)
-            assert admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5).replicas == []
+            with pytest.raises(grpc.RpcError) as refused:
+                admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            token = (("authorization", "Bearer t0k"),)
+            assert admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5, metadata=token).replicas == []
         with urllib.request.urlopen(f"http://{info['metrics']}/metrics", timeout=5) as response:
             assert "ferry_controlplane_members" in response.read().decode()
         proc.send_signal(signal.SIGTERM)
@@ -101,5 +105,5 @@ def test_store_flag(tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: py
                     code: int, named: str) -> None:
     config = tmp_path / "ferry.toml"
     config.write_text("[controlplane]\nstore_timeout_seconds = 0.3\n")
-    assert main(["--config", str(config), "--store", url, "--listen", "127.0.0.1:0"]) == code
+    assert main(["--config", str(config), "--store", url, "--listen", "127.0.0.1:0", "--insecure"]) == code
     assert named in capsys.readouterr().err + caplog.text

@@ -245,7 +245,7 @@ async def test_a_replica_held_by_another_live_node_is_refused(harness: Harness) 
     other = harness.agent()
     await other.send(register=register("n2", replica("shared")))
     code, details = await other.status()
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("register.replicas[0].replica_id")
+    assert code == grpc.StatusCode.ALREADY_EXISTS and details.startswith("register.replicas[0].replica_id")
 
 
 STREAM_ERRORS = [

@@ -117,7 +117,8 @@ def test_route_carries_load_and_age_from_the_injected_clock() -> None:
     clock.advance(0.25)
     tables = compute_tables(fleet.members(), CATALOG, set(), now=clock(), grace_seconds=GRACE)
     (route,) = tables["local"].models[0].replicas
-    assert (route.node, route.region, route.address, route.kserve_model) == ("n1", "local", "127.0.0.1:9000", "chat")
+    expected = ("n1", "local", replica("n1/r0").address, "chat")
+    assert (route.node, route.region, route.address, route.kserve_model) == expected
     assert (route.load.queued, route.load.running, route.kv_block_tokens) == (3, 7, 16)
     assert route.telemetry_age_seconds == pytest.approx(0.25)
 

@@ -158,14 +158,16 @@ async def test_retries_stop_after_max_attempts(rig) -> None:
 
 @pytest.mark.parametrize("as_error_message", [False, True], ids=["aborted", "error-response"])
 async def test_stream_dying_after_output_ends_with_unavailable_and_no_retry(rig, as_error_message: bool) -> None:
+    # With continuations off (tests/dataplane/test_continuation.py covers them on).
     r = await rig({"r1": Behaviour(kind="die", chunks=4, die_with_error_message=as_error_message),
-                   "r2": Behaviour()}, loads=FIRST_R1)
+                   "r2": Behaviour()}, loads=FIRST_R1, settings={"max_continuations": 0})
     got: list[str] = []
     with pytest.raises(grpc.aio.AioRpcError) as info:
         async for chunk in r.stub.InferStream(request(max_tokens=8), metadata=PAID, timeout=5):
             got.append(chunk.text)
     assert got == ["r1c0 "]
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "r1" in info.value.details()
+    assert "after 1 token(s) delivered" in info.value.details()
     assert r.served() == {"r1": 1, "r2": 0}
 
 
@@ -283,3 +285,18 @@ async def test_every_proxy_metric_is_exposed(rig) -> None:
     assert m.value("proxy_table_version") == 1 and m.value("proxy_inflight") == 0
     assert 0 <= m.value("proxy_table_age_seconds") < 60
     assert m.value("proxy_ttft_seconds_count", model="m", tier="interactive") == 1
+
+
+async def test_a_conversation_sticks_to_its_replica_and_the_branch_is_counted(rig) -> None:
+    # Turns of one conversation (their first two blocks shared) go to one replica by affinity, whatever the proxy's
+    # rng; the pick is counted under its branch.
+    r = await rig({"r1": Behaviour(), "r2": Behaviour(), "r3": Behaviour()})
+    head = " ".join(f"w{i}" for i in range(1100))  # two full 512-word blocks and a bit
+    served = set()
+    for turn in range(4):
+        reply = await r.stub.Infer(request(prompt=f"{head} turn {turn} " + "x " * (40 * turn), max_tokens=2),
+                                   metadata=PAID, timeout=5)
+        served.add(reply.replica_id)
+    assert len(served) == 1
+    m = r.proxy.metrics
+    assert m.value("proxy_picks_total", model="m", branch="affinity") == 4

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dataplane.table import NO_TELEMETRY_AGE, TableHolder, TableRejected, build_table
+from dataplane.table import NO_TELEMETRY_AGE, TableHolder, TableParams, TableRejected, build_table
 from ferry.v1 import common_pb2, tables_pb2
 from tests.dataplane.fakes import route, snapshot
 
@@ -44,6 +44,13 @@ BAD = [
     ("replica-without-version", lambda s: setattr(s.models[0].replicas[0], "version", ""), "empty version"),
     ("negative-telemetry-age", lambda s: setattr(s.models[0].replicas[0], "telemetry_age_seconds", -1.0), "age"),
     ("infinite-telemetry-age", lambda s: setattr(s.models[0].replicas[0], "telemetry_age_seconds", math.inf), "age"),
+    ("load-factor-not-above-one", lambda s: setattr(s.ring, "load_factor", 1.0), "load_factor"),
+    ("load-factor-nan", lambda s: setattr(s.ring, "load_factor", math.nan), "load_factor"),
+    ("too-many-vnodes", lambda s: setattr(s.ring, "vnodes", 5000), "vnodes"),
+    ("weight-without-version", lambda s: s.models[0].version_weights.add(weight=1.0), "names no version"),
+    ("negative-weight", lambda s: s.models[0].version_weights.add(version="v1", weight=-1.0), "not >= 0"),
+    ("weight-twice", lambda s: s.models[0].version_weights.extend(
+        [tables_pb2.VersionWeight(version="v1", weight=1.0)] * 2), "weighted twice"),
 ]
 
 
@@ -63,7 +70,7 @@ BOUNDS = [
 @pytest.mark.parametrize(("bounds", "reason"), [b[1:] for b in BOUNDS], ids=[b[0] for b in BOUNDS])
 def test_table_size_is_bounded(bounds: dict[str, int], reason: str) -> None:
     with pytest.raises(TableRejected, match=reason):
-        build_table(mutate(lambda s: None), region="local", applied_at=0.0, **bounds)
+        build_table(mutate(lambda s: None), region="local", applied_at=0.0, params=TableParams(**bounds))
 
 
 def test_candidates_precomputed_per_version() -> None:
@@ -121,3 +128,64 @@ def test_lower_version_is_followed() -> None:
     holder.apply(snapshot(9, [route("r1", "h:1")]))
     holder.apply(snapshot(4, [route("r2", "h:2")]))
     assert holder.version == 4
+
+
+def _canary(weights: list[tuple[str, float]], versions: tuple[str, ...] = ("v1", "v2")) -> Any:
+    routes = [route(f"r-{v}", f"h:{i + 1}", version=v) for i, v in enumerate(versions)]
+    snap = snapshot(3, routes)
+    snap.models[0].version_weights.extend(tables_pb2.VersionWeight(version=v, weight=w) for v, w in weights)
+    return build_table(snap, region="local", applied_at=0.0)
+
+
+CANARY = [
+    # id, weights, draws u -> expected versions
+    ("no-weights-default-only", [], [0.0, 0.5, 0.99], ["v1", "v1", "v1"]),
+    ("ninety-ten", [("v1", 9.0), ("v2", 1.0)], [0.0, 0.89, 0.9, 0.99], ["v1", "v1", "v2", "v2"]),
+    ("all-canary", [("v2", 1.0)], [0.0, 0.99], ["v2", "v2"]),
+    ("weighted-version-without-replicas-drops-out", [("v1", 1.0), ("v3", 9.0)], [0.0, 0.99], ["v1", "v1"]),
+    ("zero-weights-mean-default", [("v1", 0.0), ("v2", 0.0)], [0.5], ["v1"]),
+]
+
+
+@pytest.mark.parametrize(("weights", "draws", "expect"), [c[1:] for c in CANARY], ids=[c[0] for c in CANARY])
+def test_canary_split_by_version_weights(weights, draws: list[float], expect: list[str]) -> None:
+    table = _canary(weights)
+    got = [table.candidates("m", "", u)[0] for u in draws]
+    assert got == expect
+    for version, u in zip(got, draws, strict=True):
+        assert {r.version for r in table.candidates("m", "", u)[1]} == {version}
+
+
+def test_named_version_ignores_the_split() -> None:
+    table = _canary([("v2", 1.0)])
+    assert table.candidates("m", "v1", 0.5)[0] == "v1"
+
+
+def test_ring_is_reused_while_membership_holds_and_rebuilt_when_it_changes() -> None:
+    first = build_table(snapshot(1, [route("r1", "h:1"), route("r2", "h:2")]), region="local", applied_at=0.0)
+    same = build_table(snapshot(2, [route("r1", "h:1", running=3), route("r2", "h:2")]), region="local",
+                       applied_at=1.0, previous=first)
+    grown = build_table(snapshot(3, [route("r1", "h:1"), route("r2", "h:2"), route("r3", "h:3")]), region="local",
+                        applied_at=2.0, previous=same)
+    ring = first.candidates("m", "")[1].ring
+    assert same.candidates("m", "")[1].ring is ring
+    assert grown.candidates("m", "")[1].ring is not ring and len(grown.candidates("m", "")[1].ring) == 3
+
+
+def test_loads_are_smoothed_across_tables() -> None:
+    params = TableParams(smoothing_seconds=10.0)
+    first = build_table(snapshot(1, [route("r1", "h:1", running=0)]), region="local", applied_at=0.0, params=params)
+    later = build_table(snapshot(2, [route("r1", "h:1", running=10)]), region="local", applied_at=10.0,
+                        params=params, previous=first)
+    fresh = build_table(snapshot(2, [route("r1", "h:1", running=10)]), region="local", applied_at=10.0,
+                        params=params)
+    assert later.candidates("m", "")[1][0].smoothed == pytest.approx(10 * (1 - math.exp(-1)))
+    assert fresh.candidates("m", "")[1][0].smoothed == 10
+
+
+def test_ring_parameters_come_from_the_snapshot_else_the_proxy() -> None:
+    snap = snapshot(1, [route("r1", "h:1")])
+    assert build_table(snap, region="local", applied_at=0.0, params=TableParams(load_factor=1.5)).load_factor == 1.5
+    snap.ring.load_factor, snap.ring.vnodes = 2.0, 16
+    table = build_table(snap, region="local", applied_at=0.0, params=TableParams(load_factor=1.5))
+    assert (table.load_factor, table.vnodes) == (2.0, 16)

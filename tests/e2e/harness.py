@@ -13,11 +13,12 @@ from typing import Any
 
 import grpc
 
+from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, stop_all
 from ferry.cli.tomlw import dumps
 from ferry.cli.up import wait_routable
 from ferry.config import hash_api_key
-from ferry.v1 import admin_pb2, admin_pb2_grpc, inference_pb2_grpc
+from ferry.v1 import admin_pb2, inference_pb2_grpc
 
 # Fast engine so tests stay short: ~2 ms decode steps, cheap prefill.
 FAST_REPLICA = {"decode_base_seconds": 0.002, "decode_seconds_per_request": 0.0001,
@@ -35,6 +36,9 @@ class Fleet:
         self.node_args = node_args or {}
         self.expect = expect
         self.keys = {"ent": "fk_" + secrets.token_hex(8), "free": "fk_" + secrets.token_hex(8)}
+        self.admin_token = "fat_" + secrets.token_hex(8)
+        self.token_path = workdir / "admin-token"
+        self.token_path.write_text(self.admin_token)
         base: dict[str, Any] = {
             "tenants": [
                 {"name": "ent", "api_key_sha256": hash_api_key(self.keys["ent"]), "plan": "enterprise"},
@@ -57,12 +61,13 @@ class Fleet:
         self.cp_address = ""
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, [*argv, "--config", str(self.config_path)], self.workdir).start()
+        child = Child(name, [*argv, "--config", str(self.config_path), "--insecure"], self.workdir).start()
         self.children.append(child)
         return child
 
     def start(self) -> Fleet:
-        self.control_plane = self._spawn("controlplane", ["controlplane", "--listen", "127.0.0.1:0"])
+        self.control_plane = self._spawn("controlplane", ["controlplane", "--listen", "127.0.0.1:0",
+                                                          "--admin-token-file", str(self.token_path)])
         self.cp_address = self.control_plane.wait_ready()["grpc"]
         for i in range(self.proxy_count):
             self.proxies.append(self._spawn(f"proxy-{i + 1}", ["proxy", "--control-plane", self.cp_address,
@@ -84,7 +89,8 @@ class Fleet:
 
     def wait_routable(self, expected: set[str], timeout: float = 30.0) -> None:
         for proxy in self.proxies:
-            wait_routable(self.cp_address, expected, proxy.ready["proxy_id"], timeout, [])
+            wait_routable(self.cp_address, expected, proxy.ready["proxy_id"], timeout, [],
+                          admin_token=self.admin_token)
 
     @property
     def data_plane(self) -> str:
@@ -95,7 +101,7 @@ class Fleet:
 
     def admin(self) -> tuple[grpc.Channel, Any]:
         channel = grpc.insecure_channel(self.cp_address)
-        return channel, admin_pb2_grpc.AdminStub(channel)
+        return channel, AdminClient(channel, self.admin_token)
 
     def replicas(self) -> dict[str, Any]:
         channel, admin = self.admin()
@@ -105,7 +111,8 @@ class Fleet:
     def restart_control_plane(self) -> None:
         """Start a new control plane on the port of the old one (which must be dead)."""
         assert self.control_plane is not None and not self.control_plane.alive()
-        self.control_plane = self._spawn("controlplane", ["controlplane", "--listen", self.cp_address])
+        self.control_plane = self._spawn("controlplane", ["controlplane", "--listen", self.cp_address,
+                                                          "--admin-token-file", str(self.token_path)])
         self.control_plane.wait_ready()
 
     def stop(self) -> None:

@@ -142,19 +142,20 @@ def test_ferry_call_cli(fleet: Fleet) -> None:
 
 
 def test_ferryctl_replicas_and_table(fleet: Fleet) -> None:
-    listing = run_ctl("--control-plane", fleet.cp_address, "replicas", "--json")
+    cp = ("--control-plane", fleet.cp_address, "--admin-token", fleet.admin_token)
+    listing = run_ctl(*cp, "replicas", "--json")
     assert listing.returncode == 0, listing.stderr
     rows = json.loads(listing.stdout)
     assert {r["id"] for r in rows} == fleet.replica_ids()
     assert all(r["model"] == "chat" and r["state"] == "ready" for r in rows)
-    human = run_ctl("replicas", "--control-plane", fleet.cp_address)
+    human = run_ctl("replicas", *cp)
     assert human.returncode == 0 and "node-a-r0" in human.stdout and "STATE" in human.stdout
-    table = run_ctl("--control-plane", fleet.cp_address, "--json", "table")
+    table = run_ctl(*cp, "--json", "table")
     data = json.loads(table.stdout)
     version = data["regions"][0]["version"]
     assert data["proxies"][0]["applied_version"] == version
-    assert run_ctl("--control-plane", fleet.cp_address, "table").returncode == 0
-    missing = run_ctl("--control-plane", fleet.cp_address, "drain", "no-such-replica")
+    assert run_ctl(*cp, "table").returncode == 0
+    missing = run_ctl(*cp, "drain", "no-such-replica")
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
 
 

@@ -19,12 +19,13 @@ from typing import Any
 
 import grpc
 
+from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, stop_all
 from ferry.cli.tomlw import dumps
 from ferry.cli.up import wait_routable
 from ferry.config import hash_api_key
 from ferry.etcd import LocalEtcd
-from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2, inference_pb2, inference_pb2_grpc
+from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
 from tests.e2e.harness import FAST_REPLICA, wait_for
 
 TTL = 2.0  # leader_lease_seconds and grace_seconds of these fleets
@@ -40,6 +41,9 @@ class EtcdFleet:
         self.etcd = etcd
         self.nodes_spec = nodes
         self.key = "fk_" + secrets.token_hex(8)
+        self.admin_token = "fat_" + secrets.token_hex(8)
+        self.token_path = workdir / "admin-token"
+        self.token_path.write_text(self.admin_token)
         config = {
             "tenants": [{"name": "ent", "api_key_sha256": hash_api_key(self.key), "plan": "enterprise"}],
             "models": [{"name": "chat", "min_gpus": 1}],
@@ -57,13 +61,13 @@ class EtcdFleet:
         self.nodes: dict[str, Child] = {}
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
-        child = Child(name, [*argv, "--config", str(self.config_path)], self.workdir).start()
+        child = Child(name, [*argv, "--config", str(self.config_path), "--insecure"], self.workdir).start()
         self.children.append(child)
         return child
 
     def _cp_argv(self, i: int, listen: str = "127.0.0.1:0") -> list[str]:
         return ["controlplane", "--listen", listen, "--store", f"etcd://{self.etcd.endpoint}",
-                "--id", f"controlplane-{i + 1}"]
+                "--id", f"controlplane-{i + 1}", "--admin-token-file", str(self.token_path)]
 
     def rotated(self, i: int) -> str:
         n = len(self.addresses)
@@ -82,7 +86,8 @@ class EtcdFleet:
         for child in self.children:
             child.wait_ready()
         for i, proxy in enumerate(self.proxies):  # each proxy is synced on the control plane it watches from
-            wait_routable(self.addresses[i % self.count], self.replica_ids(), proxy.ready["proxy_id"], 30, [])
+            wait_routable(self.addresses[i % self.count], self.replica_ids(), proxy.ready["proxy_id"], 30, [],
+                          admin_token=self.admin_token)
         return self
 
     def replica_ids(self) -> set[str]:
@@ -90,7 +95,7 @@ class EtcdFleet:
 
     def admin(self, i: int) -> tuple[grpc.Channel, Any]:
         channel = grpc.insecure_channel(self.addresses[i])
-        return channel, admin_pb2_grpc.AdminStub(channel)
+        return channel, AdminClient(channel, self.admin_token)
 
     def status(self, i: int, timeout: float = 2.0) -> admin_pb2.GetStatusResponse:
         channel, admin = self.admin(i)

@@ -47,8 +47,9 @@ def triton_fleet(tmp_path: Path, triton_factory: Callable[[], TritonProcess]) ->
         fleet.stop()
 
 
-def req(model: str, tokens: int = 6) -> inference_pb2.InferRequest:
-    return inference_pb2.InferRequest(model=model, prompt="tell me about ferries", max_tokens=tokens,
+def req(model: str, tokens: int = 6, n: int = 0) -> inference_pb2.InferRequest:
+    # Distinct prompts: identical ones share a prefix, and prefix affinity rightly keeps them on one replica.
+    return inference_pb2.InferRequest(model=model, prompt=f"question {n}: tell me about ferries", max_tokens=tokens,
                                       tier=common_pb2.TIER_INTERACTIVE)
 
 
@@ -57,7 +58,7 @@ def test_routes_unary_and_streams_to_real_triton_then_survives_drain_and_kill(tr
     key = (("x-api-key", fleet.keys["ent"]),)
     with grpc.insecure_channel(fleet.data_plane) as ch:
         stub = fleet.inference(ch)
-        unary = [stub.Infer(req("llm-unary"), metadata=key, timeout=20) for _ in range(8)]
+        unary = [stub.Infer(req("llm-unary", n=n), metadata=key, timeout=20) for n in range(16)]
         assert all(len(r.text.split()) == 6 for r in unary)
         assert {r.replica_id for r in unary} == {"t1-llm-unary-1", "t2-llm-unary-1"}, "both servers take work"
         chunks = list(stub.InferStream(req("llm", 5), metadata=key, timeout=20))
@@ -67,7 +68,8 @@ def test_routes_unary_and_streams_to_real_triton_then_survives_drain_and_kill(tr
         # Telemetry from real Triton is visible to operators.
         listing = subprocess.run([sys.executable, "-c", "import sys; from ferry.cli.ctl import main; "
                                   "sys.exit(main(sys.argv[1:]))", "--control-plane", fleet.cp_address,
-                                  "replicas", "--json"], capture_output=True, text=True, timeout=30)
+                                  "--admin-token", fleet.admin_token, "replicas", "--json"],
+                                 capture_output=True, text=True, timeout=30)
         rows = {r["id"]: r for r in json.loads(listing.stdout)}
         assert set(rows) == ids("t1") | ids("t2") and all(r["state"] == "ready" for r in rows.values())
         assert all(r["telemetry_age_s"] < 3 for r in rows.values())
@@ -76,7 +78,7 @@ def test_routes_unary_and_streams_to_real_triton_then_survives_drain_and_kill(tr
         channel, admin = fleet.admin()
         with channel:
             admin.Drain(admin_pb2.DrainRequest(replica_id="t1-llm-unary-1"), timeout=5)
-        assert {stub.Infer(req("llm-unary"), metadata=key, timeout=20).replica_id for _ in range(6)} == {
+        assert {stub.Infer(req("llm-unary", n=n), metadata=key, timeout=20).replica_id for n in range(6)} == {
             "t2-llm-unary-1"}
         wait_for(lambda: fleet.replicas()["t1-llm-unary-1"].state == common_pb2.REPLICA_STATE_DRAINED, 15,
                  "the drained Triton replica to report drained")
@@ -93,7 +95,7 @@ def test_routes_unary_and_streams_to_real_triton_then_survives_drain_and_kill(tr
         def worker() -> None:
             while time.monotonic() < stop_at:
                 try:
-                    r = stub.Infer(req("llm-unary", 3), metadata=key, timeout=20)
+                    r = stub.Infer(req("llm-unary", 3, n=int(time.monotonic() * 1000)), metadata=key, timeout=20)
                     with lock:
                         outcomes["OK " + r.replica_id] += 1
                 except grpc.RpcError as exc:

@@ -1,0 +1,205 @@
+"""Admission at the proxy: the asyncio edge around the pure tier queues of :mod:`dataplane.queues`.
+
+:class:`Admission` keeps one :class:`dataplane.queues.TierQueues` per model,
+sized from each applied table (capacity = the sum of the routable replicas'
+concurrency targets x ``capacity_share``, the share of the fleet this proxy
+dispatches; default 1.0 for one proxy), with the reserved shares of the
+table's ``tier_quotas`` (set by the control plane; the proxy's
+``tier_reserved`` setting until a table carries them). Per request:
+
+1. :meth:`Admission.acquire` offers the ticket (a refusal raises
+   :class:`dataplane.queues.Shed`: RESOURCE_EXHAUSTED with ``retry-after``),
+   then waits until :meth:`TierQueues.dispatch` starts it, at most the
+   tier's queue timeout and never past the request's deadline less 50 ms
+   (then it is refused with reason ``timeout`` and a retry-after: no request
+   waits past its deadline without an answer);
+2. :meth:`Admission.preemptible` runs the forward of a unary batch or
+   standard request as a task that a preemption cancels (the replica call is cancelled); the
+   ticket goes back to the head of its queue and the caller waits again
+   (:class:`Preempted`), so the request is neither lost nor answered twice;
+3. :meth:`Admission.release` ends it and dispatches what now fits.
+
+A model whose table lists no concurrency (capacity 0) bypasses the queues,
+so the pick answers for it as before. Metrics (:class:`TierMetrics`):
+``ferry_proxy_queue_depth{model,tier}``, ``ferry_proxy_queue_wait_seconds``,
+``ferry_proxy_admitted_total``, ``ferry_proxy_shed_total{model,tier,reason}``,
+``ferry_proxy_preempted_total{model,reason}``, ``ferry_proxy_tier_quota`` and
+``ferry_proxy_tier_lent`` (slots, per model and tier).
+
+Cost: O(1) per request besides the queue operations; one extra task per batch forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.shedding import EVICTED, TIMEOUT
+from dataplane.table import Table
+from ferry.config import TIERS
+from ferry.errors import FerryError
+from ferry.metrics import LATENCY_BUCKETS, name
+
+R = TypeVar("R")
+ANSWER_MARGIN = 0.05  # seconds before the deadline a waiting request is refused, so the answer arrives in time
+
+
+class Preempted(FerryError):
+    """A batch request was preempted and requeued; the caller waits for dispatch again."""
+
+
+class TierMetrics:
+    """The admission metrics; see the module docstring."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.depth = Gauge(name("proxy_queue_depth"), "Requests waiting at the proxy.", ["model", "tier"],
+                           registry=registry)
+        self.wait = Histogram(name("proxy_queue_wait_seconds"), "Time from arrival to dispatch.", ["model", "tier"],
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.admitted = Counter(name("proxy_admitted_total"), "Requests dispatched from the tier queues.",
+                                ["model", "tier"], registry=registry)
+        self.shed = Counter(name("proxy_shed_total"), "Requests refused or evicted at admission, by reason.",
+                            ["model", "tier", "reason"], registry=registry)
+        self.preempted = Counter(name("proxy_preempted_total"), "Batch requests preempted and requeued.",
+                                 ["model", "reason"], registry=registry)
+        self.quota = Gauge(name("proxy_tier_quota"), "Slots a tier may run now.", ["model", "tier"],
+                           registry=registry)
+        self.lent = Gauge(name("proxy_tier_lent"), "Reserved slots of a tier lent to others.", ["model", "tier"],
+                          registry=registry)
+
+
+class Admission:
+    """Tier queues of every model of one proxy; see the module docstring."""
+
+    def __init__(self, params: QueueParams, *, clock: Callable[[], float], registry: CollectorRegistry,
+                 capacity_share: float = 1.0) -> None:
+        self.params = params
+        self._clock = clock
+        self.capacity_share = capacity_share
+        self.metrics = TierMetrics(registry)
+        self.models: dict[str, TierQueues] = {}
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        self._preempt: dict[Ticket, asyncio.Event] = {}
+        self._started: dict[Ticket, float] = {}
+
+    def apply(self, table: Table) -> None:
+        """Size each model's queues from ``table``'s routable replicas; take its reserved shares when it has them."""
+        if table.tier_quotas:
+            reserved = {q.tier: q.reserved_share for q in table.tier_quotas}
+            self.params = dataclasses.replace(self.params, reserved={t: reserved.get(t, 0.0) for t in TIERS})
+            for held in self.models.values():
+                held.reserved = dict(self.params.reserved)
+        for model, entry in table.models.items():
+            replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool}
+            capacity = int(sum(replicas.values()) * self.capacity_share)
+            queues = self.models.get(model)
+            if queues is None:
+                queues = self.models[model] = TierQueues(self.params, capacity)
+            queues.capacity = capacity
+            self._pump(model)
+
+    def active(self, model: str) -> bool:
+        """Whether requests of ``model`` go through the queues (its capacity is known)."""
+        queues = self.models.get(model)
+        return queues is not None and queues.capacity > 0
+
+    async def acquire(self, model: str, ticket: Ticket) -> None:
+        """Wait until ``ticket`` is dispatched; raises Shed when refused, evicted or timed out."""
+        queues = self.models[model]
+        now = self._clock()
+        if ticket.state == "new":
+            try:
+                evicted = queues.offer(ticket, now)
+            except Shed as shed:
+                self.metrics.shed.labels(model, ticket.tier, shed.reason).inc()
+                raise
+            for victim in evicted:
+                self.metrics.shed.labels(model, victim.tier, EVICTED).inc()
+                waiter = self._waiters.get(victim)
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(Shed(victim.tier, EVICTED, queues.retry_after(victim.tier, now)))
+            self._started[ticket] = now
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = future
+        self._pump(model)
+        try:
+            if ticket.state != "running":
+                timeout = min(self.params.timeouts[ticket.tier], ticket.deadline - now - ANSWER_MARGIN)
+                await asyncio.wait((future,), timeout=max(timeout, 0.0))
+            if ticket.state != "running":
+                if future.done() and future.exception() is not None:
+                    raise future.exception()  # type: ignore[misc]
+                queues.cancel(ticket)
+                self.metrics.shed.labels(model, ticket.tier, TIMEOUT).inc()
+                raise Shed(ticket.tier, TIMEOUT, queues.retry_after(ticket.tier, self._clock()))
+        except asyncio.CancelledError:
+            queues.cancel(ticket)
+            raise
+        finally:
+            self._waiters.pop(ticket, None)
+            self._gauges(model)
+
+    async def preemptible(self, model: str, ticket: Ticket, call: Callable[[], Awaitable[R]]) -> R:
+        """Run ``call()``; a lower-tier unary ticket may be preempted: cancelled, requeued, :class:`Preempted`."""
+        if ticket.tier == TIERS[0] or not ticket.preemptible:
+            return await call()
+        event = self._preempt[ticket] = asyncio.Event()
+        task = asyncio.ensure_future(call())
+        signal = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait((task, signal), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            signal.cancel()
+            self._preempt.pop(ticket, None)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, FerryError):
+            await task
+        self.models[model].requeue(ticket, self._clock())
+        self.metrics.preempted.labels(model, "reclaim").inc()
+        raise Preempted(f"{ticket.tier} request preempted on model {model!r}; requeued")
+
+    def release(self, model: str, ticket: Ticket) -> None:
+        """``ticket`` ended (answered, failed or cancelled): free its slot and dispatch."""
+        queues = self.models.get(model)
+        if queues is None:
+            return
+        queues.cancel(ticket)
+        queues.finish(ticket)
+        self._started.pop(ticket, None)
+        self._pump(model)
+
+    def _pump(self, model: str) -> None:
+        queues = self.models[model]
+        now = self._clock()
+        for ticket in queues.dispatch(now):
+            self.metrics.admitted.labels(model, ticket.tier).inc()
+            self.metrics.wait.labels(model, ticket.tier).observe(now - self._started.get(ticket, now))
+            waiter = self._waiters.get(ticket)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        for ticket in queues.preemptions():
+            event = self._preempt.get(ticket)
+            if event is not None:
+                event.set()
+            else:
+                ticket.state = "running"  # not preemptible (not yet forwarding): let it run
+        self._gauges(model)
+
+    def _gauges(self, model: str) -> None:
+        queues = self.models[model]
+        quotas = queues.quotas()
+        for tier in TIERS:
+            self.metrics.depth.labels(model, tier).set(queues.depth(tier))
+            self.metrics.quota.labels(model, tier).set(quotas.quota[tier])
+            self.metrics.lent.labels(model, tier).set(quotas.lent[tier])

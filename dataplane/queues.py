@@ -1,0 +1,254 @@
+"""Where requests wait at the proxy: bounded per-tier queues of one model, dispatch and preemption.
+
+:class:`TierQueues` (one per model) holds, per tier, a
+:class:`dataplane.fairshare.DeficitRoundRobin` of tenants and counts what
+runs. Pure: ``now`` is passed in; futures, tasks and metrics are the
+caller's (:mod:`dataplane.admission`).
+
+- :meth:`TierQueues.offer` queues a :class:`Ticket` or refuses it with
+  :class:`Shed` (an :class:`ferry.errors.Overloaded` with the retry-after
+  from the tier's drain rate; :func:`dataplane.shedding.shed_reason`). When
+  the model's total bound ``max_queued`` is reached, a waiting request of a
+  lower tier (free plan first, newest first) is evicted to make room, else
+  the newcomer is refused. When a tier's own bound is reached, the newest
+  request of the tenant with the most waiting gives way (when that tenant has
+  more waiting than the newcomer's, on no better a plan): one tenant's
+  backlog cannot push the others out. The expected wait behind the shedding
+  counts the newcomer's tenant's backlog over its weighted share of the
+  dispatches (its place under the fair share), not the whole queue.
+- :meth:`TierQueues.dispatch` starts waiting requests while the model has
+  headroom (running < ``capacity``, the replicas' concurrency targets),
+  interactive first, then standard, then batch, each tier up to its
+  allowance under :func:`ferry.quotas.compute_quotas` from the demand seen
+  here (running + waiting per tier) and the reserved shares.
+- :meth:`TierQueues.preemptions` names the requests to preempt: batch, then
+  standard, above their allowance while a higher tier waits with no headroom
+  and room in its own allowance, newest first (least work lost). The caller cancels them on the replica and
+  :meth:`TierQueues.requeue` puts them back at the head of their queue.
+
+Parameters (:class:`QueueParams`): per-tier bounds (interactive 256,
+standard 512, batch 4,096), per-tier queue timeouts (2 s, 10 s, 60 s),
+``max_queued`` 8,192 per model, ``free_share`` 0.5, DRR quantum 512 tokens
+times the plan's weight (free 1, paid 4, enterprise 8).
+
+Cost: O(1) amortised per offer, dispatch and finish; eviction scans at most
+64 waiting entries; preemption O(running batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections import deque
+from collections.abc import Mapping
+
+from dataplane.fairshare import DeficitRoundRobin
+from dataplane.shedding import PLAN_RANK, QUEUE_FULL, DrainRate, retry_after, shed_reason, victim_order
+from ferry.config import TIERS
+from ferry.errors import Overloaded
+from ferry.quotas import DEFAULT_RESERVED, Quotas, allowance, compute_quotas
+
+_ids = itertools.count()
+PLAN_WEIGHT = {"free": 1.0, "paid": 4.0, "enterprise": 8.0}  # DRR weights of the plans inside a tier
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueParams:
+    """Bounds and timeouts of the tier queues; see the module docstring for the defaults."""
+
+    bounds: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {"interactive": 256, "standard": 512, "batch": 4096})
+    timeouts: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: {"interactive": 2.0, "standard": 10.0, "batch": 60.0})
+    max_queued: int = 8192
+    free_share: float = 0.5
+    quantum: int = 512
+    reserved: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_RESERVED))
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class Ticket:
+    """One request's place in the queues (hashed by identity)."""
+
+    tenant: str
+    plan: str
+    tier: str
+    cost: int
+    deadline: float
+    enqueued_at: float = 0.0
+    state: str = "new"  # new | queued | running | done
+    preempted: int = 0
+    preemptible: bool = True  # a unary call may be cancelled and requeued; a stream may not
+    seq: int = dataclasses.field(default_factory=lambda: next(_ids))
+
+    def __hash__(self) -> int:
+        return self.seq
+
+
+class Shed(Overloaded):
+    """A request refused (or evicted) at admission; ``reason`` is the metric label."""
+
+    def __init__(self, tier: str, reason: str, retry_after: float) -> None:
+        super().__init__(f"{tier} queue: {reason.replace('_', ' ')}", retry_after)
+        self.tier = tier
+        self.reason = reason
+
+
+class TierQueues:
+    """The waiting and running requests of one model at one proxy; see the module docstring."""
+
+    def __init__(self, params: QueueParams, capacity: int = 0) -> None:
+        self.params = params
+        self.capacity = capacity
+        self.reserved = dict(params.reserved)
+        self._queues = {t: DeficitRoundRobin[Ticket](quantum=params.quantum) for t in TIERS}
+        self._order: dict[str, deque[Ticket]] = {t: deque() for t in TIERS}
+        self._running: dict[str, dict[Ticket, None]] = {t: {} for t in TIERS}
+        self.drain = {t: DrainRate() for t in TIERS}
+
+    def depth(self, tier: str) -> int:
+        """Requests of ``tier`` waiting."""
+        return len(self._queues[tier])
+
+    def running(self, tier: str) -> int:
+        """Requests of ``tier`` dispatched and not finished."""
+        return len(self._running[tier])
+
+    def queued(self) -> int:
+        """Requests waiting in all tiers."""
+        return sum(len(q) for q in self._queues.values())
+
+    def quotas(self) -> Quotas:
+        """The quotas for the demand seen now (running + waiting per tier)."""
+        demand = {t: self.running(t) + self.depth(t) for t in TIERS}
+        return compute_quotas(self.capacity, demand, self.reserved)
+
+    def retry_after(self, tier: str, now: float) -> float:
+        """Seconds until ``tier``'s queue should have room."""
+        return retry_after(self.depth(tier), self.drain[tier].rate(now), self.params.timeouts[tier])
+
+    def offer(self, ticket: Ticket, now: float) -> list[Ticket]:
+        """Queue ``ticket``; returns the tickets evicted for it; raises Shed when refused."""
+        tier, params = ticket.tier, self.params
+        queue = self._queues[tier]
+        weight = PLAN_WEIGHT.get(ticket.plan, 1.0)
+        ahead = math.ceil((queue.depth(ticket.tenant) + 1) / queue.share(ticket.tenant, weight))
+        reason = shed_reason(depth=self.depth(tier), bound=params.bounds[tier], rate=self.drain[tier].rate(now),
+                             timeout=params.timeouts[tier], remaining=ticket.deadline - now, plan=ticket.plan,
+                             free_share=params.free_share, ahead=ahead)
+        evicted: list[Ticket] = []
+        if reason == QUEUE_FULL and self.depth(tier) >= params.bounds[tier]:  # the heaviest tenant gives way
+            victim = self._heaviest(ticket)
+            if victim is not None:
+                self.cancel(victim)
+                evicted.append(victim)
+                reason = None
+        if reason is None and self.queued() >= params.max_queued:
+            victim = self._victim(ticket)
+            if victim is None:
+                reason = QUEUE_FULL
+            else:
+                self.cancel(victim)
+                evicted.append(victim)
+        if reason is not None:
+            raise Shed(tier, reason, self.retry_after(tier, now))
+        ticket.enqueued_at, ticket.state = now, "queued"
+        self._queues[tier].push(ticket.tenant, ticket, ticket.cost, PLAN_WEIGHT.get(ticket.plan, 1.0))
+        self._order[tier].append(ticket)
+        return evicted
+
+    def _heaviest(self, newcomer: Ticket) -> Ticket | None:
+        """The newest request of the tenant with the most waiting in the tier, if it has more than the newcomer's."""
+        queue = self._queues[newcomer.tier]
+        mine = queue.depth(newcomer.tenant)
+        order = self._order[newcomer.tier]
+        tenants = {t.tenant for t in itertools.islice(reversed(order), 256) if t.state == "queued"}
+        heavy = max(tenants, key=queue.depth, default=None)
+        if heavy is None or heavy == newcomer.tenant or queue.depth(heavy) <= mine + 1:
+            return None
+        victim = queue.newest(heavy)
+        if victim is None or PLAN_RANK.get(victim.plan, 1) > PLAN_RANK.get(newcomer.plan, 1):
+            return None
+        return victim
+
+    def _victim(self, newcomer: Ticket) -> Ticket | None:
+        mine = victim_order(newcomer.tier, newcomer.plan, newcomer.enqueued_at)
+        for tier in reversed(TIERS):
+            order = self._order[tier]
+            while order and order[-1].state != "queued":
+                order.pop()
+            scan = [t for t in itertools.islice(reversed(order), 64) if t.state == "queued"]
+            if scan:
+                best = min(scan, key=lambda t: victim_order(t.tier, t.plan, t.enqueued_at))
+                return best if victim_order(best.tier, best.plan, best.enqueued_at)[:2] < mine[:2] else None
+        return None
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Take a waiting ticket out (timeout, cancellation, eviction); no-op otherwise."""
+        if ticket.state == "queued":
+            self._queues[ticket.tier].remove(ticket)
+            ticket.state = "done"
+
+    def dispatch(self, now: float) -> list[Ticket]:
+        """Start what fits now, highest tier first, each tier under its allowance."""
+        started: list[Ticket] = []
+        total = sum(self.running(t) for t in TIERS)
+        quotas = self.quotas()
+        for tier in TIERS:
+            queue, running = self._queues[tier], self._running[tier]
+            limit = allowance(quotas, tier)
+            while len(queue) and total < self.capacity and len(running) < limit:
+                ticket = queue.pop()
+                if ticket is None:
+                    break
+                ticket.state = "running"
+                running[ticket] = None
+                self.drain[tier].add(now)
+                started.append(ticket)
+                total += 1
+        for order in self._order.values():
+            while order and order[0].state != "queued":
+                order.popleft()
+        return started
+
+    def preemptions(self) -> list[Ticket]:
+        """Running tickets to preempt now, batch first, then standard, newest first; counted until requeued.
+
+        Only what higher tiers can use: the requests waiting in a higher tier
+        that its allowance would let run, less the free slots and the
+        preemptions already under way; never a tier below its allowance;
+        only preemptible tickets (unary calls, not streams).
+        """
+        quotas = self.quotas()
+        limits = {t: allowance(quotas, t) for t in TIERS}
+        free = self.capacity - sum(self.running(t) for t in TIERS)
+        pending = sum(1 for tier in TIERS for t in self._running[tier] if t.state == "preempting")
+        victims: list[Ticket] = []
+        for i in range(len(TIERS) - 1, 0, -1):
+            tier = TIERS[i]
+            need = sum(max(0, min(self.depth(t), limits[t] - self.running(t))) for t in TIERS[:i])
+            need -= max(free, 0) + pending + len(victims)
+            over = self.running(tier) - limits[tier]
+            count = min(need, over)
+            if count <= 0:
+                continue
+            chosen = [t for t in reversed(self._running[tier]) if t.state == "running" and t.preemptible][:count]
+            for ticket in chosen:
+                ticket.state = "preempting"
+            victims += chosen
+        return victims
+
+    def finish(self, ticket: Ticket) -> None:
+        """A dispatched ticket ended (either way)."""
+        if ticket.state in ("running", "preempting"):
+            self._running[ticket.tier].pop(ticket, None)
+        ticket.state = "done"
+
+    def requeue(self, ticket: Ticket, now: float) -> None:
+        """A preempted ticket goes back to the head of its tier queue (never shed, never lost)."""
+        self._running[ticket.tier].pop(ticket, None)
+        ticket.state, ticket.preempted = "queued", ticket.preempted + 1
+        self._queues[ticket.tier].push_front(ticket.tenant, ticket, ticket.cost)
+        self._order[ticket.tier].appendleft(ticket)
+        ticket.enqueued_at = min(ticket.enqueued_at, now)

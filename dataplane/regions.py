@@ -1,0 +1,85 @@
+"""The other regions a proxy may spill to, as its table gives them, and the pick of a replica there.
+
+:func:`remote_view` turns a table's ``spill`` routes (the control plane's
+:mod:`controlplane.regions`) into :class:`RemoteView`: the targets in order
+(:class:`dataplane.spill.SpillTarget`: region, weight, round trip) and, per
+(region, model), the ready replicas there, serving the route's default
+version. Routes that are malformed (wrong region, empty id or address) are
+skipped: spill is an optimisation, never a reason to reject a table. The
+view is built once per table (cached on the table's identity).
+
+:func:`pick_remote`: power of two choices among a remote region's replicas
+on (queued + running + this proxy's in-flight to it) / max_concurrency; no
+prefix affinity across regions (the remote caches are not this region's).
+Pure: the random generator is an argument. Cost: O(1) per pick; the view
+O(spilled replicas) once per table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping
+
+from dataplane.pool import Replica
+from dataplane.spill import SpillTarget
+from dataplane.table import Table
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RemoteView:
+    """Spill targets in the table's order and their replicas per (region, model)."""
+
+    targets: tuple[SpillTarget, ...] = ()
+    replicas: Mapping[tuple[str, str], tuple[Replica, ...]] = dataclasses.field(default_factory=dict)
+
+    def usable(self, model: str) -> frozenset[str]:
+        """Regions with at least one replica of ``model``."""
+        return frozenset(region for (region, m), rs in self.replicas.items() if m == model and rs)
+
+
+EMPTY = RemoteView()
+_cache: dict[int, tuple[Table, RemoteView]] = {}
+
+
+def remote_view(table: Table) -> RemoteView:
+    """The table's spill routes as a :class:`RemoteView` (cached per table; see the module docstring)."""
+    if not table.spill:
+        return EMPTY
+    hit = _cache.get(id(table))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    targets: list[SpillTarget] = []
+    replicas: dict[tuple[str, str], tuple[Replica, ...]] = {}
+    for route in table.spill:
+        if not route.region or route.region == table.region or not 0 <= route.weight <= 1:
+            continue
+        targets.append(SpillTarget(route.region, route.weight, max(0.0, route.rtt_ms)))
+        for model in route.models:
+            replicas[(route.region, model.model)] = tuple(
+                Replica(replica_id=r.replica_id, address=r.address, kserve_model=r.kserve_model or model.model,
+                        version=r.version, node=r.node, max_concurrency=max(1, r.max_concurrency),
+                        queued=r.load.queued, running=r.load.running)
+                for r in model.replicas
+                if r.replica_id and r.address and r.region == route.region
+                and (not model.default_version or r.version == model.default_version))
+    view = RemoteView(tuple(targets), replicas)
+    _cache.clear()  # one table at a time is current: keep only its view
+    _cache[id(table)] = (table, view)
+    return view
+
+
+def pick_remote(replicas: tuple[Replica, ...], inflight: Mapping[str, int], rng: random.Random,
+                excluded: frozenset[str] | set[str] = frozenset()) -> Replica | None:
+    """Power of two choices on relative load among ``replicas`` not in ``excluded``; None when none is left."""
+    left = [r for r in replicas if r.replica_id not in excluded]
+    if not left:
+        return None
+    if len(left) == 1:
+        return left[0]
+    a, b = rng.sample(left, 2)
+
+    def score(r: Replica) -> float:
+        return (r.queued + r.running + inflight.get(r.replica_id, 0)) / r.max_concurrency
+
+    return a if score(a) <= score(b) else b

@@ -1,0 +1,54 @@
+"""Region spill at the proxy: the table's spill routes send a share of interactive work to another region."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dataplane.pool import Replica
+from dataplane.regions import pick_remote
+from ferry.v1 import common_pb2, tables_pb2
+from tests.dataplane.conftest import PAID, request
+from tests.dataplane.fakes import Behaviour, FakeReplica, route, snapshot
+
+STANDARD = common_pb2.TIER_STANDARD
+
+
+def _with_spill(version: int, local: list[FakeReplica], remote: FakeReplica, weight: float) -> tables_pb2.TableSnapshot:
+    snap = snapshot(version, [route(r) for r in local])
+    snap.spill.append(tables_pb2.SpillRoute(region="b", weight=weight, rtt_ms=40.0, models=[
+        tables_pb2.ModelRoute(model="m", default_version="v1", replicas=[route(remote, region="b", node="nb")])]))
+    return snap
+
+
+@pytest.mark.parametrize(("weight", "tier", "where"),
+                         [(1.0, None, "b"), (0.0, None, "local"), (1.0, STANDARD, "local")],
+                         ids=["all-spilled", "weight-zero", "standard-stays-home"])
+async def test_interactive_work_spills_by_weight_and_is_marked(rig, weight: float, tier: int | None,
+                                                               where: str) -> None:
+    r = await rig({"r1": Behaviour()})
+    remote = await FakeReplica("b1").start()
+    try:
+        r.cp.push(_with_spill(2, list(r.replicas.values()), remote, weight))
+        assert (await r.cp.next_ack()).applied
+        extra = {"tier": tier} if tier is not None else {}
+        replies = [await r.stub.Infer(request(**extra), metadata=PAID, timeout=5) for _ in range(5)]
+    finally:
+        await remote.stop()
+    assert {reply.region for reply in replies} == {where}
+    assert {reply.replica_id for reply in replies} == ({"b1"} if where == "b" else {"r1"})
+    assert r.proxy is not None
+    assert r.proxy.metrics.value("proxy_spilled_total", **{"from": "local", "to": "b"}) == (5 if where == "b" else 0)
+
+
+@pytest.mark.parametrize(("loads", "excluded", "expected"),
+                         [({"x": 0, "y": 50}, (), "x"), ({"x": 50, "y": 0}, (), "y"), ({"x": 0, "y": 0}, ("x",), "y"),
+                          ({"x": 0, "y": 0}, ("x", "y"), None)],
+                         ids=["x-idle", "y-idle", "x-excluded", "none-left"])
+def test_pick_remote_takes_the_less_loaded_of_two(loads: dict[str, int], excluded: tuple[str, ...],
+                                                  expected: str | None) -> None:
+    replicas = tuple(Replica(replica_id=rid, address="127.0.0.1:1", kserve_model="m", version="v1",
+                             max_concurrency=60, queued=q) for rid, q in loads.items())
+    got = pick_remote(replicas, {}, random.Random(1), set(excluded))
+    assert (got.replica_id if got else None) == expected

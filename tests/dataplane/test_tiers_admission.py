@@ -1,0 +1,169 @@
+"""Admission edge and idempotency: waiting, timeouts, preemption and requeue, join/replay/mismatch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dataplane.admission import Admission, Preempted
+from dataplane.idempotency import Idempotency, body_digest
+from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.table import TableRejected, build_table
+from ferry.errors import InvalidArgument
+from ferry.v1 import inference_pb2, tables_pb2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _admission(capacity: int, clock: Clock, **kw: object) -> Admission:
+    adm = Admission(QueueParams(**kw), clock=clock, registry=CollectorRegistry())  # type: ignore[arg-type]
+    adm.models["chat"] = TierQueues(adm.params, capacity)
+    return adm
+
+
+def _t(tier: str, deadline: float = 1e9, tenant: str = "a") -> Ticket:
+    return Ticket(tenant=tenant, plan="paid", tier=tier, cost=10, deadline=deadline)
+
+
+async def test_waits_for_headroom_then_runs() -> None:
+    clock = Clock()
+    adm = _admission(1, clock)
+    first, second = _t("standard"), _t("standard")
+    await adm.acquire("chat", first)
+    waiting = asyncio.ensure_future(adm.acquire("chat", second))
+    await asyncio.sleep(0)
+    assert not waiting.done() and adm.models["chat"].depth("standard") == 1
+    adm.release("chat", first)
+    await asyncio.wait_for(waiting, 1)
+    assert second.state == "running"
+
+
+@pytest.mark.parametrize(("deadline", "reason"), [(0.05, "timeout"), (1e9, "timeout")], ids=["deadline", "tier"])
+async def test_no_wait_past_deadline_or_timeout(deadline: float, reason: str) -> None:
+    clock = Clock()
+    adm = _admission(1, clock, timeouts={"interactive": 0.05, "standard": 0.05, "batch": 0.05})
+    await adm.acquire("chat", _t("interactive"))
+    with pytest.raises(Shed) as info:
+        await asyncio.wait_for(adm.acquire("chat", _t("interactive", deadline=deadline)), 2)
+    assert info.value.reason == reason and info.value.retry_after > 0
+    assert adm.models["chat"].depth("interactive") == 0
+
+
+async def test_batch_preempted_requeued_at_head_and_answered_once() -> None:
+    clock = Clock()
+    adm = _admission(2, clock, reserved={"interactive": 0.5, "standard": 0.0, "batch": 0.5})
+    calls: list[str] = []
+    gate = asyncio.Event()
+
+    async def forward(name: str) -> str:
+        calls.append(name)
+        await gate.wait()
+        return name
+
+    async def run(ticket: Ticket, name: str) -> str:
+        while True:
+            await adm.acquire("chat", ticket)
+            try:
+                return await adm.preemptible("chat", ticket, lambda: forward(name))
+            except Preempted:
+                continue
+
+    b1, b2, i1 = _t("batch"), _t("batch"), _t("interactive")
+    t1 = asyncio.ensure_future(run(b1, "b1"))
+    t2 = asyncio.ensure_future(run(b2, "b2"))
+    await asyncio.sleep(0.01)
+    assert calls == ["b1", "b2"]  # batch fills idle capacity
+    ti = asyncio.ensure_future(run(i1, "i1"))
+    await asyncio.sleep(0.01)
+    assert calls == ["b1", "b2", "i1"]  # the newest batch was preempted for interactive
+    assert b2.preempted == 1 and adm.models["chat"].depth("batch") == 1
+    gate.set()
+    assert await ti == "i1"
+    adm.release("chat", i1)
+    assert await t1 == "b1"
+    adm.release("chat", b1)
+    assert await asyncio.wait_for(t2, 1) == "b2"
+    assert calls.count("b2") == 2 and adm.metrics.preempted.labels("chat", "reclaim")._value.get() == 1
+
+
+def _req(prompt: str, key: str = "k1") -> inference_pb2.InferRequest:
+    return inference_pb2.InferRequest(model="chat", prompt=prompt, max_tokens=4, idempotency_key=key)
+
+
+async def test_idempotency_join_replay_mismatch_and_tenants() -> None:
+    clock = Clock()
+    idem: Idempotency[str] = Idempotency(clock=clock, max_entries=2, ttl=10.0)
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    async def call() -> str:
+        runs.append("x")
+        await gate.wait()
+        return f"answer{len(runs)}"
+
+    digest = body_digest(_req("hi"))
+    assert digest == body_digest(_req("hi", key="other"))  # the key is not part of the body
+    first = asyncio.ensure_future(idem.run("t1", "k1", digest, call))
+    joined = asyncio.ensure_future(idem.run("t1", "k1", digest, call))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == await joined == "answer1" and len(runs) == 1 and idem.joined == 1
+    assert await idem.run("t1", "k1", digest, call) == "answer1" and idem.replayed == 1
+    with pytest.raises(InvalidArgument) as info:
+        await idem.run("t1", "k1", body_digest(_req("other body")), call)
+    assert info.value.field == "idempotency_key"
+    assert await idem.run("t2", "k1", digest, call) == "answer2"  # another tenant: its own entry
+    clock.now = 11.0
+    assert await idem.run("t1", "k1", digest, call) == "answer3"  # expired: runs again
+    assert len(idem) <= 2
+
+
+async def test_idempotency_error_not_kept() -> None:
+    idem: Idempotency[str] = Idempotency(clock=Clock())
+
+    async def fail() -> str:
+        raise InvalidArgument("prompt", "bad")
+
+    async def ok() -> str:
+        return "fine"
+
+    with pytest.raises(InvalidArgument):
+        await idem.run("t", "k", b"d", fail)
+    assert await idem.run("t", "k", b"d", ok) == "fine"
+
+
+def _snapshot(quotas: list[tuple[str, float]]) -> tables_pb2.TableSnapshot:
+    replicas = [tables_pb2.ReplicaRoute(replica_id=f"r{i}", node="n", region="local", version="v1",
+                                        address=f"127.0.0.1:{9000 + i}", max_concurrency=10) for i in range(2)]
+    return tables_pb2.TableSnapshot(version=1, region="local", models=[
+        tables_pb2.ModelRoute(model="chat", default_version="v1", replicas=replicas)],
+        tier_quotas=[tables_pb2.TierQuota(tier=t, reserved_share=s) for t, s in quotas])
+
+
+@pytest.mark.parametrize(("quotas", "error"), [
+    ([("interactive", 0.6), ("standard", 0.3), ("batch", 0.1)], None),
+    ([], None),
+    ([("gold", 0.5)], "unknown or repeated tier"),
+    ([("batch", 0.1), ("batch", 0.2)], "unknown or repeated tier"),
+    ([("batch", 1.5)], "reserved_share"),
+    ([("batch", float("nan"))], "reserved_share"),
+], ids=["valid", "absent", "unknown-tier", "repeated", "over-one", "nan"])
+def test_table_tier_quotas_are_validated_and_applied(quotas: list[tuple[str, float]], error: str | None) -> None:
+    if error is not None:
+        with pytest.raises(TableRejected, match=error):
+            build_table(_snapshot(quotas), region="local", applied_at=0.0)
+        return
+    table = build_table(_snapshot(quotas), region="local", applied_at=0.0)
+    adm = Admission(QueueParams(), clock=Clock(), registry=CollectorRegistry())
+    adm.apply(table)
+    assert adm.models["chat"].capacity == 20
+    expect = dict(quotas) if quotas else dict(QueueParams().reserved)
+    assert adm.models["chat"].reserved == expect

@@ -1,0 +1,22 @@
+"""The regions simulator: A at 150 % spills to B (40 ms) within the budget, nothing to C (200 ms)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tools.bench_regions import REGIONS, RTT_MS
+from tools.sim.regions import RegionsConfig, simulate
+
+CONFIG = RegionsConfig(regions=REGIONS, rtt_ms=RTT_MS, duration_seconds=25.0, warmup_seconds=5.0)
+
+
+def test_a_saturated_region_meets_its_budget_by_spilling_to_the_near_neighbour() -> None:
+    result = simulate(CONFIG)
+    assert 0.3 < result.spill_share["a->b"] < 0.5
+    assert "a->c" not in result.spill_share
+    assert result.p99_ms["a"] < 500 and result.p99_ms["b"] < 500
+
+
+def test_without_spill_the_saturated_region_misses_its_budget() -> None:
+    result = simulate(dataclasses.replace(CONFIG, spill=False))
+    assert result.p99_ms["a"] > 1000 and not result.spill_share

@@ -1,0 +1,157 @@
+"""The regions scenario with real processes: ``python -m tools.bench_regions --mode real``.
+
+Starts one control plane (with ``region_rtt_ms``), a proxy per region
+(``simulate_region_rtt``: a spilled forward waits the configured round trip)
+and one node per replica (``--region``), on loopback ports 0, in a temporary
+folder; waits until every proxy routes to its region's replicas; then sends
+open-loop Poisson interactive requests to each region's proxy at
+``load x capacity`` for ``seconds`` (default 25 s, the first 40 % not
+measured: the spill weights converge meanwhile), and stops every process it started, by PID.
+
+Small replicas so that a 2-core machine can saturate a region: 2 batch
+slots, 8-token answers, 20 ms decode steps. A replica's capacity comes from
+:func:`tools.sim.regions.replica_capacity` on the same engine parameters (the
+real replica runs that engine in real time). Region sizes: A 2 replicas,
+B 4, C 2 (the shape of the simulated run, halved).
+
+Latency is measured at the client: arrival at its region's proxy to the
+answer, including the simulated round trip of a spilled request. The spill
+share is the share of a region's answers whose ``region`` is another one.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.engine import EngineParams
+from ferry.cli.procs import Child, stop_all
+from ferry.cli.tomlw import dumps
+from ferry.cli.up import wait_routable
+from ferry.config import hash_api_key
+from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from tools.sim.regions import replica_capacity
+
+REPLICA = {"max_running": 2, "decode_base_seconds": 0.02, "decode_seconds_per_request": 0.0,
+           "prefill_base_seconds": 0.002, "prefill_seconds_per_token": 1e-5}
+MAX_TOKENS = 8
+SIZES = {"a": (2, 1.5), "b": (4, 0.5), "c": (2, 0.2)}  # region -> (replicas, load)
+WARMUP_SHARE = 0.4  # the first 40 % of the load is not measured: the weights converge meanwhile
+
+
+def _start(workdir: Path, rtt_ms: Mapping[str, float], key: str) -> tuple[list[Child], dict[str, str]]:
+    config = {"tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key), "plan": "enterprise"}],
+              "models": [{"name": "chat", "min_gpus": 1}],
+              "controlplane": {"region_rtt_ms": dict(rtt_ms), "grace_seconds": 3.0},
+              "proxy": {"simulate_region_rtt": True}, "replica": REPLICA}
+    path = workdir / "ferry.toml"
+    path.write_text(dumps(config))
+    token = "fat_" + secrets.token_hex(8)
+    (workdir / "admin-token").write_text(token)
+    children: list[Child] = []
+
+    def spawn(name: str, argv: list[str]) -> Child:
+        child = Child(name, [*argv, "--config", str(path), "--insecure"], workdir).start()
+        children.append(child)
+        return child
+
+    cp = spawn("controlplane", ["controlplane", "--listen", "127.0.0.1:0",
+                                "--admin-token-file", str(workdir / "admin-token")])
+    address = cp.wait_ready()["grpc"]
+    proxies = {r: spawn(f"proxy-{r}", ["proxy", "--control-plane", address, "--region", r, "--id", f"proxy-{r}"])
+               for r in SIZES}
+    expected: dict[str, set[str]] = {r: set() for r in SIZES}
+    for region, (replicas, _) in SIZES.items():
+        for i in range(replicas):
+            name = f"{region}-node{i}"
+            spawn(name, ["node", "--node", name, "--region", region, "--control-plane", address, "--replica", "chat"])
+            expected[region].add(f"{name}-r0")
+    for child in children:
+        child.wait_ready()
+    for region, child in proxies.items():
+        wait_routable(address, expected[region], child.ready["proxy_id"], 60.0, children, admin_token=token)
+    return children, {r: str(c.ready["grpc"]) for r, c in proxies.items()}
+
+
+def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) -> dict[str, Any]:
+    rng = random.Random(1)
+    lock = threading.Lock()
+    latencies: dict[str, list[float]] = {r: [] for r in SIZES}
+    served: dict[str, dict[str, int]] = {r: {} for r in SIZES}
+    failed: dict[str, int] = {}
+    measure_from = time.monotonic() + seconds * WARMUP_SHARE
+    channels = {r: grpc.insecure_channel(a) for r, a in addresses.items()}
+    stubs = {r: inference_pb2_grpc.InferenceStub(c) for r, c in channels.items()}
+    request = inference_pb2.InferRequest(model="chat", prompt="a b c d", max_tokens=MAX_TOKENS,
+                                         tier=common_pb2.TIER_INTERACTIVE)
+    pending: list[Any] = []
+
+    def done(region: str, started: float, future: Any) -> None:
+        elapsed = time.monotonic() - started
+        if started < measure_from:
+            return
+        with lock:
+            try:
+                reply = future.result()
+            except grpc.RpcError as exc:
+                failed[f"{region}:{exc.code().name}"] = failed.get(f"{region}:{exc.code().name}", 0) + 1
+                return
+            latencies[region].append(elapsed * 1000.0)
+            served[region][reply.region] = served[region].get(reply.region, 0) + 1
+
+    rates = {r: load * replicas * capacity for r, (replicas, load) in SIZES.items()}
+    total = sum(rates.values())
+    end = time.monotonic() + seconds
+    next_at = time.monotonic()
+    while next_at < end:
+        next_at += rng.expovariate(total)
+        time.sleep(max(0.0, next_at - time.monotonic()))  # open-loop arrivals: pacing, not a readiness wait
+        region = rng.choices(list(rates), weights=list(rates.values()))[0]
+        started = time.monotonic()
+        future = stubs[region].Infer.future(request, metadata=(("x-api-key", key),), timeout=10)
+        future.add_done_callback(lambda f, r=region, s=started: done(r, s, f))
+        pending.append(future)
+    for future in pending:
+        try:
+            future.result()
+        except grpc.RpcError:
+            pass
+    for channel in channels.values():
+        channel.close()
+    return {"latencies": latencies, "served": served, "failed": failed, "rates": rates}
+
+
+def _p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+
+def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -> dict[str, Any]:
+    """Run the scenario with real processes; returns the figures (see the module docstring)."""
+    capacity = replica_capacity(EngineParams(**REPLICA), 4, MAX_TOKENS)  # type: ignore[arg-type]
+    key = "fk_" + secrets.token_hex(8)
+    with tempfile.TemporaryDirectory(prefix="ferry-regions-") as tmp:
+        children, addresses = _start(Path(tmp), rtt_ms, key)
+        try:
+            result = _load(addresses, key, capacity, seconds)
+        finally:
+            stop_all(children)
+    served_a = result["served"]["a"]
+    total_a = max(1, sum(served_a.values()))
+    return {
+        "a_interactive_p99_ms": round(_p99(result["latencies"]["a"]), 1),
+        "b_interactive_p99_ms": round(_p99(result["latencies"]["b"]), 1),
+        "c_interactive_p99_ms": round(_p99(result["latencies"]["c"]), 1),
+        "spill_share_a_to_b": round(served_a.get("b", 0) / total_a, 4),
+        "spill_share_a_to_c": round(served_a.get("c", 0) / total_a, 4),
+        "failed": result["failed"], "offered_rps": {r: round(v, 1) for r, v in result["rates"].items()},
+        "capacity_per_replica_rps": round(capacity, 1), "seconds": seconds, "budget_ms": budget_ms,
+    }

@@ -1,0 +1,208 @@
+"""The fleet simulator's core: a discrete-event loop in virtual time over real engines, tables and policies.
+
+What runs, unchanged: N :class:`agent.engine.Engine` replicas (one per
+replica, ``start_step(now)`` returning a duration and ``finish_step(now +
+duration)`` at the end of it), the control plane's snapshot turned into a
+proxy table by :func:`dataplane.table.build_table`, and the policies of
+:mod:`tools.sim.policies` (Ferry's is :class:`dataplane.picker.Picker`).
+
+Events, in time order (ties in the order they were scheduled):
+
+- **arrival**: the request goes to a proxy drawn at random (clients spread
+  over the proxies), whose policy picks a replica with that proxy's table; the
+  engine queues it (a refusal, queue full or too long, counts as rejected);
+  an idle engine starts a step.
+- **step end**: ``finish_step``; first tokens give TTFT (arrival to the end
+  of the prefill step), finished requests give end-to-end latency and tell
+  their proxy's policy; the next step starts at once if there is work.
+- **telemetry**: every ``telemetry_seconds`` (phase drawn per replica) the
+  replica's agent samples its load (queued, running, free KV blocks), as a
+  real agent polls its replica.
+- **table tick**: every ``refresh_seconds`` the control plane builds a
+  snapshot from the latest samples (``telemetry_age_seconds`` = tick - sample
+  time), and every proxy applies it as its own table. Between ticks a proxy
+  routes on that table, its age growing, plus whatever it counts itself.
+
+Network and proxy processing take no virtual time. Deterministic for a seed:
+one ``random.Random(seed)`` draws the phases and seeds each proxy's own.
+
+Cost: O(events log events); events are dominated by engine steps (each
+O(running)), about (replicas x makespan / step time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import random
+from collections.abc import Sequence
+
+from agent.engine import Admission, Engine, EngineLoad, EngineParams, EngineRequest, StepResult
+from dataplane.ring import DEFAULT_LOAD_FACTOR
+from dataplane.table import Table, TableParams, build_table
+from ferry.v1 import common_pb2, tables_pb2
+from tools.sim.policies import MODEL, PolicyFactory
+from tools.sim.workload import SimRequest
+
+_ARRIVAL, _STEP, _TELEMETRY, _TICK = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FleetConfig:
+    """Shape of the simulated fleet."""
+
+    replicas: int = 16
+    proxies: int = 4
+    refresh_seconds: float = 0.5     # control-plane table tick, applied by every proxy
+    telemetry_seconds: float = 0.5   # agent telemetry interval per replica
+    engine: EngineParams = dataclasses.field(default_factory=EngineParams)
+    load_factor: float = DEFAULT_LOAD_FACTOR  # the table's ring parameter
+    seed: int = 1
+
+
+@dataclasses.dataclass(slots=True)
+class Served:
+    """What happened to one request (times in virtual seconds; NaN when it never got there)."""
+
+    replica: int = -1
+    branch: str = ""
+    ttft: float = math.nan
+    e2e: float = math.nan
+    cached_tokens: int = 0
+    rejected: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunResult:
+    """The raw outcome of one run, for :mod:`tools.sim.report`."""
+
+    requests: Sequence[SimRequest]
+    served: Sequence[Served]
+    loads: Sequence[EngineLoad]           # each replica's counters at the end
+    mean_outstanding: Sequence[float]     # each replica's queued + running, averaged over telemetry samples
+    makespan: float                       # virtual time of the last event
+
+
+def _route(i: int, load: EngineLoad, sampled: float, tick: float, context: int) -> tables_pb2.ReplicaRoute:
+    rid = f"r{i:03d}"
+    return tables_pb2.ReplicaRoute(
+        replica_id=rid, node=f"node-{i:03d}", version="v1", address=f"10.0.{i // 250}.{i % 250 + 1}:8001",
+        max_concurrency=load.max_running, kv_block_tokens=load.kv_block_tokens, max_context_tokens=context,
+        load=common_pb2.ReplicaLoad(replica_id=rid, state=common_pb2.REPLICA_STATE_READY, queued=load.queued,
+                                    running=load.running, kv_blocks_free=load.kv_blocks_free,
+                                    kv_blocks_total=load.kv_blocks_total),
+        telemetry_age_seconds=max(0.0, tick - sampled),
+    )
+
+
+class Fleet:
+    """One simulated run; :meth:`run` returns its :class:`RunResult`."""
+
+    def __init__(self, config: FleetConfig, policy: PolicyFactory, requests: Sequence[SimRequest]) -> None:
+        self.config = config
+        self.requests = requests
+        rng = random.Random(config.seed)
+        self.engines = [Engine(config.engine) for _ in range(config.replicas)]
+        self.ids = [f"r{i:03d}" for i in range(config.replicas)]
+        self.index = {rid: i for i, rid in enumerate(self.ids)}
+        self.policies = [policy(p, random.Random(rng.getrandbits(64))) for p in range(config.proxies)]
+        self.proxy_of = [rng.randrange(config.proxies) for _ in requests]
+        self.phases = [rng.uniform(0.0, config.telemetry_seconds) for _ in range(config.replicas)]
+        self.served = [Served() for _ in requests]
+        self.samples: list[tuple[float, EngineLoad]] = [(0.0, e.load()) for e in self.engines]
+        self.outstanding = [0.0] * config.replicas
+        self.sample_count = [0] * config.replicas
+        self.stepping = [False] * config.replicas
+        self.tables: list[Table] = []
+        self.version = 0
+        self._heap: list[tuple[float, int, int, int]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.pending = len(requests)
+
+    def _push(self, when: float, kind: int, arg: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, kind, arg))
+
+    def _tick(self) -> None:
+        self.version += 1
+        snapshot = tables_pb2.TableSnapshot(version=self.version, nonce=str(self.version), region="sim",
+                                            computed_at=self.now)
+        route = snapshot.models.add(model=MODEL, default_version="v1")
+        context = self.config.engine.max_context_tokens
+        route.replicas.extend(_route(i, load, at, self.now, context) for i, (at, load) in enumerate(self.samples))
+        previous = self.tables[0] if self.tables else None
+        table = build_table(snapshot, region="sim", applied_at=self.now, previous=previous,
+                            params=TableParams(load_factor=self.config.load_factor))
+        self.tables = [table] * self.config.proxies
+
+    def _telemetry(self, i: int) -> None:
+        load = self.engines[i].load()
+        self.samples[i] = (self.now, load)
+        self.outstanding[i] += load.queued + load.running
+        self.sample_count[i] += 1
+
+    def _step(self, i: int) -> None:
+        duration = self.engines[i].start_step(self.now)
+        self.stepping[i] = duration is not None
+        if duration is not None:
+            self._push(self.now + duration, _STEP, i)
+
+    def _arrive(self, n: int) -> None:
+        req = self.requests[n]
+        proxy = self.proxy_of[n]
+        replica_id, branch = self.policies[proxy].pick(self.tables[proxy], req, self.now)
+        i = self.index[replica_id]
+        served = self.served[n]
+        served.replica, served.branch = i, branch
+        admission = self.engines[i].submit(
+            EngineRequest(request_id=str(n), prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                          block_hashes=req.hash_ids), self.now)
+        if admission is not Admission.QUEUED:
+            served.rejected = True
+            self.pending -= 1
+            self.policies[proxy].done(req, replica_id, None)
+            return
+        if not self.stepping[i]:
+            self._step(i)
+
+    def _finish(self, i: int) -> None:
+        result: StepResult = self.engines[i].finish_step(self.now)
+        for rid in result.first:
+            n = int(rid)
+            self.served[n].ttft = self.now - self.requests[n].arrival
+            self.policies[self.proxy_of[n]].first(self.requests[n], self.ids[i])
+        for done in result.finished:
+            n = int(done.request_id)
+            served = self.served[n]
+            served.e2e = self.now - self.requests[n].arrival
+            served.cached_tokens = done.cached_tokens
+            self.pending -= 1
+            self.policies[self.proxy_of[n]].done(self.requests[n], self.ids[i], done.cached_tokens)
+        self._step(i)
+
+    def run(self) -> RunResult:
+        """Run until every request finished or was rejected."""
+        cfg = self.config
+        self._tick()
+        for n, req in enumerate(self.requests):
+            self._push(req.arrival, _ARRIVAL, n)
+        for i, phase in enumerate(self.phases):
+            self._push(phase, _TELEMETRY, i)
+        self._push(cfg.refresh_seconds, _TICK, 0)
+        heap = self._heap
+        while heap and self.pending > 0:
+            self.now, _, kind, arg = heapq.heappop(heap)
+            if kind == _STEP:
+                self._finish(arg)
+            elif kind == _ARRIVAL:
+                self._arrive(arg)
+            elif kind == _TELEMETRY:
+                self._telemetry(arg)
+                self._push(self.now + cfg.telemetry_seconds, _TELEMETRY, arg)
+            else:
+                self._tick()
+                self._push(self.now + cfg.refresh_seconds, _TICK, 0)
+        mean = [s / c if c else 0.0 for s, c in zip(self.outstanding, self.sample_count, strict=True)]
+        return RunResult(self.requests, self.served, [e.load() for e in self.engines], mean, self.now)

@@ -158,17 +158,35 @@ def _fill(outcome: Outcome, params: Any) -> bool:
     return service is not None
 
 
+_MAX_DECOUPLED = 4096
+
+
+def _decoupled_refusal(exc: InferenceServerException | grpc.aio.AioRpcError) -> bool:
+    """True when a replica refused a unary call because the model is decoupled (stream-only)."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        status, message = exc.code().name, exc.details() or ""
+    else:
+        status, message = str(exc.status() or ""), str(exc.message() or "")
+    return "UNIMPLEMENTED" in status and "decoupled" in message
+
+
 class Forwarder:
     """Sends calls to replicas through a :class:`ClientPool`; clock injected for the fallbacks."""
 
     def __init__(self, pool: ClientPool, *, clock: Callable[[], float]) -> None:
         self._pool = pool
         self._clock = clock
+        # (address, model) of decoupled models: Triton answers them only over ModelStreamInfer, so a
+        # unary call to them is served as a stream whose pieces are collected. Bounded; cleared when full.
+        self._decoupled: set[tuple[str, str]] = set()
 
     async def infer(self, replica: Replica, call: Call, remaining: float) -> Outcome:
-        """One unary ``ModelInfer``; raises ForwardFailed or DeadlineExceeded."""
+        """One unary ``ModelInfer`` (a collected stream for a decoupled model); raises ForwardFailed or
+        DeadlineExceeded."""
         if remaining <= 0:
             raise DeadlineExceeded("deadline exceeded before forwarding")
+        if (replica.address, replica.kserve_model) in self._decoupled:
+            return await self._collect(replica, call, remaining)
         start = self._clock()
         async with self._pool.use(replica.address) as client:
             try:
@@ -181,7 +199,14 @@ class Forwarder:
                     parameters=_parameters(call),
                 )
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:
-                raise failure(replica.replica_id, exc, output_started=False) from None
+                if not _decoupled_refusal(exc):
+                    raise failure(replica.replica_id, exc, output_started=False) from None
+                result = None
+        if result is None:
+            if len(self._decoupled) >= _MAX_DECOUPLED:
+                self._decoupled.clear()
+            self._decoupled.add((replica.address, replica.kserve_model))
+            return await self._collect(replica, call, remaining - (self._clock() - start))
         elapsed = self._clock() - start
         text = _text(result, replica.replica_id, started=False)
         params = result.get_response().parameters
@@ -190,6 +215,13 @@ class Forwarder:
             outcome.service_seconds = elapsed
         completion = _param(params, "ferry_completion_tokens")
         outcome.completion_tokens = int(completion) if completion is not None else count_tokens(text)
+        return outcome
+
+    async def _collect(self, replica: Replica, call: Call, remaining: float) -> Outcome:
+        """A unary call served over the stream (decoupled models): the pieces joined into one outcome."""
+        outcome = Outcome()
+        async for _piece in self.stream(replica, call, remaining, outcome):
+            pass
         return outcome
 
     async def stream(

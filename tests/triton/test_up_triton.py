@@ -33,6 +33,12 @@ def test_ferry_up_adopts_a_real_triton(tmp_path: Path, triton_factory: Callable[
                                  "--model", "llm", "--prompt", "hello ferry", "--max-tokens", "4", "--stream"],
                                 capture_output=True, text=True, timeout=60)
         assert stream.returncode == 0 and len(stream.stdout.split()) == 4, stream
+        # A unary call to the decoupled (stream-only) model is served over the stream and collected.
+        unary = subprocess.run([sys.executable, "-m", "ferry", "call", "--ready-file", str(up.ready_path),
+                                "--model", "llm", "--prompt", "hello ferry", "--max-tokens", "5", "--json"],
+                               capture_output=True, text=True, timeout=60)
+        assert unary.returncode == 0, unary.stderr
+        assert json.loads(unary.stdout)["completion_tokens"] == 5
         assert ready["pids"].keys() == {"controlplane", "proxy", "triton-1"}
         up.kill(signal.SIGINT)
         assert up.proc is not None and up.proc.wait(30) == 0

@@ -39,6 +39,12 @@ def test_ferry_up_adopts_a_real_triton(tmp_path: Path, triton_factory: Callable[
                                capture_output=True, text=True, timeout=60)
         assert unary.returncode == 0, unary.stderr
         assert json.loads(unary.stdout)["completion_tokens"] == 5
+        # The client's deadline reaches the real server (10 ms a token: 500 tokens cannot fit in 0.5 s).
+        for model, extra in (("llm-unary", []), ("llm", ["--stream"])):
+            late = subprocess.run([sys.executable, "-m", "ferry", "call", "--ready-file", str(up.ready_path),
+                                   "--model", model, "--prompt", "a long answer", "--max-tokens", "500",
+                                   "--timeout", "0.5", *extra], capture_output=True, text=True, timeout=60)
+            assert late.returncode == 1 and late.stderr.startswith("DEADLINE_EXCEEDED"), (model, late.stderr)
         assert ready["pids"].keys() == {"controlplane", "proxy", "triton-1"}
         up.kill(signal.SIGINT)
         assert up.proc is not None and up.proc.wait(30) == 0

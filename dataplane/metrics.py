@@ -5,7 +5,7 @@
 | ``ferry_proxy_requests_total`` | counter | model, tier, status (gRPC code name) |
 | ``ferry_proxy_request_duration_seconds`` | histogram | model, tier |
 | ``ferry_proxy_ttft_seconds`` | histogram | model, tier |
-| ``ferry_proxy_picks_total`` | counter | model, branch (p2c, single, none) |
+| ``ferry_proxy_picks_total`` | counter | model, branch (:class:`dataplane.pick.Branch`) |
 | ``ferry_proxy_retries_total`` | counter | model, reason (failure kind) |
 | ``ferry_proxy_retry_budget_exhausted_total`` | counter | model |
 | ``ferry_proxy_spilled_total`` | counter | from, to (regions) |

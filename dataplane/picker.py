@@ -28,7 +28,9 @@ prompt served from cache when the request went to its prefix's replica
 ``fallback``, ``single``), as exponential moving averages (weight
 ``learn_rate`` = 0.01 per request, prompt-token weighted), and the mean
 prompt. Its *advantage* is the difference of the two shares: what the
-prefix's replica saves. The spill threshold of :func:`dataplane.route.route`,
+prefix's replica saves (a rough measure: the two groups of requests differ;
+when those that go to any replica are short prompts wholly in a shared
+prefix, it comes out 0 and requests leave a busy replica readily). The spill threshold of :func:`dataplane.route.route`,
 in prompt tokens of backlog, is what leaving it costs::
 
     threshold = advantage x spill_factor x mean prompt
@@ -153,7 +155,7 @@ class Picker:
 
     def sent(self, replica_id: str, routing: Routing, branch: Branch) -> Attempt:
         """A request was forwarded to ``replica_id``; the attempt to hand back to :meth:`first` and :meth:`done`."""
-        self.local.add(replica_id, routing.pool.group, routing.need.prompt_tokens)
+        self.local.add(replica_id, routing.need.prompt_tokens)
         return Attempt(replica_id, routing, branch)
 
     def first(self, attempt: Attempt) -> None:
@@ -165,7 +167,7 @@ class Picker:
     def done(self, attempt: Attempt, cached_tokens: int | None = None) -> None:
         """The attempt ended (either way); ``cached_tokens`` when the replica reported them."""
         prompt = attempt.routing.need.prompt_tokens
-        self.local.done(attempt.replica_id, attempt.routing.pool.group, 0 if attempt.prefilled else prompt)
+        self.local.done(attempt.replica_id, 0 if attempt.prefilled else prompt)
         attempt.prefilled = True
         if cached_tokens is not None and prompt > 0 and attempt.branch is not Branch.SPILL:
             self.reuse.learn(attempt.branch in HOME_BRANCHES, cached_tokens, prompt)

@@ -10,11 +10,10 @@
   (default 4096); :meth:`InflightLimit.enter` raises
   :class:`ferry.errors.Overloaded` with the retry-after to send back.
 - :class:`LocalLoad`: this proxy's in-flight requests per replica (the local
-  term of the pick's score) and per pool (``group``, "model/version"), and
-  per replica the prompt tokens it sent that have not yet produced a first
-  token (its view of the replica's prefill backlog, behind the pick's spill
-  test); entries vanish at zero, so its size is bounded by the requests in
-  flight.
+  term of the pick's score), and the prompt tokens it sent each replica that
+  have not yet produced a first token (its view of the replica's prefill
+  backlog, behind the pick's spill test); entries vanish at zero, so its
+  size is bounded by the requests in flight.
 
 Cost: O(1) each.
 """
@@ -61,7 +60,6 @@ class LocalLoad(Mapping[str, int]):
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
-        self._groups: dict[str, int] = {}
         self._prefill: dict[str, int] = {}
 
     def __getitem__(self, replica_id: str) -> int:
@@ -76,28 +74,22 @@ class LocalLoad(Mapping[str, int]):
     def get(self, replica_id: str, default: int = 0) -> int:  # type: ignore[override]
         return self._counts.get(replica_id, default)
 
-    def total(self, group: str) -> int:
-        """In-flight requests this proxy sent to the replicas of pool ``group``."""
-        return self._groups.get(group, 0)
-
     def prefill(self, replica_id: str) -> int:
         """Prompt tokens sent to ``replica_id`` whose first token has not come back: its prefill backlog."""
         return self._prefill.get(replica_id, 0)
 
-    def add(self, replica_id: str, group: str = "", prompt_tokens: int = 0) -> None:
-        """One more request, of ``prompt_tokens``, sent to ``replica_id`` of pool ``group``."""
+    def add(self, replica_id: str, prompt_tokens: int = 0) -> None:
+        """One more request, of ``prompt_tokens``, sent to ``replica_id``."""
         _inc(self._counts, replica_id, 1)
-        _inc(self._groups, group, 1)
         _inc(self._prefill, replica_id, prompt_tokens)
 
     def first(self, replica_id: str, prompt_tokens: int) -> None:
         """A request of ``prompt_tokens`` to ``replica_id`` got its first token: its prefill is done."""
         _inc(self._prefill, replica_id, -prompt_tokens)
 
-    def done(self, replica_id: str, group: str = "", prompt_tokens: int = 0) -> None:
+    def done(self, replica_id: str, prompt_tokens: int = 0) -> None:
         """A request to ``replica_id`` finished (either way); ``prompt_tokens`` if no first token came back."""
         _inc(self._counts, replica_id, -1)
-        _inc(self._groups, group, -1)
         _inc(self._prefill, replica_id, -prompt_tokens)
 
 

@@ -4,8 +4,8 @@
   data): identity, capacity, pushed load and its smoothed load.
 - :class:`Pool`: the routable replicas of one model version with their
   :class:`dataplane.ring.Ring` (reused from the previous table while the
-  replica ids are the same), the sum of pushed load, the context limits, and
-  each replica's *key share* (:func:`dataplane.ring.key_shares`: the share of
+  replica ids are the same), the context limits, and each replica's *key
+  share* (:func:`dataplane.ring.key_shares`: the share of
   its ring keys it keeps under the load bound).
 - :func:`smoothed_loads`: each replica's queued + running, smoothed over the
   tables a proxy applies (exponential, time constant ``smoothing_seconds``,
@@ -61,10 +61,9 @@ class Pool:
     Iterating or indexing a pool gives its replicas.
     """
 
-    group: str                      # "model/version": the key of the proxy's in-flight totals
+    group: str                      # "model/version" (or "model/*"): the pool's name
     replicas: tuple[Replica, ...]
     ring: Ring
-    load: int                       # sum of pushed queued + running
     shares: tuple[float, ...]       # per replica, the share of its ring keys it keeps (1 under the bound)
     min_context: int                # smallest context limit (UNLIMITED: a replica reports none)
     max_context: int                # largest context limit
@@ -88,8 +87,7 @@ def make_pool(group: str, replicas: Sequence[Replica], *, vnodes: int, load_fact
         ring = rings[(ids, vnodes)] = Ring(ids, vnodes)
     contexts = [context_limit(r) for r in replicas] or [UNLIMITED]
     shares = key_shares([r.smoothed for r in replicas], [r.max_concurrency for r in replicas], load_factor)
-    return Pool(group, tuple(replicas), ring, sum(r.queued + r.running for r in replicas), shares,
-                min(contexts), max(contexts))
+    return Pool(group, tuple(replicas), ring, shares, min(contexts), max(contexts))
 
 
 def smoothed_loads(loads: Mapping[str, int], before: Mapping[str, float], elapsed: float,

@@ -24,8 +24,7 @@ with ``load`` the smoothed queued + running of each replica
 its own uniform draw :func:`key_draw` (a second hash of the key) is below
 ``share_r``. A replica over the bound thus sheds exactly its excess share of
 keys, always the same keys, the same at every proxy (they apply the same
-tables), and keeps the rest; :func:`within_bound` is the per-request test
-with the same formula for a replica's instantaneous load.
+tables), and keeps the rest.
 
 Cost: build O(n vnodes log(n vnodes)); a walk O(log(n vnodes)) to start and
 O(1) amortised per replica yielded; shares O(n) per table.
@@ -101,10 +100,3 @@ def key_shares(loads: Sequence[float], capacities: Sequence[float], factor: floa
         return tuple(1.0 for _ in loads)
     return tuple(min(1.0, factor * total_load * cap / total_capacity / load) if load > 0 else 1.0
                  for load, cap in zip(loads, capacities, strict=True))
-
-
-def within_bound(load: float, total: float, capacity: float, total_capacity: float, factor: float) -> bool:
-    """Whether one more request keeps a replica within ``factor`` x its capacity-weighted share of the load."""
-    if total_capacity <= 0:
-        return True
-    return load + 1 <= max(1.0, factor * (total + 1) * capacity / total_capacity)

@@ -43,9 +43,10 @@ request's prefix key (:mod:`dataplane.prefix`), or None.
    ``avoid_nodes``) go straight here.
 
 Cost: O(log(replicas x vnodes)) for the walk plus O(1) per replica met (at
-most ``walk_limit``); O(1) for the spill test and P2C. O(replicas) only on a
-retry or when replicas of the pool differ in context and the request is
-longer than the smallest.
+most ``walk_limit``); O(1) for P2C. O(replicas) when a spill is weighed (the
+alternative's draw leaves the chosen replica out), on a retry, or when
+replicas of the pool differ in context and the request is longer than the
+smallest.
 """
 
 from __future__ import annotations

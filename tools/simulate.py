@@ -91,8 +91,9 @@ def _point(config: FleetConfig, policy: str, load: float, capacity: float, seeds
 
 
 def _print_row(row: dict[str, Any]) -> None:
-    print(f"{row['policy']:<16} {row['load']:>5.2f} {row['ttft_p50_ms']:>10.1f} {row['ttft_p99_ms']:>10.1f} "
-          f"{row['e2e_p99_ms']:>10.1f} {row['hit_ratio']:>7.3f} {row['max_mean_load']:>7.2f} "
+    ms = {k: "refused" if row[k] is None else f"{row[k]:.1f}" for k in ("ttft_p50_ms", "ttft_p99_ms", "e2e_p99_ms")}
+    print(f"{row['policy']:<16} {row['load']:>5.2f} {ms['ttft_p50_ms']:>10} {ms['ttft_p99_ms']:>10} "
+          f"{ms['e2e_p99_ms']:>10} {row['hit_ratio']:>7.3f} {row['max_mean_load']:>7.2f} "
           f"{row['utilisation']:>6.3f} {row['rejected']:>6} {row['wall_seconds']:>6.1f}", flush=True)
 
 

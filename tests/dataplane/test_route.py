@@ -58,7 +58,7 @@ def at(position: int, **kw: Any) -> Change:
 
 def backlog(position: int, tokens: int) -> Change:
     def change(replicas: list[Replica], local: LocalLoad) -> None:
-        local.add(replicas[WALK[position]].replica_id, "m/v1", tokens)
+        local.add(replicas[WALK[position]].replica_id, tokens)
     return change
 
 

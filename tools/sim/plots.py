@@ -18,11 +18,11 @@ STYLE = {  # policy -> (colour, marker); Ferry drawn last, thick
     "cache_aware": ("tab:green", "o"),
     "ferry": ("tab:blue", "*"),
 }
-PANELS = (
-    ("ttft_p50_ms", "TTFT p50 (ms)", True),
-    ("ttft_p99_ms", "TTFT p99 (ms)", True),
-    ("hit_ratio", "prefix-cache hit ratio (share of prompt tokens)", False),
-    ("max_mean_load", "max / mean replica load", False),
+PANELS = (  # field, label, log scale, linear axis floor
+    ("ttft_p50_ms", "TTFT p50 (ms)", True, None),
+    ("ttft_p99_ms", "TTFT p99 (ms)", True, None),
+    ("hit_ratio", "prefix-cache hit ratio (share of prompt tokens)", False, 0.0),
+    ("max_mean_load", "max / mean replica load", False, 1.0),
 )
 
 
@@ -32,9 +32,9 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     policies = [p for p in STYLE if any(r["policy"] == p for r in rows)]
     policies += sorted({r["policy"] for r in rows} - set(policies))
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), constrained_layout=True)
-    for ax, (field, label, log) in zip(axes.flat, PANELS, strict=True):
+    for ax, (field, label, log, floor) in zip(axes.flat, PANELS, strict=True):
         for policy in policies:
-            points = sorted((r["load"], r[field]) for r in rows if r["policy"] == policy)
+            points = sorted((r["load"], r[field]) for r in rows if r["policy"] == policy and r[field] is not None)
             colour, marker = STYLE.get(policy, ("black", "x"))
             ax.plot([x for x, _ in points], [y for _, y in points], marker=marker, color=colour, label=policy,
                     linewidth=3 if policy == "ferry" else 1.5, markersize=9 if policy == "ferry" else 6)
@@ -42,6 +42,8 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel(label)
         if log:
             ax.set_yscale("log")
+        else:
+            ax.set_ylim(floor, floor + 1.15 * (max(r[field] for r in rows if r[field] is not None) - floor))
         ax.grid(True, which="both", alpha=0.3)
     axes.flat[0].legend(loc="upper left", fontsize=9)
     fig.suptitle(f"{report['trace']}: {report['replicas']} replicas, {report['proxies']} proxies, "

@@ -8,7 +8,8 @@ hundred. Per-run ratios (load, utilisation) are averaged over the runs.
 - ``ttft_p50_ms``, ``ttft_p99_ms``, ``e2e_p50_ms``, ``e2e_p99_ms``: nearest-rank
   percentiles (:func:`tools.report.percentile`) over every request; a
   rejected request counts as infinitely slow (a policy cannot improve its
-  tail by getting requests refused), and ``rejected`` says how many.
+  tail by getting requests refused; a percentile that falls on one is null),
+  and ``rejected`` says how many.
 - ``hit_ratio``: prompt tokens served from the replicas' prefix caches over
   all prompt tokens (as :mod:`tools.report` computes it from responses).
 - ``max_mean_load``: the busiest replica's load over the mean, where a
@@ -30,9 +31,9 @@ from tools.report import percentile
 from tools.sim.fleet import RunResult
 
 
-def _ms(values: list[float], p: float) -> float:
+def _ms(values: list[float], p: float) -> float | None:
     value = percentile(values, p)
-    return round(value * 1000, 1) if math.isfinite(value) else math.inf
+    return round(value * 1000, 1) if math.isfinite(value) else None  # None (JSON null): past the refusals
 
 
 def _ratio(values: list[float]) -> float:

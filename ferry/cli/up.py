@@ -84,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls", action="store_true",
                         help="make a throw-away CA and certificates and run everything over (mutual) TLS; "
                              "without it the children run with --insecure")
+    parser.add_argument("--batch-gpus", type=int, default=0, metavar="N",
+                        help="also run ferry's fixed-batch runtime (model batchstring) on a node of N GPUs")
     parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL]",
                         help="a running Triton (or any KServe v2) server: an agent beside it adopts its LLM models "
                              "(repeatable; replaces the simulated replicas unless --replicas is given)")
@@ -161,7 +163,7 @@ class Fleet:
         for n, first in enumerate(range(0, replicas, per_node)):
             name = f"node-{n + 1}"
             reps = []
-            for i in range(first, min(first + per_node, args.replicas)):
+            for i in range(first, min(first + per_node, replicas)):
                 reps += ["--replica", f"{self.models[i % len(self.models)]}:v1"]
                 expected.append(f"{name}-r{i - first}")
                 by_region[regions[n % len(regions)]].add(expected[-1])
@@ -176,8 +178,16 @@ class Fleet:
             extra = ["--triton-metrics", metrics] if metrics else []
             self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", ",".join(addresses),
                                                  "--region", args.region, "--triton", address, *extra, *cfg]))
+        if args.batch_gpus > 0:
+            self.nodes.append(self._spawn("batch-1", ["node", "--node", "batch-1", "--control-plane",
+                                                      ",".join(addresses), "--region", regions[0], "--batch-runtime",
+                                                      "--gpus", str(args.batch_gpus), *cfg]))
         for node in self.nodes:
             node.wait_ready(args.timeout)
+            if node.name == "batch-1":
+                batch = [r["replica_id"] for r in node.ready.get("replicas", [])]
+                expected += batch
+                by_region[regions[0]].update(batch)
         for region, child in self.proxies.items():
             proxy = child.wait_ready(args.timeout)
             wait_routable(cp_addr, set(expected) if len(regions) == 1 else by_region[region], proxy["proxy_id"],

@@ -9,7 +9,7 @@ hosting ``--batch-model`` (and ``--batch-gang-model``, which needs every GPU
 per batch) with the contract flags of ``ferry batch-runtime`` prefixed
 ``batch-`` (:mod:`agent.batch.host`); each hosted model is a replica
 ``{node}-b{j}`` registered with GPUs = its GPUs per batch and
-max_concurrency = ``max_batch`` × batch slots. The agent reaches every
+max_concurrency = 2 × ``max_batch`` × batch slots (one batch running, one filling). The agent reaches every
 replica over gRPC, as it would on a real node, and connects to the control
 planes; a GPU killed or restored in the runtime makes it poll at once, so a
 gang model that lost a GPU leaves the table within one telemetry round trip.
@@ -40,6 +40,7 @@ import sys
 
 from agent.agent import Agent, Endpoint, NodeInfo
 from agent.batch.host import HostedRuntime, RuntimeSpec, add_arguments, spec_from_args
+from agent.batch.runtime import BATCHES_IN_FLIGHT
 from agent.config import AgentSettings
 from agent.engine import EngineParams
 from agent.inventory import ReplicaSpec
@@ -127,7 +128,8 @@ def batch_endpoint(node: str, hosted: HostedRuntime, spec: RuntimeSpec) -> Endpo
     node_dispatch = hosted.runtime.node
     replicas = tuple(ReplicaSpec(
         replica_id=f"{node}-b{j}", model=c.name, version=spec.version, address=hosted.address, kserve_model=c.name,
-        gpus=c.gpus_per_batch, max_concurrency=c.max_batch * max(1, node_dispatch.slots(c.name)))
+        gpus=c.gpus_per_batch,
+        max_concurrency=BATCHES_IN_FLIGHT * c.max_batch * max(1, node_dispatch.slots(c.name)))
         for j, c in enumerate(node_dispatch.contracts.values()))
     return Endpoint(address=hosted.address, metrics_url=hosted.metrics_url, replicas=replicas, gpus=spec.gpus)
 

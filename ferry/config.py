@@ -99,7 +99,7 @@ class Limits:
     max_idempotency_key_bytes: int = 128
     max_message_bytes: int = 8 * 1024 * 1024
     max_inflight_per_tenant: int = 1024  # requests of one tenant in flight in one proxy
-    max_streams_per_connection: int = 256  # concurrent calls on one client connection (HTTP/2 streams)
+    max_streams_per_connection: int = 4096  # concurrent calls on one client connection (HTTP/2 streams)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -38,14 +38,18 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     ]
 
 
-DEFAULT_MAX_STREAMS_PER_CONNECTION = 256
+DEFAULT_MAX_STREAMS_PER_CONNECTION = 4096
 
 
 def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                    max_streams: int = DEFAULT_MAX_STREAMS_PER_CONNECTION) -> list[tuple[str, Any]]:
     """Server options: the channel options, at most ``max_streams`` concurrent streams (calls) per
-    connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: a client over it waits, none is dropped), and
-    permission for client keepalive pings."""
+    connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS), and permission for client keepalive pings.
+
+    A client that opens more streams than the limit before the server's settings reach it gets
+    them refused (RST_STREAM, UNAVAILABLE to the caller), and gRPC clients share one connection
+    among channels to the same target; so the limit sits well above what one proxy sends to one
+    replica (its in-flight cap), and admission, not this, is what bounds work."""
     return [
         *channel_options(max_message_bytes),
         ("grpc.max_concurrent_streams", max_streams),

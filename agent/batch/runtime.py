@@ -49,6 +49,12 @@ from ferry.errors import FerryError, ReplicaFailed, Unavailable
 VERSION = "1"  # the model version a runtime serves unless told otherwise (Triton's numbering)
 
 
+# The concurrency target a batch replica advertises, in batches per slot: one running on the GPU and one
+# filling in the batcher, so that the proxy's admission lets enough requests through to fill the next
+# batch while the current one runs (with one, every batch would start only as the previous ended).
+BATCHES_IN_FLIGHT = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class HostedModel:
     """A model the runtime serves: its contract and its batch function."""
@@ -154,7 +160,8 @@ class BatchRuntime:
             contract = node.contracts[model]
             views.append(ModelView(
                 model=model, version=self.version, ready=self.model_status(model)[0], pending=node.pending(model),
-                running=node.running(model), max_concurrency=contract.max_batch * node.slots(model),
+                running=node.running(model),
+                max_concurrency=BATCHES_IN_FLIGHT * contract.max_batch * node.slots(model),
                 answered=counters.answered, failed=counters.failed, batches=counters.batches,
                 aborted=counters.aborted))
         running = sched.running.values()

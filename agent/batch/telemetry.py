@@ -13,7 +13,7 @@ The figures the agent turns into ``ReplicaLoad`` (docs/batch.md):
 | --- | --- |
 | queued | requests pending in the model's batcher |
 | running | requests in the model's batches on GPUs now |
-| max_concurrency | ``max_batch`` × batch slots (healthy GPUs // GPUs per batch) |
+| max_concurrency | ``BATCHES_IN_FLIGHT`` × ``max_batch`` × batch slots (healthy GPUs // GPUs per batch) |
 | gpu_utilization | mean busy share of the healthy GPUs over the last second |
 
 Defaults: window 1 s, at most 64 intervals kept per GPU (a 1 s window of

@@ -191,7 +191,7 @@ async def test_metrics_endpoint_exposes_batch_metrics() -> None:
         assert name in body, name
     assert 'ferry_batch_flushes_total{model="batchstring",reason="time"}' in body
     assert 'nv_inference_request_success{model="batchstring",version="1"} 1.0' in body
-    assert 'ferry_batch_max_concurrency{model="batchstring",version="1"} 200.0' in body  # 100 x 2 GPUs
+    assert 'ferry_batch_max_concurrency{model="batchstring",version="1"} 400.0' in body  # 2 batches x 100 x 2 GPUs
 
 
 def proxy_request(text: str, model: str = "batchstring", **params: str) -> Any:

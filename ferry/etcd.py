@@ -34,6 +34,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from ferry.process import log_tail
+
 _SHIM = (
     "import ctypes, os, sys\n"
     "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
@@ -148,10 +150,7 @@ class LocalEtcd:
         return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` (SIGSTOP and SIGCONT pause and resume it); SIGKILL also reaps it."""

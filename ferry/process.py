@@ -47,6 +47,14 @@ def read_ready_file(path: str | Path) -> dict[str, Any] | None:
     return data
 
 
+def log_tail(path: str | Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a child's log file, for error messages ("(no log)" when absent)."""
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
 _PR_SET_PDEATHSIG = 1
 
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ferry.process import read_ready_file
+from ferry.process import log_tail, read_ready_file
 
 
 class ChildFailed(RuntimeError):
@@ -78,10 +78,7 @@ class Child:
         return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (SIGKILL by default) and reap the process if it ends."""

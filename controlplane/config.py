@@ -35,6 +35,9 @@ class ControlPlaneSettings:
     # Bounds.
     max_agents: int = 4096  # agent streams open at once, and nodes remembered
     max_replicas_per_node: int = 64
+    # Refuse replicas of models not in [[models]] (an agent then cannot introduce a model). Off by default:
+    # adopted Triton endpoints bring models the catalog does not name.
+    strict_catalog: bool = False
     max_watchers: int = 1024  # table watch streams open at once
     max_proxies: int = 4096  # proxies remembered for GetTable (disconnected ones are evicted first)
     command_queue_size: int = 64  # commands waiting for one agent

@@ -91,6 +91,7 @@ class Controller(Operator, FleetOps, Peers):
         self.settings = s = settings
         self.store = store
         self._catalog = tuple(catalog)
+        self._strict_models = frozenset(m.name for m in self._catalog) if settings.strict_catalog else None
         self._clock = clock
         self._wall = wall
         self.metrics = metrics
@@ -184,7 +185,7 @@ class Controller(Operator, FleetOps, Peers):
 
     def register(self, reg: fleet_pb2.Register) -> AgentSession:
         try:
-            validate.check_register(reg, self.settings)
+            validate.check_register(reg, self.settings, self._strict_models)
             member = self.fleet.register(reg)
         except InvalidArgument:
             self.reject("register_field")
@@ -210,7 +211,7 @@ class Controller(Operator, FleetOps, Peers):
             self.reject("stale_session")
             return
         try:
-            validate.check_telemetry(telemetry, self.settings)
+            validate.check_telemetry(telemetry, self.settings, self._strict_models)
             telemetry_check.check_loads(telemetry, self.settings.max_replicas_per_node)
         except InvalidArgument:
             self.reject("telemetry_field")

@@ -51,10 +51,16 @@ def check_address(value: str, field: str) -> None:
         raise InvalidArgument(field, f"port {port} out of range 1..65535")
 
 
-def check_replica(info: fleet_pb2.ReplicaInfo, field: str, settings: ControlPlaneSettings) -> None:
-    """One replica's description, from a registration or a telemetry ``changed`` entry."""
+def check_replica(info: fleet_pb2.ReplicaInfo, field: str, settings: ControlPlaneSettings,
+                  known: frozenset[str] | None = None) -> None:
+    """One replica's description, from a registration or a telemetry ``changed`` entry.
+
+    With ``known`` (the catalog, when ``strict_catalog`` is on) its model must be one of them.
+    """
     check_name(info.replica_id, f"{field}.replica_id", settings.max_name_bytes)
     check_name(info.model, f"{field}.model", settings.max_name_bytes)
+    if known is not None and info.model not in known:
+        raise InvalidArgument(f"{field}.model", f"unknown model {info.model!r}: not in the catalog ([[models]])")
     check_name(info.version, f"{field}.version", settings.max_version_bytes)
     check_address(info.address, f"{field}.address")
     check_filter(info.kserve_model, f"{field}.kserve_model", settings.max_name_bytes)
@@ -62,7 +68,8 @@ def check_replica(info: fleet_pb2.ReplicaInfo, field: str, settings: ControlPlan
         raise InvalidArgument(f"{field}.max_concurrency", "must be > 0")
 
 
-def check_register(reg: fleet_pb2.Register, settings: ControlPlaneSettings) -> None:
+def check_register(reg: fleet_pb2.Register, settings: ControlPlaneSettings,
+                   known: frozenset[str] | None = None) -> None:
     check_name(reg.node, "register.node", settings.max_name_bytes)
     check_name(reg.region, "register.region", settings.max_region_bytes)
     if len(reg.replicas) > settings.max_replicas_per_node:
@@ -70,18 +77,19 @@ def check_register(reg: fleet_pb2.Register, settings: ControlPlaneSettings) -> N
     seen: set[str] = set()
     for i, info in enumerate(reg.replicas):
         field = f"register.replicas[{i}]"
-        check_replica(info, field, settings)
+        check_replica(info, field, settings, known)
         if info.replica_id in seen:
             raise InvalidArgument(f"{field}.replica_id", f"{info.replica_id!r} appears twice")
         seen.add(info.replica_id)
 
 
-def check_telemetry(telemetry: fleet_pb2.Telemetry, settings: ControlPlaneSettings) -> None:
+def check_telemetry(telemetry: fleet_pb2.Telemetry, settings: ControlPlaneSettings,
+                    known: frozenset[str] | None = None) -> None:
     """The replicas a telemetry message adds or changes; unknown ids in loads are handled by the fleet."""
     seen: set[str] = set()
     for i, info in enumerate(telemetry.changed):
         field = f"telemetry.changed[{i}]"
-        check_replica(info, field, settings)
+        check_replica(info, field, settings, known)
         if info.replica_id in seen:
             raise InvalidArgument(f"{field}.replica_id", f"{info.replica_id!r} appears twice")
         seen.add(info.replica_id)

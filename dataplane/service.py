@@ -48,18 +48,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         await context.send_initial_metadata((("x-request-id", state.request_id),))
         return state
 
-    async def Infer(
-        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.InferResponse:
-        """One request, one answer."""
-        state = await self._start(context)
+    @contextlib.asynccontextmanager
+    async def _guard(self, state: RequestState, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """What both RPCs do around the router: a FerryError's status (``_fail`` aborts), a cancel
+        counted, INTERNAL for a bug (and keep serving), and the in-flight slot always given back."""
         try:
-            self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
-            if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.idempotency)
-                response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
-                                                              body_digest(request), lambda: self._answer(state))
-            else:
-                response = await self._answer(state)
+            yield
         except FerryError as error:
             await self._fail(state, error, context)
         except asyncio.CancelledError:
@@ -69,6 +63,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             await self._crash(state, exc, context)
         finally:
             self._router.end(state)
+
+    async def Infer(
+        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.InferResponse:
+        """One request, one answer."""
+        state = await self._start(context)
+        async with self._guard(state, context):
+            self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
+            if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.idempotency)
+                response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
+                                                              body_digest(request), lambda: self._answer(state))
+            else:
+                response = await self._answer(state)
         state.outcome.ttft_seconds = self._clock() - state.started  # the whole answer is the first token
         self._succeed(state)
         return response
@@ -84,22 +91,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         """One request, the text as chunks as they come, then a final chunk with the summary."""
         state = await self._start(context)
         first: float | None = None
-        try:
+        async with self._guard(state, context):
             self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
             async with contextlib.aclosing(self._router.stream(state)) as pieces:
                 async for piece in pieces:
                     if first is None:
                         first = self._clock() - state.started
                     yield inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens)
-        except FerryError as error:
-            await self._fail(state, error, context)
-        except asyncio.CancelledError:
-            self._count(state, "CANCELLED")
-            raise
-        except Exception as exc:  # a bug: answer INTERNAL, keep serving
-            await self._crash(state, exc, context)
-        finally:
-            self._router.end(state)
         state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
         self._succeed(state)
         yield inference_pb2.InferChunk(final=True, summary=self._summary(state, ""))

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from ferry.v1 import common_pb2, inference_pb2
-from tests.e2e.harness import Fleet
+from tests.e2e.harness import Fleet, wait_for
 
 LIMITS = {"max_prompt_bytes": 100_000, "max_tokens": 4096}
 
@@ -150,10 +150,12 @@ def test_ferryctl_replicas_and_table(fleet: Fleet) -> None:
     assert all(r["model"] == "chat" and r["state"] == "ready" for r in rows)
     human = run_ctl("replicas", *cp)
     assert human.returncode == 0 and "node-a-r0" in human.stdout and "STATE" in human.stdout
-    table = run_ctl(*cp, "--json", "table")
-    data = json.loads(table.stdout)
-    version = data["regions"][0]["version"]
-    assert data["proxies"][0]["applied_version"] == version
+
+    def synced() -> bool:  # versions move with load ticks: the proxy must catch up, not be caught mid-push
+        data = json.loads(run_ctl(*cp, "--json", "table").stdout)
+        return bool(data["proxies"][0]["applied_version"] == data["regions"][0]["version"])
+
+    wait_for(synced, 10, "the proxy to apply the region's current table version")
     assert run_ctl(*cp, "table").returncode == 0
     missing = run_ctl(*cp, "drain", "no-such-replica")
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr

@@ -13,7 +13,9 @@ the summary (:meth:`Delivered.merge`) reports the original prompt tokens.
 
 When it cannot continue (a request error, no replica left, the retry budget
 or ``max_continuations``, default 2, used up) the stream ends with
-UNAVAILABLE and :func:`cut_message` saying how many tokens were delivered.
+UNAVAILABLE and :func:`cut_message` saying how many tokens were delivered;
+a stream cut by the client's own deadline ends DEADLINE_EXCEEDED
+(:func:`cut_error`), whichever side's timer fired first.
 
 Pure, no I/O. Cost: O(pieces) text held per stream (bounded by max_tokens).
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from dataplane.forward import RETRYABLE, Call, Outcome, Piece
-from ferry.errors import FerryError, ReplicaFailed
+from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed, Unavailable
 
 
 @dataclasses.dataclass(slots=True)
@@ -82,3 +84,10 @@ def continuation(original: Call, delivered: Delivered) -> Call | None:
 def cut_message(delivered: Delivered, error: FerryError, why: str) -> str:
     """The UNAVAILABLE message of a stream that could not be continued."""
     return f"stream cut after {delivered.tokens} token(s) delivered: {error}; not continued: {why}"
+
+
+def cut_error(delivered: Delivered, error: FerryError, why: str) -> FerryError:
+    """The error a stream that cannot be continued ends with: DEADLINE_EXCEEDED stays so, else UNAVAILABLE."""
+    if isinstance(error, DeadlineExceeded):
+        return DeadlineExceeded(cut_message(delivered, error, why))
+    return Unavailable(cut_message(delivered, error, why))

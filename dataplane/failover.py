@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping
 
 from dataplane.config import ProxySettings
-from dataplane.continuation import Delivered, continuable, continuation, cut_message
+from dataplane.continuation import Delivered, continuable, continuation, cut_error
 from dataplane.forward import Call
 from dataplane.metrics import ProxyMetrics
 from dataplane.outlier import OutlierDetector, OutlierParams
@@ -31,7 +31,7 @@ from dataplane.regions import pick_remote, remote_view
 from dataplane.retrybudget import RetryBudget, charged
 from dataplane.spill import RegionBranch, choose_region
 from dataplane.table import Table, TableHolder
-from ferry.errors import FerryError, Unavailable
+from ferry.errors import DeadlineExceeded, FerryError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,7 +81,9 @@ class Failover:
     def resume(self, original: Call, error: FerryError, delivered: Delivered, model: str) -> Call | None:
         """The call continuing a stream cut after output (None: all was delivered); raises Unavailable if none."""
         why = ""
-        if not continuable(error):
+        if isinstance(error, DeadlineExceeded):
+            why = "the request's deadline passed"
+        elif not continuable(error):
             why = "the failure is not the replica's"
         elif delivered.continuations >= self._settings.max_continuations:
             why = f"{delivered.continuations} continuation(s) already"
@@ -89,7 +91,7 @@ class Failover:
             why = "retry budget exhausted"
         if why:
             self._metrics.continuations.labels(model, "cut").inc()
-            raise Unavailable(cut_message(delivered, error, why)) from None
+            raise cut_error(delivered, error, why) from None
         self._metrics.continuations.labels(model, "continued").inc()
         return continuation(original, delivered)
 

@@ -35,7 +35,7 @@ from collections.abc import AsyncGenerator, Callable, Iterable
 from dataplane.admission import Admission, Preempted
 from dataplane.auth import Authenticator
 from dataplane.config import ProxySettings
-from dataplane.continuation import Delivered, cut_message
+from dataplane.continuation import Delivered, cut_error
 from dataplane.failover import Failover, Spilled
 from dataplane.forward import Call, Forwarder, Outcome, Piece
 from dataplane.idempotency import Idempotency
@@ -340,7 +340,7 @@ class Router:
                     last = error
                 else:
                     call = self.failover.resume(state.call, error, delivered, state.model_label)
-                    last = Unavailable(cut_message(delivered, error, "no other replica"))
+                    last = cut_error(delivered, error, "no other replica")
                 failed.append(replica)
             finally:
                 self.picker.done(attempt, cached)

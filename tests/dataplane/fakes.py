@@ -25,7 +25,8 @@ class Behaviour:
     """What a fake replica does with each request.
 
     kind: ``ok`` (answer), ``fail`` (abort with ``code`` before any output),
-    ``hang`` (wait until cancelled), ``die`` (stream: one chunk, then fail).
+    ``hang`` (wait until cancelled), ``die`` (stream: one chunk, then fail),
+    ``stall`` (stream: one chunk, then wait until cancelled).
     ``chunks``: streamed responses; ``delay``: seconds before answering;
     ``report``: send the ``ferry_*`` parameters (a real Triton does not);
     ``final_flag``: mark the last streamed response with ``triton_final_response``.
@@ -147,6 +148,12 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
                     yield service_pb2.ModelStreamInferResponse(error_message="replica died")
                     return
                 await context.abort(grpc.StatusCode.INTERNAL, "replica died mid-stream")
+            if self.behaviour.kind == "stall" and i == 1:
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    self.cancelled.set()
+                    raise
             params = self._params(request, 1)
             if i == n - 1 and self.behaviour.final_flag:
                 params["triton_final_response"] = True

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dataplane.continuation import Delivered, continuable, continuation, cut_message
+from dataplane.continuation import Delivered, continuable, continuation, cut_error, cut_message
 from dataplane.forward import Call, ForwardFailed, Outcome, Piece
-from ferry.errors import DeadlineExceeded, FerryError
+from ferry.errors import DeadlineExceeded, FerryError, Unavailable
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, parse
 
@@ -48,6 +48,22 @@ def test_the_continuation_resumes_after_the_delivered_tokens() -> None:
     merged = delivered.merge(last, CALL)
     assert (merged.completion_tokens, merged.prompt_tokens) == (10, 2)
     assert "after 3 token(s) delivered" in cut_message(delivered, _cut("unavailable"), "no other replica")
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (DeadlineExceeded("deadline exceeded waiting for replica r1"), DeadlineExceeded),
+        (_cut("unavailable"), Unavailable),
+        (_cut("invalid_argument"), Unavailable),
+    ],
+    ids=["deadline-stays-deadline", "replica-failure", "request-error"],
+)
+def test_a_stream_that_cannot_continue_ends_with_the_code_of_its_cause(error: FerryError, expected: type) -> None:
+    delivered = Delivered()
+    delivered.add(Piece("x0", 1))
+    cut = cut_error(delivered, error, "why")
+    assert type(cut) is expected and "after 1 token(s) delivered" in str(cut)
 
 
 def test_nothing_left_to_generate_needs_no_continuation() -> None:
@@ -92,3 +108,16 @@ async def test_an_empty_retry_budget_cuts_the_stream(rig) -> None:
             pass
     assert "retry budget exhausted" in info.value.details()
     assert r.served() == {"r1": 1, "r2": 0}
+
+
+async def test_a_stream_outliving_its_deadline_ends_deadline_exceeded_not_unavailable(rig) -> None:
+    # The proxy's deadline (its default, the client sends none) fires while the replica stalls mid-stream.
+    r = await rig({"r1": Behaviour(kind="stall", chunks=3), "r2": Behaviour(chunks=3)},
+                  loads={"r1": {}, "r2": {"queued": 3}}, settings={"default_deadline_seconds": 0.5})
+    got: list[str] = []
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for chunk in r.stub.InferStream(request(max_tokens=3), metadata=PAID):
+            got.append(chunk.text)
+    assert got == ["r1c0 "]
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert r.served()["r2"] == 0

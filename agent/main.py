@@ -45,7 +45,7 @@ from agent.config import AgentSettings
 from agent.engine import EngineParams
 from agent.inventory import ReplicaSpec
 from agent.replica import SimulatedReplica
-from ferry import tls
+from ferry import logs, tls
 from ferry.config import load_file
 from ferry.errors import ConfigError
 from ferry.grpcutil import split_address
@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--triton", metavar="ADDRESS", help="also adopt the LLM models of this KServe v2 endpoint")
     parser.add_argument("--triton-metrics", metavar="URL", help="that endpoint's Prometheus URL (optional)")
     parser.add_argument("--config", metavar="PATH", help="TOML config file (sections [agent] and [replica])")
+    logs.add_argument(parser)
     parser.add_argument("--listen-host", default="127.0.0.1", help="host the replicas bind (default 127.0.0.1)")
     parser.add_argument("--metrics-listen", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="the agent's own metrics endpoint (default 127.0.0.1:0)")
@@ -96,7 +97,7 @@ def parse_replica(text: str) -> tuple[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logging.INFO, args.log_format)
     try:
         control_planes = [a.strip() for a in args.control_plane.split(",") if a.strip()]
         if not control_planes:

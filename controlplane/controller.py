@@ -63,6 +63,7 @@ from controlplane.table import Published, TableVersions, compute_tables, initial
 from controlplane.watchers import Watcher, Watchers
 from ferry.config import TIERS, ModelConfig
 from ferry.errors import AlreadyExists, InvalidArgument, Overloaded, Unavailable
+from ferry.logs import event
 from ferry.tls import TLSConfig
 from ferry.v1 import common_pb2, fleet_pb2, tables_pb2
 
@@ -202,7 +203,7 @@ class Controller(Operator, FleetOps, Peers):
             if replica_id in self.intent.drains and info.state in NOT_DRAINING:
                 self._send(session, KIND.KIND_DRAIN, replica_id)
         self.notify()
-        log.info("node %s registered in region %s with %d replicas", member.node, member.region, len(member.replicas))
+        event(log, "node_registered", node=member.node, region=member.region, replicas=len(member.replicas))
         return session
 
     def telemetry(self, session: AgentSession, telemetry: fleet_pb2.Telemetry) -> None:
@@ -231,7 +232,7 @@ class Controller(Operator, FleetOps, Peers):
     def disconnect(self, session: AgentSession) -> None:
         self.agents.detach(session)
         if self.fleet.disconnect(session.member):
-            log.info("node %s: agent stream ended", session.node)
+            event(log, "agent_stream_ended", node=session.node)
             self.notify()
 
     def _member_changed(self, node: str) -> None:
@@ -266,7 +267,8 @@ class Controller(Operator, FleetOps, Peers):
         if ignored is not None:
             self.reject(ignored)
         elif not ack.applied:
-            log.warning("proxy %s rejected version %d: %s", watcher.status.proxy_id, ack.version, ack.error)
+            event(log, "table_rejected_by_proxy", logging.WARNING, proxy_id=watcher.status.proxy_id,
+                  version=ack.version, reason=ack.error)
         self._observe_proxies()
 
     def pushed(self, watcher: Watcher) -> None:
@@ -336,10 +338,11 @@ class Controller(Operator, FleetOps, Peers):
             if term != self._term:
                 self._term = term
                 self.tables.rebase(max(initial_version(self._wall()), self.tables.high))
-            log.info("control plane %s leads (term %d)", self.settings.id, term)
+            event(log, "leader_elected", control_plane=self.settings.id, term=term)
         elif self.leading and not leading:
             self.cluster.followers.close_all(f"control plane {self.settings.id!r} no longer leads")
-            log.warning("control plane %s no longer leads; serving the last tables", self.settings.id)
+            event(log, "leadership_lost", logging.WARNING, control_plane=self.settings.id,
+                  detail="serving the last tables")
         self.leading = leading
 
     async def _loop(self) -> None:

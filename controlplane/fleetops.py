@@ -37,6 +37,7 @@ from controlplane.table import Published, TableVersions, catalog_models
 from controlplane.tablediff import diff_tables, pick_versions
 from ferry.config import ModelConfig
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
+from ferry.logs import event
 from ferry.v1 import admin_pb2
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class FleetOps:
                 await self.intent.wait(revision, self.settings.store_timeout_seconds)
         except Unavailable as exc:
             raise Unavailable(self._refusal(what, str(exc))) from exc
+        event(log, "node_cordoned" if cordon else "node_uncordoned", node=node, control_plane=self.settings.id)
         if self.leading:
             self.recompute()
         elif member is not None:

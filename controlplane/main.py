@@ -36,7 +36,7 @@ from controlplane.admission import Admission
 from controlplane.config import ControlPlaneSettings
 from controlplane.etcdstore import EtcdStore, parse_endpoint
 from controlplane.server import ControlPlane
-from ferry import tls
+from ferry import logs, tls
 from ferry.config import ModelConfig, load_file
 from ferry.errors import ConfigError, FerryError
 from ferry.metrics import start_metrics_server
@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--join-token-file", default=None,
                         help="file holding the agents' join token (else env FERRY_JOIN_TOKEN, else the config's hash)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
+    logs.add_argument(parser)
     tls.add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -118,7 +119,7 @@ def open_store(url: str, settings: ControlPlaneSettings) -> EtcdStore | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, args.log_format)
     try:
         config = load_file(args.config)
         settings = config.section(ControlPlaneSettings, "controlplane")

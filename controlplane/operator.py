@@ -36,6 +36,7 @@ from controlplane.store import Store, drain_key
 from controlplane.table import Published, TableVersions
 from controlplane.watchers import Watchers
 from ferry.errors import NotFound, Overloaded, Unavailable
+from ferry.logs import event
 from ferry.v1 import admin_pb2, fleet_pb2
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ class Operator:
                 raise Unavailable(f"{what} of {replica_id}: the store did not confirm the write ({exc}); it may "
                                   "still apply when the store answers again (see ferryctl replicas)") from exc
             await self.intent.wait(revision, self.settings.store_timeout_seconds)
+            event(log, "drain_requested" if drain else "drain_cancelled", replica_id=replica_id,
+                  control_plane=self.settings.id)
             if self.leading:
                 self.recompute()
             member = self._holder(replica_id)

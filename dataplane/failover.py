@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import random
 from collections.abc import Callable, Mapping
 
@@ -32,6 +33,9 @@ from dataplane.retrybudget import RetryBudget, charged
 from dataplane.spill import RegionBranch, choose_region
 from dataplane.table import Table, TableHolder
 from ferry.errors import DeadlineExceeded, FerryError
+from ferry.logs import event
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,8 +95,12 @@ class Failover:
             why = "retry budget exhausted"
         if why:
             self._metrics.continuations.labels(model, "cut").inc()
+            event(log, "stream_cut", logging.WARNING, request_id=original.request_id, model=model,
+                  tokens_delivered=delivered.tokens, error=str(error), reason=why)
             raise cut_error(delivered, error, why) from None
         self._metrics.continuations.labels(model, "continued").inc()
+        event(log, "stream_continued", request_id=original.request_id, model=model,
+              tokens_delivered=delivered.tokens, error=str(error), continuation=delivered.continuations + 1)
         return continuation(original, delivered)
 
     def ejected(self) -> frozenset[str]:
@@ -107,6 +115,7 @@ class Failover:
                                       pool_size=pool_size)
         if reason is not None:
             self._metrics.ejections.labels(model, reason).inc()
+            event(log, "replica_ejected", logging.WARNING, replica_id=replica_id, model=model, reason=reason)
 
     def spill(self, table: Table, model: str, tier: str, local: Mapping[str, int]) -> Spilled | None:
         """Step 3 of the request path: a replica of another region when the spill weights say so, else None."""

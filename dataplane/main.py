@@ -26,7 +26,7 @@ import sys
 
 from dataplane.config import ProxyConfig, load, parse_addresses
 from dataplane.server import Proxy
-from ferry import tls
+from ferry import logs, tls
 from ferry.errors import ConfigError
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--control-plane", default="", help="HOST:PORT[,HOST:PORT...] of the control planes")
     p.add_argument("--region", default=None, help="the proxy's region (default: config, else 'local')")
     p.add_argument("--config", default=None, help="TOML config file (tenants, limits, [proxy])")
+    logs.add_argument(p)
     p.add_argument("--id", dest="proxy_id", default=None, help="proxy id (default: hostname-pid)")
     p.add_argument("--replica-plaintext", action="store_true",
                    help="with TLS, still reach the replicas in plain text (replicas that serve no TLS)")
@@ -83,7 +84,7 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ferry proxy``."""
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.configure(logging.INFO, args.log_format)
     try:
         config = load(args.config, region=args.region, proxy_id=args.proxy_id)
         control_planes = parse_addresses(args.control_plane)

@@ -1,7 +1,10 @@
 """``ferry.v1.Inference`` servicer: translates between the wire and :class:`dataplane.router.Router`.
 
-It holds no policy. Per call it gives the request an id (sent at once as
-``x-request-id`` initial metadata), lets the router run it, builds the
+It holds no policy. Per call it takes the caller's ``x-request-id`` metadata
+(1 to 64 characters of ``A-Z a-z 0-9 . _ : -``; anything else is
+INVALID_ARGUMENT naming it) or makes one, sends it at once as
+``x-request-id`` initial metadata (the replica gets it as the KServe
+request id), lets the router run it, builds the
 ``InferResponse`` (or the stream's chunks, then a final chunk with the
 summary), and on failure chooses the status with
 :func:`ferry.grpcutil.status_for`: UNAUTHENTICATED, INVALID_ARGUMENT (the
@@ -19,19 +22,36 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
 from dataplane.idempotency import body_digest
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import RequestState, Router
-from ferry.errors import DeadlineExceeded, FerryError, Overloaded
+from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded
 from ferry.grpcutil import status_for
+from ferry.logs import event
 from ferry.v1 import inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger("ferry.proxy")
+
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def caller_request_id(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, InvalidArgument | None]:
+    """The caller's ``x-request-id`` ("" when none) and the error when it is malformed (a fresh id is used)."""
+    for key, value in metadata:
+        if key == "x-request-id":
+            text = value if isinstance(value, str) else ""
+            if REQUEST_ID.fullmatch(text):
+                return text, None
+            return "", InvalidArgument("x-request-id", "must be 1 to 64 characters of A-Z a-z 0-9 . _ : -")
+    return "", None
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -43,10 +63,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._region = region
         self._clock = clock
 
-    async def _start(self, context: grpc.aio.ServicerContext) -> RequestState:
-        state = RequestState(request_id=uuid.uuid4().hex, started=self._clock())
+    async def _start(self, context: grpc.aio.ServicerContext) -> tuple[RequestState, InvalidArgument | None]:
+        given, refused = caller_request_id(context.invocation_metadata() or ())
+        state = RequestState(request_id=given or uuid.uuid4().hex, started=self._clock())
         await context.send_initial_metadata((("x-request-id", state.request_id),))
-        return state
+        return state, refused
 
     @contextlib.asynccontextmanager
     async def _guard(self, state: RequestState, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -68,8 +89,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.InferResponse:
         """One request, one answer."""
-        state = await self._start(context)
+        state, refused = await self._start(context)
         async with self._guard(state, context):
+            if refused is not None:
+                raise refused
             self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
             if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.idempotency)
                 response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
@@ -89,9 +112,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.InferChunk]:
         """One request, the text as chunks as they come, then a final chunk with the summary."""
-        state = await self._start(context)
+        state, refused = await self._start(context)
         first: float | None = None
         async with self._guard(state, context):
+            if refused is not None:
+                raise refused
             self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
             async with contextlib.aclosing(self._router.stream(state)) as pieces:
                 async for piece in pieces:
@@ -142,19 +167,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             code = grpc.StatusCode.CANCELLED
         elapsed = self._count(state, code.name)
         tenant = state.tenant.name if state.tenant else ""
-        log.warning(json.dumps({
-            "event": "request_failed",
-            "request_id": state.request_id,
-            "tenant": tenant,
-            "model": state.model_label,
-            "tier": state.tier_label,
-            "status": code.name,
-            "error": type(error).__name__,
-            "reason": str(error),
-            "attempts": state.attempts,
-            "replica_id": state.replica_id,
-            "duration_seconds": round(elapsed, 6),
-        }, sort_keys=True))
+        event(log, "request_failed", logging.WARNING, request_id=state.request_id, tenant=tenant,
+              model=state.model_label, tier=state.tier_label, status=code.name, error=type(error).__name__,
+              reason=str(error), attempts=state.attempts, replica_id=state.replica_id,
+              duration_seconds=round(elapsed, 6))
         trailing: tuple[tuple[str, str], ...] = ()
         if isinstance(error, Overloaded):
             trailing = (("retry-after", f"{error.retry_after:g}"),)

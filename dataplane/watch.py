@@ -27,6 +27,7 @@ import grpc
 from dataplane.metrics import ProxyMetrics
 from dataplane.table import TableHolder, TableRejected
 from ferry.grpcutil import channel_options
+from ferry.logs import event
 from ferry.tls import TLSConfig
 from ferry.tls import channel as tls_channel
 from ferry.v1 import tables_pb2, tables_pb2_grpc
@@ -94,9 +95,9 @@ class TableWatcher:
             try:
                 got = await self._watch(address, stop)
             except grpc.aio.AioRpcError as exc:
-                log.info("table watch on %s ended: %s", address, exc.code().name)
+                event(log, "table_watch_ended", control_plane=address, status=exc.code().name)
             except Exception as exc:  # the loop outlives any stream problem
-                log.info("table watch on %s ended: %s", address, type(exc).__name__)
+                event(log, "table_watch_ended", control_plane=address, status=type(exc).__name__)
             finally:
                 got = got or self.connected.is_set()
                 self.connected.clear()
@@ -105,8 +106,8 @@ class TableWatcher:
             if got:
                 warned = False
             if not warned and self._holder.age() > self._stale_warn:
-                log.warning("routing table is %.1f s old; serving on version %d until a control plane answers",
-                            self._holder.age(), self._holder.version)
+                event(log, "table_stale", logging.WARNING, age_seconds=round(self._holder.age(), 3),
+                      version=self._holder.version, detail="serving the last table until a control plane answers")
                 warned = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self._backoff.next())
@@ -144,7 +145,7 @@ class TableWatcher:
             table = self._holder.apply(snapshot)
         except TableRejected as rejected:
             self._metrics.table_rejections.inc()
-            log.warning("table rejected: %s", rejected)
+            event(log, "table_rejected", logging.WARNING, version=snapshot.version, reason=rejected.reason)
             return tables_pb2.Ack(version=snapshot.version, nonce=snapshot.nonce, applied=False,
                                   error=rejected.reason)
         self._metrics.table_version.set(table.version)

@@ -26,7 +26,7 @@ import os
 import sys
 
 from agent.batch.host import HostedRuntime, RuntimeSpec, add_arguments, spec_from_args
-from ferry import tls
+from ferry import logs, tls
 from ferry.errors import ConfigError
 from ferry.grpcutil import split_address
 from ferry.process import stop_event, write_ready_file
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=8, help="the node's GPUs (default %(default)s)")
     add_arguments(p)
     tls.add_arguments(p)
+    logs.add_argument(p)
     return p
 
 
@@ -66,7 +67,7 @@ async def run(spec: RuntimeSpec, args: argparse.Namespace, transport: TLSConfig 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logging.INFO, args.log_format)
     try:
         spec = spec_from_args(args, gpus=args.gpus)
         transport = tls.from_args(args)

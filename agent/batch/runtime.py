@@ -33,6 +33,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,9 @@ from agent.batch.metrics import BatchMetrics
 from agent.batch.reference import check_outputs
 from agent.batch.telemetry import BusyWindow, ModelView, RuntimeLoad
 from ferry.errors import FerryError, ReplicaFailed, Unavailable
+from ferry.logs import event
+
+log = logging.getLogger(__name__)
 
 VERSION = "1"  # the model version a runtime serves unless told otherwise (Triton's numbering)
 
@@ -210,6 +214,8 @@ class BatchRuntime:
                 task.cancel()
         if report.model is not None and report.requeued:
             self.metrics.requeued.labels(report.model).inc(len(report.requeued))
+        event(log, "gpu_failed", logging.WARNING, gpu=gpu, batch_id=report.batch_id, model=report.model,
+              requeued=len(report.requeued), failed=len(report.failed), models_lost=list(report.unavailable))
         for rid, error in report.failed:
             self._fail(rid, error)
         self._pump()

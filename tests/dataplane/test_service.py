@@ -53,6 +53,31 @@ async def test_unary_fills_the_response(rig) -> None:
     assert m.value("proxy_telemetry_age_seconds_count") == 1
 
 
+@pytest.mark.parametrize(
+    ("given", "code"),
+    [
+        ("trace-42.a:b_c", None),
+        ("x" * 64, None),
+        ("x" * 65, grpc.StatusCode.INVALID_ARGUMENT),
+        ("has space", grpc.StatusCode.INVALID_ARGUMENT),
+        ("", grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+    ids=["kept", "longest", "too-long", "bad-character", "empty"],
+)
+async def test_the_callers_request_id_reaches_the_replica_or_is_refused_by_name(rig, given: str, code) -> None:
+    r = await rig({"r1": Behaviour()})
+    call = r.stub.Infer(request(max_tokens=2), metadata=(*PAID, ("x-request-id", given)), timeout=5)
+    if code is None:
+        reply = await call
+        assert reply.request_id == given and r.replicas["r1"].requests[0].id == given
+        assert dict(await call.initial_metadata())["x-request-id"] == given
+    else:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == code and "x-request-id" in (info.value.details() or "")
+        assert r.served() == {"r1": 0}
+
+
 async def test_stream_passes_chunks_then_a_summary(rig) -> None:
     r = await rig({"r1": Behaviour(chunks=4)})
     call = r.stub.InferStream(request(max_tokens=8), metadata=(("authorization", f"Bearer {KEYS['paid']}"),),

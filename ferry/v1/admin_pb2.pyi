@@ -1,6 +1,7 @@
 from ferry.v1 import common_pb2 as _common_pb2
 from ferry.v1 import tables_pb2 as _tables_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -173,14 +174,28 @@ class GetStatusResponse(_message.Message):
     def __init__(self, control_plane_id: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ..., control_planes: _Optional[_Iterable[_Union[ControlPlaneView, _Mapping]]] = ..., store: _Optional[_Union[StoreView, _Mapping]] = ..., regions: _Optional[_Iterable[_Union[RegionTable, _Mapping]]] = ..., proxies: _Optional[_Iterable[_Union[ProxyView, _Mapping]]] = ..., members: _Optional[int] = ..., drains: _Optional[int] = ..., allocations: _Optional[int] = ..., agents: _Optional[int] = ...) -> None: ...
 
 class FollowerReport(_message.Message):
-    __slots__ = ("control_plane_id", "members", "regions")
+    __slots__ = ("control_plane_id", "members", "regions", "proxy_usage")
     CONTROL_PLANE_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
+    PROXY_USAGE_FIELD_NUMBER: _ClassVar[int]
     control_plane_id: str
     members: _containers.RepeatedCompositeFieldContainer[MemberReport]
     regions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, control_plane_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., regions: _Optional[_Iterable[str]] = ...) -> None: ...
+    proxy_usage: _containers.RepeatedCompositeFieldContainer[ProxyUsageReport]
+    def __init__(self, control_plane_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., regions: _Optional[_Iterable[str]] = ..., proxy_usage: _Optional[_Iterable[_Union[ProxyUsageReport, _Mapping]]] = ...) -> None: ...
+
+class ProxyUsageReport(_message.Message):
+    __slots__ = ("proxy_id", "region", "age_seconds", "report")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    region: str
+    age_seconds: float
+    report: _tables_pb2.Report
+    def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., age_seconds: _Optional[float] = ..., report: _Optional[_Union[_tables_pb2.Report, _Mapping]] = ...) -> None: ...
 
 class MemberReport(_message.Message):
     __slots__ = ("node", "connected", "heard_seconds_ago", "loads")
@@ -285,11 +300,13 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelView, _Mapping]]] = ...) -> None: ...
 
 class GetUsageRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("by_tier",)
+    BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    by_tier: bool
+    def __init__(self, by_tier: _Optional[bool] = ...) -> None: ...
 
 class UsageRow(_message.Message):
-    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds")
+    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds", "request_rate", "p99_seconds", "shed_rate", "error_rate", "tier")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +317,11 @@ class UsageRow(_message.Message):
     GPU_UTILISATION_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RATE_FIELD_NUMBER: _ClassVar[int]
+    P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHED_RATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     model: str
     region: str
     replicas_ready: int
@@ -310,7 +332,12 @@ class UsageRow(_message.Message):
     gpu_utilisation: float
     requests_total: int
     telemetry_age_seconds: float
-    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...
+    request_rate: float
+    p99_seconds: float
+    shed_rate: float
+    error_rate: float
+    tier: str
+    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ..., request_rate: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., shed_rate: _Optional[float] = ..., error_rate: _Optional[float] = ..., tier: _Optional[str] = ...) -> None: ...
 
 class GetUsageResponse(_message.Message):
     __slots__ = ("rows", "sampled_at")
@@ -449,3 +476,209 @@ class ReleaseResponse(_message.Message):
     released: bool
     undrained: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, released: _Optional[bool] = ..., undrained: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TenantView(_message.Message):
+    __slots__ = ("name", "api_key_sha256", "plan", "tiers", "requests_per_second", "tokens_per_second", "max_concurrency", "updated_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    api_key_sha256: str
+    plan: str
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    requests_per_second: float
+    tokens_per_second: float
+    max_concurrency: int
+    updated_at: float
+    def __init__(self, name: _Optional[str] = ..., api_key_sha256: _Optional[str] = ..., plan: _Optional[str] = ..., tiers: _Optional[_Iterable[str]] = ..., requests_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., max_concurrency: _Optional[int] = ..., updated_at: _Optional[float] = ...) -> None: ...
+
+class ListTenantsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTenantsResponse(_message.Message):
+    __slots__ = ("tenants", "managed", "max_tenants")
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    MANAGED_FIELD_NUMBER: _ClassVar[int]
+    MAX_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantView]
+    managed: bool
+    max_tenants: int
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantView, _Mapping]]] = ..., managed: _Optional[bool] = ..., max_tenants: _Optional[int] = ...) -> None: ...
+
+class PutTenantRequest(_message.Message):
+    __slots__ = ("tenant", "api_key", "fields", "create_only")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    tenant: TenantView
+    api_key: str
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    create_only: bool
+    def __init__(self, tenant: _Optional[_Union[TenantView, _Mapping]] = ..., api_key: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., create_only: _Optional[bool] = ...) -> None: ...
+
+class PutTenantResponse(_message.Message):
+    __slots__ = ("tenant", "created")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    tenant: TenantView
+    created: bool
+    def __init__(self, tenant: _Optional[_Union[TenantView, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class DeleteTenantRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTenantResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
+
+class GetTiersRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class TierView(_message.Message):
+    __slots__ = ("region", "tier", "reserved_share", "reserved_slots", "quota_slots", "lent_slots", "request_rate", "queued", "p99_seconds", "shed_rate", "offered_rate")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_SHARE_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    LENT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_RATE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHED_RATE_FIELD_NUMBER: _ClassVar[int]
+    OFFERED_RATE_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    tier: str
+    reserved_share: float
+    reserved_slots: int
+    quota_slots: int
+    lent_slots: int
+    request_rate: float
+    queued: int
+    p99_seconds: float
+    shed_rate: float
+    offered_rate: float
+    def __init__(self, region: _Optional[str] = ..., tier: _Optional[str] = ..., reserved_share: _Optional[float] = ..., reserved_slots: _Optional[int] = ..., quota_slots: _Optional[int] = ..., lent_slots: _Optional[int] = ..., request_rate: _Optional[float] = ..., queued: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., shed_rate: _Optional[float] = ..., offered_rate: _Optional[float] = ...) -> None: ...
+
+class GetTiersResponse(_message.Message):
+    __slots__ = ("tiers", "sampled_at")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierView]
+    sampled_at: float
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierView, _Mapping]]] = ..., sampled_at: _Optional[float] = ...) -> None: ...
+
+class GetSpillRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class SpillView(_message.Message):
+    __slots__ = ("source", "target", "weight", "rtt_ms", "spilled_rate")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_RATE_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    target: str
+    weight: float
+    rtt_ms: float
+    spilled_rate: float
+    def __init__(self, source: _Optional[str] = ..., target: _Optional[str] = ..., weight: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., spilled_rate: _Optional[float] = ...) -> None: ...
+
+class GetSpillResponse(_message.Message):
+    __slots__ = ("pairs", "sampled_at")
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    pairs: _containers.RepeatedCompositeFieldContainer[SpillView]
+    sampled_at: float
+    def __init__(self, pairs: _Optional[_Iterable[_Union[SpillView, _Mapping]]] = ..., sampled_at: _Optional[float] = ...) -> None: ...
+
+class RolloutRequest(_message.Message):
+    __slots__ = ("model", "version", "canary_percent", "action")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ACTION_UNSPECIFIED: _ClassVar[RolloutRequest.Action]
+        ACTION_CANARY: _ClassVar[RolloutRequest.Action]
+        ACTION_PROMOTE: _ClassVar[RolloutRequest.Action]
+        ACTION_ROLLBACK: _ClassVar[RolloutRequest.Action]
+    ACTION_UNSPECIFIED: RolloutRequest.Action
+    ACTION_CANARY: RolloutRequest.Action
+    ACTION_PROMOTE: RolloutRequest.Action
+    ACTION_ROLLBACK: RolloutRequest.Action
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    canary_percent: float
+    action: RolloutRequest.Action
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., canary_percent: _Optional[float] = ..., action: _Optional[_Union[RolloutRequest.Action, str]] = ...) -> None: ...
+
+class RolloutRegion(_message.Message):
+    __slots__ = ("region", "stable_ready", "canary_ready", "canary_share")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    STABLE_READY_FIELD_NUMBER: _ClassVar[int]
+    CANARY_READY_FIELD_NUMBER: _ClassVar[int]
+    CANARY_SHARE_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    stable_ready: int
+    canary_ready: int
+    canary_share: float
+    def __init__(self, region: _Optional[str] = ..., stable_ready: _Optional[int] = ..., canary_ready: _Optional[int] = ..., canary_share: _Optional[float] = ...) -> None: ...
+
+class RolloutView(_message.Message):
+    __slots__ = ("model", "stable_version", "canary_version", "canary_percent", "state", "updated_at", "default_version", "regions")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    stable_version: str
+    canary_version: str
+    canary_percent: float
+    state: str
+    updated_at: float
+    default_version: str
+    regions: _containers.RepeatedCompositeFieldContainer[RolloutRegion]
+    def __init__(self, model: _Optional[str] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_percent: _Optional[float] = ..., state: _Optional[str] = ..., updated_at: _Optional[float] = ..., default_version: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[RolloutRegion, _Mapping]]] = ...) -> None: ...
+
+class RolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: RolloutView
+    def __init__(self, rollout: _Optional[_Union[RolloutView, _Mapping]] = ...) -> None: ...
+
+class ListRolloutsRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class ListRolloutsResponse(_message.Message):
+    __slots__ = ("rollouts",)
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    rollouts: _containers.RepeatedCompositeFieldContainer[RolloutView]
+    def __init__(self, rollouts: _Optional[_Iterable[_Union[RolloutView, _Mapping]]] = ...) -> None: ...

@@ -110,6 +110,41 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.ListTenants = channel.unary_unary(
+                '/ferry.v1.Admin/ListTenants',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+                _registered_method=True)
+        self.PutTenant = channel.unary_unary(
+                '/ferry.v1.Admin/PutTenant',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.PutTenantRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.PutTenantResponse.FromString,
+                _registered_method=True)
+        self.DeleteTenant = channel.unary_unary(
+                '/ferry.v1.Admin/DeleteTenant',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.DeleteTenantRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.DeleteTenantResponse.FromString,
+                _registered_method=True)
+        self.GetTiers = channel.unary_unary(
+                '/ferry.v1.Admin/GetTiers',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetTiersRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetTiersResponse.FromString,
+                _registered_method=True)
+        self.GetSpill = channel.unary_unary(
+                '/ferry.v1.Admin/GetSpill',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetSpillRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetSpillResponse.FromString,
+                _registered_method=True)
+        self.Rollout = channel.unary_unary(
+                '/ferry.v1.Admin/Rollout',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.RolloutResponse.FromString,
+                _registered_method=True)
+        self.ListRollouts = channel.unary_unary(
+                '/ferry.v1.Admin/ListRollouts',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -222,6 +257,56 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTenants(self, request, context):
+        """Tenants kept in the store and pushed to the proxies in every table
+        (controlplane.tenants). Only the sha256 of an API key is stored or shown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutTenant(self, request, context):
+        """Create or update a tenant; UNAVAILABLE while the store is unreachable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTiers(self, request, context):
+        """Per region and tier: the table's tier quotas, and what this control plane's proxies report
+        (rate, queued, p99, shed share). ferryctl tiers asks every control plane and merges.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSpill(self, request, context):
+        """Per region pair: the table's spill weight and round trip, and the spilled rate the proxies report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rollout(self, request, context):
+        """Version rollout of a model (controlplane.rollout): a canary share of the requests that name no
+        version, then promote or roll back. Intent in the store; UNAVAILABLE while it is unreachable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRollouts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -299,6 +384,41 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.ReleaseRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'ListTenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTenants,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ListTenantsRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ListTenantsResponse.SerializeToString,
+            ),
+            'PutTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutTenant,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.PutTenantRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.PutTenantResponse.SerializeToString,
+            ),
+            'DeleteTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTenant,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.DeleteTenantRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.DeleteTenantResponse.SerializeToString,
+            ),
+            'GetTiers': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTiers,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetTiersRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetTiersResponse.SerializeToString,
+            ),
+            'GetSpill': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSpill,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetSpillRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetSpillResponse.SerializeToString,
+            ),
+            'Rollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rollout,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.RolloutRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.RolloutResponse.SerializeToString,
+            ),
+            'ListRollouts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRollouts,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -707,6 +827,195 @@ class Admin:
             '/ferry.v1.Admin/Release',
             ferry_dot_v1_dot_admin__pb2.ReleaseRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/ListTenants',
+            ferry_dot_v1_dot_admin__pb2.ListTenantsRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ListTenantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/PutTenant',
+            ferry_dot_v1_dot_admin__pb2.PutTenantRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.PutTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/DeleteTenant',
+            ferry_dot_v1_dot_admin__pb2.DeleteTenantRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.DeleteTenantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTiers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetTiers',
+            ferry_dot_v1_dot_admin__pb2.GetTiersRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetTiersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSpill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetSpill',
+            ferry_dot_v1_dot_admin__pb2.GetSpillRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetSpillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/Rollout',
+            ferry_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.RolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRollouts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/ListRollouts',
+            ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.FromString,
             options,
             channel_credentials,
             insecure,

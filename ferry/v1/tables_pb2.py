@@ -25,33 +25,41 @@ _sym_db = _symbol_database.Default()
 from ferry.v1 import common_pb2 as ferry_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65rry/v1/tables.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"^\n\x0cWatchRequest\x12(\n\tsubscribe\x18\x01 \x01(\x0b\x32\x13.ferry.v1.SubscribeH\x00\x12\x1c\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\r.ferry.v1.AckH\x00\x42\x06\n\x04\x62ody\"C\n\tSubscribe\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x14\n\x0chave_version\x18\x03 \x01(\x04\"E\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xed\x01\n\rTableSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x13\n\x0b\x63omputed_at\x18\x04 \x01(\x01\x12$\n\x06models\x18\x05 \x03(\x0b\x32\x14.ferry.v1.ModelRoute\x12\"\n\x04ring\x18\x06 \x01(\x0b\x32\x14.ferry.v1.RingParams\x12(\n\x0btier_quotas\x18\n \x03(\x0b\x32\x13.ferry.v1.TierQuota\x12#\n\x05spill\x18\x14 \x03(\x0b\x32\x14.ferry.v1.SpillRoute\"r\n\tTierQuota\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x16\n\x0ereserved_share\x18\x02 \x01(\x01\x12\x16\n\x0ereserved_slots\x18\x03 \x01(\r\x12\x13\n\x0bquota_slots\x18\x04 \x01(\r\x12\x12\n\nlent_slots\x18\x05 \x01(\r\"1\n\nRingParams\x12\x13\n\x0bload_factor\x18\x01 \x01(\x01\x12\x0e\n\x06vnodes\x18\x02 \x01(\r\"0\n\rVersionWeight\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"\x90\x01\n\nModelRoute\x12\r\n\x05model\x18\x01 \x01(\t\x12\x17\n\x0f\x64\x65\x66\x61ult_version\x18\x02 \x01(\t\x12(\n\x08replicas\x18\x03 \x03(\x0b\x32\x16.ferry.v1.ReplicaRoute\x12\x30\n\x0fversion_weights\x18\x04 \x03(\x0b\x32\x17.ferry.v1.VersionWeight\"\x8a\x02\n\x0cReplicaRoute\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x14\n\x0ckserve_model\x18\x06 \x01(\t\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\x08 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\t \x01(\r\x12#\n\x04load\x18\n \x01(\x0b\x32\x15.ferry.v1.ReplicaLoad\x12\x1d\n\x15telemetry_age_seconds\x18\x0b \x01(\x01\"b\n\nSpillRoute\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x0e\n\x06rtt_ms\x18\x03 \x01(\x01\x12$\n\x06models\x18\x04 \x03(\x0b\x32\x14.ferry.v1.ModelRoute2F\n\x06Tables\x12<\n\x05Watch\x12\x16.ferry.v1.WatchRequest\x1a\x17.ferry.v1.TableSnapshot(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65rry/v1/tables.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"\x82\x01\n\x0cWatchRequest\x12(\n\tsubscribe\x18\x01 \x01(\x0b\x32\x13.ferry.v1.SubscribeH\x00\x12\x1c\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\r.ferry.v1.AckH\x00\x12\"\n\x06report\x18\x03 \x01(\x0b\x32\x10.ferry.v1.ReportH\x00\x42\x06\n\x04\x62ody\"F\n\x06Report\x12\x16\n\x0ewindow_seconds\x18\x01 \x01(\x01\x12$\n\x05usage\x18\x02 \x03(\x0b\x32\x15.ferry.v1.UsageSample\"\xc1\x01\n\x0bUsageSample\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x04 \x01(\x04\x12\x0c\n\x04shed\x18\x05 \x01(\x04\x12\x0f\n\x07spilled\x18\x06 \x01(\x04\x12\x13\n\x0bp99_seconds\x18\x07 \x01(\x01\x12\x13\n\x0bp50_seconds\x18\x08 \x01(\x01\x12\x1a\n\x12offered_per_second\x18\t \x01(\x01\x12\x0e\n\x06queued\x18\n \x01(\r\"C\n\tSubscribe\x12\x10\n\x08proxy_id\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x14\n\x0chave_version\x18\x03 \x01(\x04\"E\n\x03\x41\x63k\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\xae\x02\n\rTableSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05nonce\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x13\n\x0b\x63omputed_at\x18\x04 \x01(\x01\x12$\n\x06models\x18\x05 \x03(\x0b\x32\x14.ferry.v1.ModelRoute\x12\"\n\x04ring\x18\x06 \x01(\x0b\x32\x14.ferry.v1.RingParams\x12(\n\x0btier_quotas\x18\n \x03(\x0b\x32\x13.ferry.v1.TierQuota\x12#\n\x05spill\x18\x14 \x03(\x0b\x32\x14.ferry.v1.SpillRoute\x12&\n\x07tenants\x18\x1e \x03(\x0b\x32\x15.ferry.v1.TenantRoute\x12\x17\n\x0ftenants_managed\x18\x1f \x01(\x08\"r\n\tTierQuota\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x16\n\x0ereserved_share\x18\x02 \x01(\x01\x12\x16\n\x0ereserved_slots\x18\x03 \x01(\r\x12\x13\n\x0bquota_slots\x18\x04 \x01(\r\x12\x12\n\nlent_slots\x18\x05 \x01(\r\"1\n\nRingParams\x12\x13\n\x0bload_factor\x18\x01 \x01(\x01\x12\x0e\n\x06vnodes\x18\x02 \x01(\r\"0\n\rVersionWeight\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"\xbb\x01\n\nModelRoute\x12\r\n\x05model\x18\x01 \x01(\t\x12\x17\n\x0f\x64\x65\x66\x61ult_version\x18\x02 \x01(\t\x12(\n\x08replicas\x18\x03 \x03(\x0b\x32\x16.ferry.v1.ReplicaRoute\x12\x30\n\x0fversion_weights\x18\x04 \x03(\x0b\x32\x17.ferry.v1.VersionWeight\x12)\n\x07warming\x18\x05 \x03(\x0b\x32\x18.ferry.v1.WarmingVersion\"3\n\x0eWarmingVersion\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\r\"\x8a\x02\n\x0cReplicaRoute\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12\x14\n\x0ckserve_model\x18\x06 \x01(\t\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\x08 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\t \x01(\r\x12#\n\x04load\x18\n \x01(\x0b\x32\x15.ferry.v1.ReplicaLoad\x12\x1d\n\x15telemetry_age_seconds\x18\x0b \x01(\x01\"b\n\nSpillRoute\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x0e\n\x06rtt_ms\x18\x03 \x01(\x01\x12$\n\x06models\x18\x04 \x03(\x0b\x32\x14.ferry.v1.ModelRoute\"\xa1\x01\n\x0bTenantRoute\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61pi_key_sha256\x18\x02 \x01(\t\x12\x0c\n\x04plan\x18\x03 \x01(\t\x12\r\n\x05tiers\x18\x04 \x03(\t\x12\x1b\n\x13requests_per_second\x18\x05 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\x06 \x01(\x01\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\r2F\n\x06Tables\x12<\n\x05Watch\x12\x16.ferry.v1.WatchRequest\x1a\x17.ferry.v1.TableSnapshot(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ferry.v1.tables_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WATCHREQUEST']._serialized_start=58
-  _globals['_WATCHREQUEST']._serialized_end=152
-  _globals['_SUBSCRIBE']._serialized_start=154
-  _globals['_SUBSCRIBE']._serialized_end=221
-  _globals['_ACK']._serialized_start=223
-  _globals['_ACK']._serialized_end=292
-  _globals['_TABLESNAPSHOT']._serialized_start=295
-  _globals['_TABLESNAPSHOT']._serialized_end=532
-  _globals['_TIERQUOTA']._serialized_start=534
-  _globals['_TIERQUOTA']._serialized_end=648
-  _globals['_RINGPARAMS']._serialized_start=650
-  _globals['_RINGPARAMS']._serialized_end=699
-  _globals['_VERSIONWEIGHT']._serialized_start=701
-  _globals['_VERSIONWEIGHT']._serialized_end=749
-  _globals['_MODELROUTE']._serialized_start=752
-  _globals['_MODELROUTE']._serialized_end=896
-  _globals['_REPLICAROUTE']._serialized_start=899
-  _globals['_REPLICAROUTE']._serialized_end=1165
-  _globals['_SPILLROUTE']._serialized_start=1167
-  _globals['_SPILLROUTE']._serialized_end=1265
-  _globals['_TABLES']._serialized_start=1267
-  _globals['_TABLES']._serialized_end=1337
+  _globals['_WATCHREQUEST']._serialized_start=59
+  _globals['_WATCHREQUEST']._serialized_end=189
+  _globals['_REPORT']._serialized_start=191
+  _globals['_REPORT']._serialized_end=261
+  _globals['_USAGESAMPLE']._serialized_start=264
+  _globals['_USAGESAMPLE']._serialized_end=457
+  _globals['_SUBSCRIBE']._serialized_start=459
+  _globals['_SUBSCRIBE']._serialized_end=526
+  _globals['_ACK']._serialized_start=528
+  _globals['_ACK']._serialized_end=597
+  _globals['_TABLESNAPSHOT']._serialized_start=600
+  _globals['_TABLESNAPSHOT']._serialized_end=902
+  _globals['_TIERQUOTA']._serialized_start=904
+  _globals['_TIERQUOTA']._serialized_end=1018
+  _globals['_RINGPARAMS']._serialized_start=1020
+  _globals['_RINGPARAMS']._serialized_end=1069
+  _globals['_VERSIONWEIGHT']._serialized_start=1071
+  _globals['_VERSIONWEIGHT']._serialized_end=1119
+  _globals['_MODELROUTE']._serialized_start=1122
+  _globals['_MODELROUTE']._serialized_end=1309
+  _globals['_WARMINGVERSION']._serialized_start=1311
+  _globals['_WARMINGVERSION']._serialized_end=1362
+  _globals['_REPLICAROUTE']._serialized_start=1365
+  _globals['_REPLICAROUTE']._serialized_end=1631
+  _globals['_SPILLROUTE']._serialized_start=1633
+  _globals['_SPILLROUTE']._serialized_end=1731
+  _globals['_TENANTROUTE']._serialized_start=1734
+  _globals['_TENANTROUTE']._serialized_end=1895
+  _globals['_TABLES']._serialized_start=1897
+  _globals['_TABLES']._serialized_end=1967
 # @@protoc_insertion_point(module_scope)

@@ -8,12 +8,46 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WatchRequest(_message.Message):
-    __slots__ = ("subscribe", "ack")
+    __slots__ = ("subscribe", "ack", "report")
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     subscribe: Subscribe
     ack: Ack
-    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    report: Report
+    def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("window_seconds", "usage")
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    window_seconds: float
+    usage: _containers.RepeatedCompositeFieldContainer[UsageSample]
+    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ...) -> None: ...
+
+class UsageSample(_message.Message):
+    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_FIELD_NUMBER: _ClassVar[int]
+    P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OFFERED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    tier: str
+    requests: int
+    errors: int
+    shed: int
+    spilled: int
+    p99_seconds: float
+    p50_seconds: float
+    offered_per_second: float
+    queued: int
+    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("proxy_id", "region", "have_version")
@@ -38,7 +72,7 @@ class Ack(_message.Message):
     def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class TableSnapshot(_message.Message):
-    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill")
+    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill", "tenants", "tenants_managed")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +81,8 @@ class TableSnapshot(_message.Message):
     RING_FIELD_NUMBER: _ClassVar[int]
     TIER_QUOTAS_FIELD_NUMBER: _ClassVar[int]
     SPILL_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_MANAGED_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: str
     region: str
@@ -55,7 +91,9 @@ class TableSnapshot(_message.Message):
     ring: RingParams
     tier_quotas: _containers.RepeatedCompositeFieldContainer[TierQuota]
     spill: _containers.RepeatedCompositeFieldContainer[SpillRoute]
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ...) -> None: ...
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantRoute]
+    tenants_managed: bool
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., tenants_managed: _Optional[bool] = ...) -> None: ...
 
 class TierQuota(_message.Message):
     __slots__ = ("tier", "reserved_share", "reserved_slots", "quota_slots", "lent_slots")
@@ -88,16 +126,26 @@ class VersionWeight(_message.Message):
     def __init__(self, version: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("model", "default_version", "replicas", "version_weights")
+    __slots__ = ("model", "default_version", "replicas", "version_weights", "warming")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     VERSION_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    WARMING_FIELD_NUMBER: _ClassVar[int]
     model: str
     default_version: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRoute]
     version_weights: _containers.RepeatedCompositeFieldContainer[VersionWeight]
-    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ...) -> None: ...
+    warming: _containers.RepeatedCompositeFieldContainer[WarmingVersion]
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ..., warming: _Optional[_Iterable[_Union[WarmingVersion, _Mapping]]] = ...) -> None: ...
+
+class WarmingVersion(_message.Message):
+    __slots__ = ("version", "replicas")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    replicas: int
+    def __init__(self, version: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class ReplicaRoute(_message.Message):
     __slots__ = ("replica_id", "node", "region", "version", "address", "kserve_model", "max_concurrency", "kv_block_tokens", "max_context_tokens", "load", "telemetry_age_seconds")
@@ -136,3 +184,21 @@ class SpillRoute(_message.Message):
     rtt_ms: float
     models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
     def __init__(self, region: _Optional[str] = ..., weight: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...
+
+class TenantRoute(_message.Message):
+    __slots__ = ("name", "api_key_sha256", "plan", "tiers", "requests_per_second", "tokens_per_second", "max_concurrency")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENCY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    api_key_sha256: str
+    plan: str
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    requests_per_second: float
+    tokens_per_second: float
+    max_concurrency: int
+    def __init__(self, name: _Optional[str] = ..., api_key_sha256: _Optional[str] = ..., plan: _Optional[str] = ..., tiers: _Optional[_Iterable[str]] = ..., requests_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., max_concurrency: _Optional[int] = ...) -> None: ...

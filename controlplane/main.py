@@ -3,12 +3,12 @@
 Flags: ``--listen`` (gRPC, default 127.0.0.1:0), ``--metrics-listen``
 (Prometheus, default 127.0.0.1:0), ``--ready-file`` (JSON ``{"grpc",
 "metrics", "pid", "id"}`` written atomically once it serves),
-``--config`` (TOML: the ``[controlplane]`` section and the ``[[models]]``
-catalog), ``--id`` (overrides ``controlplane.id``; every control plane on one
-store needs its own), ``--store`` (``memory://``, the default: the embedded
-store, one control plane alone; or ``etcd://host:port``: the fleet's state in
-etcd, and an election among every control plane on it), ``--admin-token-file``
-(a file holding the Admin API's token; else env ``FERRY_ADMIN_TOKEN``, else
+``--config`` (TOML: the ``[controlplane]`` section, the ``[[models]]``
+catalog and the ``[[tenants]]`` seeded into an empty store, :mod:`controlplane.tenantrpc`),
+``--id`` (overrides ``controlplane.id``; every control plane on one store needs its own),
+``--store`` (``memory://``, the default: the embedded store, one control plane alone;
+or ``etcd://host:port``: the fleet's state in etcd, and an election among every control plane on it),
+``--admin-token-file`` (a file holding the Admin API's token; else env ``FERRY_ADMIN_TOKEN``, else
 ``controlplane.admin_token_sha256``: see :mod:`controlplane.adminauth`;
 without any, every Admin call is refused), ``--join-token-file`` (the agents'
 join token; else env ``FERRY_JOIN_TOKEN``, else ``controlplane.join_token_sha256``:
@@ -37,7 +37,7 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.etcdstore import EtcdStore, parse_endpoint
 from controlplane.server import ControlPlane
 from ferry import logs, tls
-from ferry.config import ModelConfig, load_file
+from ferry.config import ModelConfig, TenantConfig, load_file
 from ferry.errors import ConfigError, FerryError
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
@@ -68,11 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalog: tuple[ModelConfig, ...],
                 admin_auth: AdminAuth | None = None, transport: TLSConfig | None = None,
-                joining: Admission | None = None) -> int:
+                joining: Admission | None = None, tenants: tuple[TenantConfig, ...] = ()) -> int:
     stop = stop_event()
     store = open_store(args.store, settings)
     cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore),
-                      admin_auth=admin_auth, tls=transport, admission=joining)
+                      admin_auth=admin_auth, tls=transport, admission=joining, tenants=tenants)
     try:
         port = await cp.start(args.listen)
     except (OSError, FerryError) as exc:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if joining.open:
         log.warning("no join token (--join-token-file, FERRY_JOIN_TOKEN or controlplane.join_token_sha256) and "
                     "no mutual TLS: any agent may register")
-    return asyncio.run(serve(args, settings, config.models, admin_auth, transport, joining))
+    return asyncio.run(serve(args, settings, config.models, admin_auth, transport, joining, config.tenants))
 
 
 if __name__ == "__main__":

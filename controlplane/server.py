@@ -35,7 +35,7 @@ from controlplane.memstore import MemoryStore
 from controlplane.metrics import Metrics
 from controlplane.servicers import AdminServicer, FleetServicer, TablesServicer
 from controlplane.store import Store
-from ferry.config import ModelConfig
+from ferry.config import ModelConfig, TenantConfig
 from ferry.grpcutil import split_address, start_server
 from ferry.tls import TLSConfig
 from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc, tables_pb2_grpc
@@ -59,6 +59,7 @@ class ControlPlane:
         admin_auth: AdminAuth | None = None,
         tls: TLSConfig | None = None,
         admission: Admission | None = None,
+        tenants: Sequence[TenantConfig] = (),
     ) -> None:
         self.settings = settings or ControlPlaneSettings()
         self.tls = tls  # mutual TLS on the port (every peer shows a certificate of the CA) and to the leader
@@ -71,6 +72,7 @@ class ControlPlane:
         self.controller = Controller(
             self.settings, store=self.store, catalog=catalog, clock=clock, wall=wall,
             metrics=Metrics(self.registry), elect=elect, admin_metadata=self.admin_auth.metadata(), tls=tls,
+            tenants=tenants,
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0

@@ -51,6 +51,12 @@ class Authenticator:
     """Finds the tenant of a request from its metadata."""
 
     def __init__(self, tenants: Sequence[TenantConfig], *, allow_anonymous: bool = False) -> None:
+        self._by_hash: dict[str, TenantConfig] = {}
+        self.replace(tenants)
+        self._allow_anonymous = allow_anonymous
+
+    def replace(self, tenants: Sequence[TenantConfig]) -> None:
+        """Find tenants in ``tenants`` from now on (one assignment: a request sees the old set or the new)."""
         by_hash: dict[str, TenantConfig] = {}
         for tenant in tenants:
             digest = tenant.api_key_sha256.lower()
@@ -58,7 +64,6 @@ class Authenticator:
                 raise ConfigError(f"tenants.{tenant.name}.api_key_sha256", "same key as another tenant")
             by_hash[digest] = tenant
         self._by_hash = by_hash
-        self._allow_anonymous = allow_anonymous
 
     def authenticate(self, metadata: Metadata) -> TenantConfig:
         """The tenant whose key the metadata carries; raises Unauthenticated."""

@@ -12,7 +12,9 @@ default 1 s). These static limits sit beside the queue-driven shedding of
 
 Limits are per proxy (a fleet of N proxies lets a tenant through N times
 the rate). Clock injected (``now``). State per tenant with traffic, bounded
-by the configured tenants (plus the anonymous one).
+by the tenants served (plus the anonymous one): when the set changes
+(:mod:`dataplane.tenantset`) :meth:`TenantLimits.retain` drops the buckets of
+tenants that left it.
 
 Cost: O(1) per request.
 """
@@ -20,6 +22,7 @@ Cost: O(1) per request.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 from ferry.config import TenantConfig
 from ferry.errors import Overloaded
@@ -72,6 +75,12 @@ class TenantLimits:
             self._inflight[tenant.name] = self._inflight.get(tenant.name, 0) + 1
             return True
         return False
+
+    def retain(self, names: Collection[str]) -> None:
+        """Forget the buckets of tenants not in ``names`` (in-flight counts end with their requests)."""
+        for buckets in (self._requests, self._tokens):
+            for name in [n for n in buckets if n not in names]:
+                del buckets[name]
 
     def release(self, tenant: TenantConfig) -> None:
         """A request admitted with ``admit() == True`` ended."""

@@ -7,7 +7,7 @@ the sections shared by several planes (tenants, models, limits) are here.
 
 File layout (every section optional)::
 
-    [[tenants]]      # read by the proxy
+    [[tenants]]      # read by the proxy; seeded into an empty store by the control plane
     name = "acme"
     api_key_sha256 = "…"            # sha256 hex of the API key; keys are never stored
     plan = "enterprise"              # free | paid | enterprise

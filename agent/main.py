@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--replica", action="append", default=[], metavar="MODEL[:VERSION]",
                         help="run one simulated replica of MODEL (version v1 by default); repeatable")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs on the node (default 8)")
+    parser.add_argument("--warmup-seconds", type=float, default=0.0,
+                        help="simulated replicas load their model this long before they are ready (default 0)")
     parser.add_argument("--triton", metavar="ADDRESS", help="also adopt the LLM models of this KServe v2 endpoint")
     parser.add_argument("--triton-metrics", metavar="URL", help="that endpoint's Prometheus URL (optional)")
     parser.add_argument("--config", metavar="PATH", help="TOML config file (sections [agent] and [replica])")
@@ -108,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         replicas = [parse_replica(r) for r in args.replica]
         if args.gpus < 1:
             raise ValueError("--gpus must be >= 1")
+        if not 0 <= args.warmup_seconds <= 3600:
+            raise ValueError("--warmup-seconds must be in [0, 3600]")
         cfg = load_file(args.config)
         params = cfg.section(EngineParams, "replica")
         settings = cfg.section(AgentSettings, "agent")
@@ -167,7 +171,8 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
                                                tls=args.transport)
         for i, (model, version) in enumerate(models):
             replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
-                                       replica_id=f"{args.node}-r{i}", tls=args.transport)
+                                       replica_id=f"{args.node}-r{i}", tls=args.transport,
+                                       warmup_seconds=args.warmup_seconds)
             replicas.append(replica)
             await replica.start()
         endpoints = [Endpoint(address=r.address, metrics_url=r.metrics_url, gpus=gpus_each, replicas=(ReplicaSpec(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
@@ -38,7 +39,7 @@ from agent import replica_metrics, tensors
 from agent.engine import Engine, EngineParams, Finished
 from agent.httptext import serve_text
 from agent.runner import EngineRunner, Ticket
-from ferry.errors import FerryError, NotFound
+from ferry.errors import FerryError, NotFound, Unavailable
 from ferry.grpcutil import start_server, status_for
 from ferry.tls import TLSConfig
 from ferry.tokens import chain_hashes, tokenize
@@ -64,9 +65,11 @@ def _unimplemented(rpc: str) -> Callable[[Any, Any, Any], Awaitable[NoReturn]]:
 class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Triton's gRPC service for one model version served by one engine."""
 
-    def __init__(self, *, model: str, version: str, runner: EngineRunner, max_stream_requests: int = 256) -> None:
+    def __init__(self, *, model: str, version: str, runner: EngineRunner, max_stream_requests: int = 256,
+                 ready_at: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.model, self.version, self.runner = model, version, runner
         self.max_stream_requests = max_stream_requests
+        self.ready_at, self._clock = ready_at, clock  # the model loads until ready_at (clock's time)
 
     # -- health, metadata, statistics ------------------------------------------------------------------------------
 
@@ -77,7 +80,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         return pb.ServerReadyResponse(ready=True)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self._serves(request.name, request.version))
+        return pb.ModelReadyResponse(ready=self._serves(request.name, request.version) and self._loaded())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         await self._check(request.name, request.version, context)
@@ -105,7 +108,8 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         return pb.ModelConfigResponse(config=config)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
-        entry = pb.RepositoryIndexResponse.ModelIndex(name=self.model, version=self.version, state="READY")
+        state = "READY" if self._loaded() else "LOADING"
+        entry = pb.RepositoryIndexResponse.ModelIndex(name=self.model, version=self.version, state=state)
         return pb.RepositoryIndexResponse(models=[entry])
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
@@ -193,6 +197,9 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
     async def _admit(self, request: pb.ModelInferRequest, context: Any) -> tuple[Ticket, tensors.LlmRequest]:
         try:
             self._check_or_raise(request.model_name, request.model_version)
+            if not self._loaded():
+                raise Unavailable(f"model {self.model}/{self.version} is loading "
+                                  f"({self.ready_at - self._clock():.1f} s left)")
             parsed = tensors.parse_request(request)
             words = tokenize(parsed.prompt)
             hashes = tuple(chain_hashes(words, self.runner.engine.params.kv_block_tokens))
@@ -202,6 +209,9 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
             raise  # not reached: abort raises
 
     # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _loaded(self) -> bool:
+        return self._clock() >= self.ready_at
 
     def _serves(self, name: str, version: str) -> bool:
         return name == self.model and version in ("", self.version)
@@ -237,8 +247,10 @@ class SimulatedReplica:
     """One simulated replica: gRPC server, engine task and metrics endpoint, all on ``host``."""
 
     def __init__(self, model: str, version: str = "v1", *, params: EngineParams | None = None,
-                 host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None) -> None:
+                 host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None,
+                 warmup_seconds: float = 0.0) -> None:
         self.model, self.version, self.host = model, version, host
+        self.warmup_seconds = warmup_seconds  # ModelReady says false (inference UNAVAILABLE) this long after start
         self.tls = tls  # mutual TLS with the node's certificate (None: plain text)
         self.params = params or EngineParams()
         self.replica_id = replica_id or f"{model}-{version}"
@@ -267,7 +279,8 @@ class SimulatedReplica:
         """Start the engine task, the gRPC server and the metrics endpoint (ports chosen by the system)."""
         runner = self.runner = EngineRunner(Engine(self.params))
         self._task = asyncio.create_task(runner.run(), name=f"engine-{self.replica_id}")
-        servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner)
+        servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner,
+                                   ready_at=time.monotonic() + self.warmup_seconds)
         add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         creds = self.tls.server_credentials(require_client_cert=True) if self.tls else None
         self._server, self.port = await start_server([(add, servicer, SERVICE)], f"{self.host}:0", credentials=creds)

@@ -276,3 +276,16 @@ async def test_stop_is_clean_with_a_request_in_flight():
         await rep.stop(grace=0.05)
         with pytest.raises(InferenceServerException):
             await task
+
+
+async def test_a_warming_replica_is_not_ready_and_refuses_inference_until_its_model_is_loaded() -> None:
+    async with SimulatedReplica("chat", "v1", params=FAST, warmup_seconds=0.6) as rep, \
+            triton.InferenceServerClient(rep.address) as c:
+        assert await c.is_server_live() and not await c.is_model_ready("chat")
+        assert (await c.get_model_repository_index()).models[0].state == "LOADING"
+        with pytest.raises(InferenceServerException, match="loading"):
+            await c.infer("chat", llm_inputs("p q", 2))
+        await asyncio.sleep(0.7)  # the configured warm-up, then the model is loaded
+        assert await c.is_model_ready("chat")
+        result = await c.infer("chat", llm_inputs("p q", 2))
+        assert text_of(result)

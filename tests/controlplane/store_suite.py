@@ -17,8 +17,19 @@ from typing import Any
 
 import pytest
 
+from controlplane.intent import IntentCache
 from controlplane.mirror import Mirror
-from controlplane.store import DRAIN_PREFIX, EventKind, LeaseNotFound, Store, WatchEvent, WatchLost, drain_key
+from controlplane.rollout import CANARY, PROMOTED, Rollout
+from controlplane.store import (
+    DRAIN_PREFIX,
+    EventKind,
+    LeaseNotFound,
+    Store,
+    WatchEvent,
+    WatchLost,
+    drain_key,
+    rollout_key,
+)
 
 MEMBERS = "/ferry/members/"
 
@@ -217,6 +228,28 @@ async def test_a_mirror_follows_writes_of_another_client(backend: Backend) -> No
         await mirror.wait(await writer.delete(drain_key("before")), 5)
         assert mirror.names() == ["r1"]
         assert changes == [(drain_key("before"), True), (drain_key("r1"), True), (drain_key("before"), False)]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_rollout_record_is_written_conditionally_and_mirrored(backend: Backend) -> None:
+    reader, writer = backend.store(), backend.store()
+    cache = IntentCache(reader, on_change=lambda: None, retry_seconds=0.01)
+    task = asyncio.create_task(cache.run())
+    try:
+        async with asyncio.timeout(5):
+            await cache.synced.wait()
+        canary = Rollout("chat", "v1", "v2", 0.05, CANARY, 1.0)
+        first = await writer.put_if(rollout_key("chat"), canary.encode(), revision=0)
+        assert first and await writer.put_if(rollout_key("chat"), canary.encode(), revision=0) == 0
+        await cache.wait(first, 5)
+        assert cache.rollouts == {"chat": canary}
+        promoted = Rollout("chat", "v1", "v2", 0.05, PROMOTED, 2.0)
+        second = await writer.put_if(rollout_key("chat"), promoted.encode(), revision=first)
+        assert second and await writer.put_if(rollout_key("chat"), canary.encode(), revision=first) == 0
+        await cache.wait(second, 5)
+        assert cache.rollouts == {"chat": promoted}
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -28,6 +28,12 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_alloc_oldest_pending_seconds`` | gauge: age of the oldest (0: none) | |
 | ``ferry_controlplane_alloc_placements_total`` | counter: replicas placed, by planner branch | branch |
 | ``ferry_controlplane_alloc_displaced_replicas_total`` | counter: small replicas drained to make room | |
+| ``ferry_region_requests_per_second`` | gauge: requests ended per second (proxies' reports) | model, region, tier |
+| ``ferry_region_p99_seconds`` | gauge: p99 of requests answered OK (highest proxy's) | model, region, tier |
+| ``ferry_region_shed_ratio`` | gauge: shed / offered requests, 0..1 | model, region, tier |
+
+The ``ferry_region_*`` series are the leader's merge of every proxy's last
+usage report (:mod:`controlplane.usage`); a follower exports none of them.
 
 Models and regions are bounded by the catalog and the fleet; a pair that
 disappears loses its series at the next observation.
@@ -36,13 +42,14 @@ disappears loses its series at the next observation.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controlplane.fleet import Member, is_live, load_of, replica_state
 from controlplane.gang import BRANCHES, Placement
 from controlplane.table import TableVersions
+from controlplane.usage import Figures
 from controlplane.watchers import ProxyStatus
 from ferry.metrics import name
 from ferry.v1 import admin_pb2, common_pb2
@@ -134,6 +141,13 @@ class Metrics:
         )
         for branch in BRANCHES:
             self.alloc_placements.labels(branch=branch)
+        labels = ["model", "region", "tier"]
+        self.region_rate = Gauge(name("region_requests_per_second"), "Requests ended per second (proxies' reports).",
+                                 labels, registry=registry)
+        self.region_p99 = Gauge(name("region_p99_seconds"), "p99 of requests answered OK (the highest proxy's).",
+                                labels, registry=registry)
+        self.region_shed = Gauge(name("region_shed_ratio"), "Shed / offered requests, 0..1 (proxies' reports).",
+                                 labels, registry=registry)
 
         self._proxies: set[str] = set()
 
@@ -155,6 +169,15 @@ class Metrics:
             ages[row.region] = max(ages.get(row.region, 0.0), row.telemetry_age_seconds)
         for region, age in ages.items():
             self.telemetry_max_age.labels(region=region).set(age)
+
+    def observe_region_usage(self, figures: Mapping[tuple[str, str, str], Figures]) -> None:
+        """The merged proxy reports per (model, region, tier); pairs no longer reported lose their series."""
+        for gauge in (self.region_rate, self.region_p99, self.region_shed):
+            gauge.clear()
+        for (model, region, tier), f in figures.items():
+            self.region_rate.labels(model=model, region=region, tier=tier).set(f.request_rate)
+            self.region_p99.labels(model=model, region=region, tier=tier).set(f.p99_seconds)
+            self.region_shed.labels(model=model, region=region, tier=tier).set(f.shed_rate)
 
     def observe_nodes(self, nodes: Iterable[admin_pb2.NodeView], pending: Iterable[float]) -> None:
         """GPUs held and free per region (live nodes), cordoned nodes, and the requests' ages."""

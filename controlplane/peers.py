@@ -21,6 +21,7 @@ from controlplane.fleet import FleetView, Member, is_live
 from controlplane.followers import FollowerSession
 from controlplane.metrics import Metrics
 from controlplane.table import TableVersions
+from controlplane.usage import ProxyUsage
 from controlplane.watchers import Watchers
 from ferry.errors import InvalidArgument, Overloaded, Unavailable
 from ferry.v1 import admin_pb2, tables_pb2
@@ -32,6 +33,7 @@ class Peers:
     settings: ControlPlaneSettings
     fleet: FleetView
     watchers: Watchers
+    proxy_usage: ProxyUsage
     tables: TableVersions
     metrics: Metrics
     cluster: Cluster | None
@@ -55,7 +57,8 @@ class Peers:
             for m in self.fleet.members() if is_live(m, now, grace)
         ]
         return admin_pb2.FollowerReport(control_plane_id=self.settings.id, members=members,
-                                        regions=sorted(self.watchers.regions()))
+                                        regions=sorted(self.watchers.regions()),
+                                        proxy_usage=self.proxy_usage.relay())  # controlplane.usage
 
     def adopt(self, snapshot: tables_pb2.TableSnapshot) -> None:
         """A table the leader published: serve it here (ignored while this control plane leads)."""
@@ -104,6 +107,8 @@ class Peers:
             raise InvalidArgument("report.control_plane_id", f"the stream belongs to {session.cp_id!r}")
         self.cluster.followers.reported(session, list(report.regions))
         self.cluster.remote.report(session.cp_id, report)
+        for reason in self.proxy_usage.absorb(report.proxy_usage):  # its proxies' usage
+            self.reject(reason)
         self.notify()
 
     def follow_close(self, session: FollowerSession) -> None:

@@ -13,8 +13,9 @@ interceptors, so malformed request bytes are answered INVALID_ARGUMENT.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -22,6 +23,8 @@ from grpc_reflection.v1alpha import reflection
 
 from ferry import errors
 from ferry.decodeguard import DecodeGuard
+
+R = TypeVar("R")
 
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
@@ -121,3 +124,13 @@ def status_for(error: errors.FerryError) -> grpc.StatusCode:
         if isinstance(error, cls):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+async def answer(context: Any, call: Callable[[], Awaitable[R] | R]) -> R:
+    """Run a unary handler's body; a FerryError aborts the call with :func:`status_for` and its message."""
+    try:
+        result = call()
+        return await result if inspect.isawaitable(result) else result
+    except errors.FerryError as exc:
+        await context.abort(status_for(exc), str(exc))
+        raise  # abort raises; this line is for the type checker

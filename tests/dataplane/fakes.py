@@ -193,6 +193,7 @@ class FakeControlPlane(tables_pb2_grpc.TablesServicer):
         self.current = current
         self.subscribes: asyncio.Queue[Any] = asyncio.Queue()
         self.acks: asyncio.Queue[Any] = asyncio.Queue()
+        self.reports: asyncio.Queue[Any] = asyncio.Queue()  # the proxy's usage reports (dataplane.usage)
         self._streams: list[asyncio.Queue[Any]] = []
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -229,7 +230,10 @@ class FakeControlPlane(tables_pb2_grpc.TablesServicer):
 
         async def read_acks() -> None:
             async for message in requests:
-                await self.acks.put(message.ack)
+                if message.WhichOneof("body") == "report":
+                    await self.reports.put(message.report)
+                else:
+                    await self.acks.put(message.ack)
 
         reader = asyncio.ensure_future(read_acks())
         try:

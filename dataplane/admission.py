@@ -17,7 +17,10 @@ table's ``tier_quotas`` (set by the control plane; the proxy's
    standard request as a task that a preemption cancels (the replica call is cancelled); the
    ticket goes back to the head of its queue and the caller waits again
    (:class:`Preempted`), so the request is neither lost nor answered twice;
-3. :meth:`Admission.release` ends it and dispatches what now fits.
+3. :meth:`Admission.placed` (called once the pick chose a replica) preempts
+   a lower-tier request on that replica when an interactive request was
+   sent to it while it is full (:meth:`TierQueues.make_room`);
+4. :meth:`Admission.release` ends it and dispatches what now fits.
 
 A model whose table lists no concurrency (capacity 0) bypasses the queues,
 so the pick answers for it as before. Metrics (:class:`TierMetrics`):
@@ -41,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
 from dataplane.shedding import EVICTED, TIMEOUT
+from dataplane.spill import LocalQueue, local_queue
 from dataplane.table import Table
 from ferry.config import TIERS
 from ferry.errors import FerryError
@@ -109,6 +113,13 @@ class Admission:
         queues = self.models.get(model)
         return queues is not None and queues.capacity > 0
 
+    def local_queue(self, model: str) -> LocalQueue | None:
+        """What a new interactive request of ``model`` would find here (the spill on queue's input), if queued."""
+        queues = self.models.get(model)
+        if queues is None or queues.capacity <= 0:
+            return None
+        return local_queue(queues, self._clock())
+
     async def acquire(self, model: str, ticket: Ticket) -> None:
         """Wait until ``ticket`` is dispatched; raises Shed when refused, evicted or timed out."""
         queues = self.models[model]
@@ -168,6 +179,18 @@ class Admission:
         self.models[model].requeue(ticket, self._clock())
         self.metrics.preempted.labels(model, "reclaim").inc()
         raise Preempted(f"{ticket.tier} request preempted on model {model!r}; requeued")
+
+    def placed(self, model: str, ticket: Ticket, replica: str, inflight: int, slots: int) -> None:
+        """``ticket`` was sent to ``replica`` (``inflight`` of ours there, ``slots`` its target): make room there."""
+        queues = self.models.get(model)
+        if queues is None:
+            return
+        for victim in queues.make_room(ticket, replica, inflight, slots):
+            event = self._preempt.get(victim)
+            if event is not None:
+                event.set()
+            else:
+                victim.state = "running"
 
     def release(self, model: str, ticket: Ticket) -> None:
         """``ticket`` ended (answered, failed or cancelled): free its slot and dispatch."""

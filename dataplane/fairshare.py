@@ -17,6 +17,14 @@ quantum (the "new flows first" rule of FQ-CoDel): a tenant under its share
 waits for no round of the heavy ones, and gets no more than one quantum
 before taking its turn like the others.
 
+:meth:`DeficitRoundRobin.pop` may be given the tenants that are
+``blocked`` (at their concurrency ceiling): they are passed over, keep
+their place and gain no quantum while blocked. :func:`tenant_ceilings` is
+that ceiling: a tenant with work may run at most ``factor`` x its weighted
+share of the slots its tier could hold (alone, all of them). Ordering the
+queue alone is not enough: a tenant sending 60 % of the traffic would still
+fill every slot the others leave, and the others' steps slow with it.
+
 Parameters: ``quantum`` (default 1,024 tokens), ``max_cost`` (default 16 x
 quantum: bounds the rounds one pop may take). Removal (a timeout, a
 cancellation) is lazy: the item is marked and skipped when it reaches the
@@ -29,8 +37,9 @@ turns per pop); memory O(items + tenants with work).
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Container, Hashable, Mapping
 from typing import Generic, TypeVar
 
 T = TypeVar("T", bound=Hashable)
@@ -109,13 +118,25 @@ class DeficitRoundRobin(Generic[T]):
         self._drop_dead()
         return self._ring[0] if self._ring else None
 
-    def pop(self) -> T | None:
-        """The next item in DRR order, or None when empty."""
+    def pop(self, blocked: Container[str] = frozenset()) -> T | None:
+        """The next item in DRR order, or None when empty or every tenant with work is ``blocked``.
+
+        A blocked tenant (at its concurrency ceiling) is passed over without
+        gaining a quantum and keeps its place in the ring for the next call.
+        """
+        passed = 0
         while self._ring:
             self._drop_dead()
             if not self._ring:
                 return None
             tenant = self._ring[0]
+            if tenant in blocked:
+                passed += 1
+                if passed >= len(self._ring):
+                    return None
+                self._rotate(blocked)
+                continue
+            passed = 0
             queue = self._queues[tenant]
             item, cost = queue[0]
             if cost <= self._deficit[tenant]:
@@ -125,10 +146,19 @@ class DeficitRoundRobin(Generic[T]):
                 if not queue or not self._live_head(tenant):
                     self._leave(tenant)
                 return item
-            self._ring.rotate(-1)
-            nxt = self._ring[0]
-            self._deficit[nxt] += self.quantum * self._weight.get(nxt, 1.0)
+            self._rotate(blocked)
         return None
+
+    def _rotate(self, blocked: Container[str]) -> None:
+        """The head tenant goes to the back; the new head, unless blocked, gains its quantum (a new visit)."""
+        self._ring.rotate(-1)
+        nxt = self._ring[0]
+        if nxt not in blocked:
+            self._deficit[nxt] += self.quantum * self._weight.get(nxt, 1.0)
+
+    def weights(self) -> dict[str, float]:
+        """The weight of every tenant with work waiting."""
+        return {t: self._weight.get(t, 1.0) for t in self._ring}
 
     def _live_head(self, tenant: str) -> bool:
         queue = self._queues[tenant]
@@ -145,3 +175,19 @@ class DeficitRoundRobin(Generic[T]):
         del self._queues[tenant]
         del self._deficit[tenant]
         self._weight.pop(tenant, None)
+
+
+def tenant_ceilings(limit: int, weights: Mapping[str, float], factor: float) -> dict[str, int]:
+    """Concurrency ceiling of each tenant with work in a tier: ``factor`` x its weighted share of ``limit``.
+
+    ``weights``: every tenant with work (running or waiting) in the tier and
+    its plan weight. ``ceil(factor x limit x w / sum(w))``, at least 1; a
+    tenant alone in its tier, or ``factor`` <= 0 (off), has the whole
+    ``limit``. Bounding a tenant to its share, not only ordering the queue,
+    keeps one tenant's traffic from filling the replicas the others share
+    (their step times grow with what runs).
+    """
+    total = sum(max(w, 1e-3) for w in weights.values())
+    if factor <= 0 or len(weights) <= 1 or total <= 0:
+        return {t: limit for t in weights}
+    return {t: max(1, math.ceil(factor * limit * max(w, 1e-3) / total)) for t, w in weights.items()}

@@ -20,7 +20,21 @@ caller's (:mod:`dataplane.admission`).
   headroom (running < ``capacity``, the replicas' concurrency targets),
   interactive first, then standard, then batch, each tier up to its
   allowance under :func:`ferry.quotas.compute_quotas` from the demand seen
-  here (running + waiting per tier) and the reserved shares.
+  here (running + waiting per tier) and the reserved shares. Two bounds
+  keep the lent capacity from hurting the latency of others:
+  lower tiers leave :func:`ferry.quotas.interactive_headroom` slots free
+  (the interactive dispatch rate x ``headroom_seconds``, at most
+  ``headroom_max_share`` of the slots), so an interactive arrival starts at
+  once rather than after a preemption; and inside a tier each tenant with
+  work runs at most :func:`dataplane.fairshare.tenant_ceilings` of the slots
+  the tier could hold (``tenant_ceiling`` x its weighted share among the
+  tenants with work; alone, all of them), the DRR passing over a tenant at
+  its ceiling, so one tenant's traffic cannot fill the replicas the others
+  share (their step time grows with what runs).
+- :meth:`TierQueues.make_room`: an interactive request the pick sent to a
+  replica that is full (this proxy's in-flight count there above its
+  concurrency target) preempts the newest lower-tier request on that same
+  replica, so it does not wait there for one to finish.
 - :meth:`TierQueues.preemptions` names the requests to preempt: batch, then
   standard, above their allowance while a higher tier waits with no headroom
   and room in its own allowance, newest first (least work lost). The caller cancels them on the replica and
@@ -29,10 +43,12 @@ caller's (:mod:`dataplane.admission`).
 Parameters (:class:`QueueParams`): per-tier bounds (interactive 256,
 standard 512, batch 4,096), per-tier queue timeouts (2 s, 10 s, 60 s),
 ``max_queued`` 8,192 per model, ``free_share`` 0.5, DRR quantum 512 tokens
-times the plan's weight (free 1, paid 4, enterprise 8).
+times the plan's weight (free 1, paid 4, enterprise 8), ``headroom_seconds``
+0.2, ``headroom_max_share`` 0.1, ``tenant_ceiling`` 1.0 (0 turns it off).
 
-Cost: O(1) amortised per offer, dispatch and finish; eviction scans at most
-64 waiting entries; preemption O(running batch).
+Cost: O(1) amortised per offer and finish; a dispatch round O(tenants with
+work) for the ceilings; eviction scans at most 64 waiting entries;
+preemption and make_room O(running of the lower tiers).
 """
 
 from __future__ import annotations
@@ -43,11 +59,11 @@ import math
 from collections import deque
 from collections.abc import Mapping
 
-from dataplane.fairshare import DeficitRoundRobin
+from dataplane.fairshare import DeficitRoundRobin, tenant_ceilings
 from dataplane.shedding import PLAN_RANK, QUEUE_FULL, DrainRate, retry_after, shed_reason, victim_order
 from ferry.config import TIERS
 from ferry.errors import Overloaded
-from ferry.quotas import DEFAULT_RESERVED, Quotas, allowance, compute_quotas
+from ferry.quotas import DEFAULT_RESERVED, Quotas, allowance, compute_quotas, interactive_headroom
 
 _ids = itertools.count()
 PLAN_WEIGHT = {"free": 1.0, "paid": 4.0, "enterprise": 8.0}  # DRR weights of the plans inside a tier
@@ -65,6 +81,9 @@ class QueueParams:
     free_share: float = 0.5
     quantum: int = 512
     reserved: Mapping[str, float] = dataclasses.field(default_factory=lambda: dict(DEFAULT_RESERVED))
+    headroom_seconds: float = 0.2
+    headroom_max_share: float = 0.1
+    tenant_ceiling: float = 1.0
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -80,6 +99,7 @@ class Ticket:
     state: str = "new"  # new | queued | running | done
     preempted: int = 0
     preemptible: bool = True  # a unary call may be cancelled and requeued; a stream may not
+    replica: str = ""  # where it was sent, once the pick chose (make_room)
     seq: int = dataclasses.field(default_factory=lambda: next(_ids))
 
     def __hash__(self) -> int:
@@ -106,6 +126,7 @@ class TierQueues:
         self._order: dict[str, deque[Ticket]] = {t: deque() for t in TIERS}
         self._running: dict[str, dict[Ticket, None]] = {t: {} for t in TIERS}
         self.drain = {t: DrainRate() for t in TIERS}
+        self._tenants: dict[str, dict[str, list[float]]] = {t: {} for t in TIERS}  # tenant -> [running, weight]
 
     def depth(self, tier: str) -> int:
         """Requests of ``tier`` waiting."""
@@ -190,20 +211,45 @@ class TierQueues:
             self._queues[ticket.tier].remove(ticket)
             ticket.state = "done"
 
+    def headroom(self, now: float) -> int:
+        """Slots kept free for interactive arrivals (:func:`ferry.quotas.interactive_headroom`)."""
+        return interactive_headroom(self.capacity, self.drain[TIERS[0]].rate(now), self.params.headroom_seconds,
+                                    self.params.headroom_max_share)
+
+    def ceilings(self, tier: str, room: int) -> dict[str, int]:
+        """Each tenant's concurrency ceiling in ``tier``: a share of ``room`` (:func:`tenant_ceilings`)."""
+        weights = {t: w for t, (n, w) in self._tenants[tier].items() if n > 0}
+        weights.update(self._queues[tier].weights())
+        return tenant_ceilings(room, weights, self.params.tenant_ceiling)
+
     def dispatch(self, now: float) -> list[Ticket]:
-        """Start what fits now, highest tier first, each tier under its allowance."""
+        """Start what fits now, highest tier first, each tier under its allowance, each tenant under its ceiling.
+
+        Interactive may use every slot; lower tiers leave :meth:`headroom` free.
+        """
         started: list[Ticket] = []
         total = sum(self.running(t) for t in TIERS)
         quotas = self.quotas()
+        spare = self.headroom(now)
         for tier in TIERS:
             queue, running = self._queues[tier], self._running[tier]
             limit = allowance(quotas, tier)
-            while len(queue) and total < self.capacity and len(running) < limit:
-                ticket = queue.pop()
+            top = self.capacity if tier == TIERS[0] else self.capacity - spare
+            if not len(queue) or total >= top or len(running) >= limit:
+                continue
+            room = top - sum(self.running(t) for t in TIERS[:TIERS.index(tier)])  # what this tier could hold
+            ceilings = self.ceilings(tier, room)
+            held = self._tenants[tier]
+            blocked = {t for t, cap in ceilings.items() if t in held and held[t][0] >= cap}
+            while len(queue) and total < top and len(running) < limit:
+                ticket = queue.pop(blocked)
                 if ticket is None:
                     break
                 ticket.state = "running"
                 running[ticket] = None
+                self._hold(ticket, 1)
+                if held[ticket.tenant][0] >= ceilings.get(ticket.tenant, limit):
+                    blocked.add(ticket.tenant)
                 self.drain[tier].add(now)
                 started.append(ticket)
                 total += 1
@@ -211,6 +257,14 @@ class TierQueues:
             while order and order[0].state != "queued":
                 order.popleft()
         return started
+
+    def _hold(self, ticket: Ticket, delta: int) -> None:
+        """Count ``ticket`` in (+1) or out (-1) of its tenant's running requests in its tier."""
+        held = self._tenants[ticket.tier]
+        entry = held.setdefault(ticket.tenant, [0.0, PLAN_WEIGHT.get(ticket.plan, 1.0)])
+        entry[0] += delta
+        if entry[0] <= 0:
+            del held[ticket.tenant]
 
     def preemptions(self) -> list[Ticket]:
         """Running tickets to preempt now, batch first, then standard, newest first; counted until requeued.
@@ -239,16 +293,45 @@ class TierQueues:
             victims += chosen
         return victims
 
+    def make_room(self, ticket: Ticket, replica: str, inflight: int, slots: int) -> list[Ticket]:
+        """Running tickets to preempt on ``replica`` so ``ticket``, just sent there, runs at once.
+
+        The model-wide count had a free slot but the pick chose a replica
+        that is full (``inflight``, this proxy's requests there including
+        ``ticket``, above its concurrency target ``slots``): without room it
+        would wait on the replica for a lower-tier request to finish. Only
+        for interactive tickets; victims are the newest preemptible running
+        tickets on that replica, batch before standard, never taking a tier
+        below its reserved slots. Marked preempting, as :meth:`preemptions`.
+        """
+        ticket.replica = replica
+        excess = inflight - slots
+        if ticket.tier != TIERS[0] or excess <= 0 or slots <= 0:
+            return []
+        reserved = self.quotas().reserved
+        victims: list[Ticket] = []
+        for tier in reversed(TIERS[1:]):
+            spare = self.running(tier) - reserved[tier]
+            for held in reversed(self._running[tier]):
+                if len(victims) >= excess or spare <= 0:
+                    break
+                if held.replica == replica and held.state == "running" and held.preemptible:
+                    held.state = "preempting"
+                    victims.append(held)
+                    spare -= 1
+        return victims
+
     def finish(self, ticket: Ticket) -> None:
         """A dispatched ticket ended (either way)."""
-        if ticket.state in ("running", "preempting"):
-            self._running[ticket.tier].pop(ticket, None)
+        if ticket.state in ("running", "preempting") and self._running[ticket.tier].pop(ticket, 0) is None:
+            self._hold(ticket, -1)
         ticket.state = "done"
 
     def requeue(self, ticket: Ticket, now: float) -> None:
         """A preempted ticket goes back to the head of its tier queue (never shed, never lost)."""
-        self._running[ticket.tier].pop(ticket, None)
-        ticket.state, ticket.preempted = "queued", ticket.preempted + 1
+        if self._running[ticket.tier].pop(ticket, 0) is None:
+            self._hold(ticket, -1)
+        ticket.state, ticket.preempted, ticket.replica = "queued", ticket.preempted + 1, ""
         self._queues[ticket.tier].push_front(ticket.tenant, ticket, ticket.cost)
         self._order[ticket.tier].appendleft(ticket)
         ticket.enqueued_at = min(ticket.enqueued_at, now)

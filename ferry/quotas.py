@@ -17,6 +17,12 @@ that is the reclaim. ``demand`` counts running plus waiting requests of a
 tier. A tier may always use its own reserve (:func:`allowance`), whatever its
 quota says, so a first interactive request is never blocked by a stale quota.
 
+The interactive reserve is never lent whole: :func:`interactive_headroom`
+is the number of slots the lower tiers leave free at a proxy, sized from the
+interactive dispatch rate (``rate x seconds``, at most a share of the
+capacity), so interactive arrivals find a free slot instead of waiting for a
+preemption.
+
 The control plane carries the reserved shares and its quotas in the table
 (``controlplane.quotas``); each proxy recomputes the quotas with this same
 function from its own observed demand at every dispatch, so a reclaim takes
@@ -74,3 +80,18 @@ def compute_quotas(capacity: int, demand: Mapping[str, int],
 def allowance(quotas: Quotas, tier: str) -> int:
     """Slots ``tier`` may run now: its quota, and never less than its own reserve."""
     return max(quotas.quota.get(tier, 0), quotas.reserved.get(tier, 0))
+
+
+def interactive_headroom(capacity: int, rate: float, seconds: float, max_share: float) -> int:
+    """Slots lower tiers leave free for interactive arrivals: ``ceil(rate x seconds)``, at most ``max_share``.
+
+    ``rate``: interactive requests dispatched per second (observed);
+    ``seconds``: how long a freed slot takes to come back to interactive
+    (a preempted or finishing request); ``max_share``: the bound as a share
+    of ``capacity``. The reserve is never lent whole: with these slots free
+    an interactive arrival starts at once, without waiting for a preemption,
+    and the preemptions (a re-prefill each) mostly stop.
+    """
+    if capacity <= 0 or rate <= 0 or seconds <= 0 or max_share <= 0:
+        return 0
+    return min(math.ceil(rate * seconds), math.floor(max_share * capacity))

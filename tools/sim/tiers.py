@@ -6,7 +6,9 @@ share, quotas with lending and reclaim, shedding with retry-after,
 preemption of batch). The proxy sends a dispatched request to the replica
 with the fewest requests it has outstanding there (the pick's local term);
 a preempted batch request is cancelled on its engine and requeued at the
-head of its queue. Each replica admits at most its concurrency target, the
+head of its queue, and so is one on a full replica an interactive request
+was sent to (:meth:`dataplane.queues.TierQueues.make_room`, as the proxy
+does after its pick). Each replica admits at most its concurrency target, the
 capacity the queues are sized from.
 
 Events, in time order: arrival (offer; a refusal is an answer with its
@@ -173,13 +175,17 @@ class TierSim:
             if not victims:
                 return
             for ticket in victims:
-                rid = self._by_ticket[ticket]
-                i = self._where.pop(rid)
-                self.engines[i].cancel(str(rid))
-                self._outstanding[i] -= 1
-                self.queues.requeue(ticket, now)
-                self.outcomes[rid].preempted += 1
-                self.preempted += 1
+                self._preempt(ticket, now)
+
+    def _preempt(self, ticket: Ticket, now: float) -> None:
+        """Cancel ``ticket``'s request on its engine and requeue it at the head of its queue."""
+        rid = self._by_ticket[ticket]
+        i = self._where.pop(rid)
+        self.engines[i].cancel(str(rid))
+        self._outstanding[i] -= 1
+        self.queues.requeue(ticket, now)
+        self.outcomes[rid].preempted += 1
+        self.preempted += 1
 
     def _send(self, rid: int, ticket: Ticket, now: float) -> None:
         out = self.outcomes[rid]
@@ -193,6 +199,8 @@ class TierSim:
             return
         self._where[rid] = i
         self._outstanding[i] += 1
+        for victim in self.queues.make_room(ticket, str(i), self._outstanding[i], self.slots):
+            self._preempt(victim, now)
         if not engine.step_in_flight:
             self._start(i, now)
 

@@ -13,17 +13,74 @@ round-trip times between regions (``region_rtt_ms``, symmetric, ``"a:b"``).
    name), each taking at most its *spare* capacity (``headroom x capacity -
    offered``, shrinking as sources take it), and only regions where a spilled
    request still fits the tier's latency budget (``budget_ms``, default
-   500 ms interactive): ``rtt + expected queueing at headroom + service <=
-   budget``. Queueing is the Sakasegawa approximation of an M/M/c queue,
-   ``Wq = S * rho^(sqrt(2(c+1)) - 1) / (c (1 - rho))``.
+   500 ms interactive): ``rtt + p99 of the queueing at headroom + service
+   <= budget`` (the budget is a p99, so its tail, not its mean, must fit).
+   Queueing is an M/M/c queue: the chance to wait is Sakasegawa's
+   ``P = rho^(sqrt(2(c+1)) - 1)`` and the wait beyond is exponential at
+   rate ``c (1 - rho) / S``, so its quantile q is ``S / (c (1 - rho)) x
+   ln(P / (1 - q))`` (:func:`queue_p99_ms`; the mean, ``P S / (c (1 - rho))``,
+   is :func:`queue_ms`).
 3. The weight of (source, target) is the share of the source's interactive
    traffic to send there: taken / offered. Excess nothing can take stays
    local (admission sheds it there).
-4. Batch has no latency budget: :func:`batch_weights` spreads it over the
+4. :func:`reachable`: per source, the targets a spilled request may go to
+   at all (within the budget), nearest first, whatever the weights and
+   their spare capacity now: the proxies' spill on queue
+   (:mod:`dataplane.spill`) uses them for the bursts the weights are too
+   slow for, within the room it sees in the target's pushed loads.
+5. Batch has no latency budget: :func:`batch_weights` spreads it over the
    regions in proportion to their idle capacity.
 
 Regions are served most saturated first (ties by name), so the result is
 deterministic. Cost: O(R^2 log R) for R regions; R is a handful.
+
+:class:`SpillController` closes the loop when the offered rates are not
+known, only each region's load at its replicas (:class:`RegionSample`:
+slots, queued + running), as in the control plane. The demand a region's
+proxies hold back in their queues is out of sight (a saturated region looks
+the same with one request waiting or a hundred), and a target's load does
+not say whose requests it runs, so the controller does not estimate demand:
+it steers on what it sees, saturation, like an integral controller with a
+dead band. Per update:
+
+1. Each region's load is smoothed (weight ``alpha`` of the new sample,
+   default 0.5) into its *pressure* ``(queued + running) / slots`` and its
+   *busy* share ``running / slots``.
+2. A target is *overfull* for a source when the wait at its replicas,
+   ``queued / slots x service_ms`` (a queue of q drains through the slots
+   in q x S / slots, smoothed), exceeds half of what the budget leaves after
+   the round
+   trip and the service, ``(budget - rtt - service) / 2`` (the other half
+   is for the tail); it is *open* when not overfull and its engines are
+   busy below ``fill`` (0.85: at 0.9 a 32-slot region's own p99 wait is
+   already half the budget, at 0.85 less than a third). Busy and wait, not slots taken: with
+   requests of a fraction of a second, the momentary imbalance between
+   replicas queues a few at any load, and they cost a slot's turn each.
+3. A source at pressure ``high`` or more (saturated) raises its weight to its
+   nearest target that is not overfull, if that one is open (a busy near
+   target is waited for, not skipped for a farther one), by
+   ``step`` (default 0.05); below ``low`` (default 0.8) it lowers its
+   farthest weight by ``step``; in between it holds. Every weight into an
+   overfull target drops by ``step``. A source's weights never sum past
+   ``max_share`` (default 0.9: it keeps at least a tenth of its work home).
+   The weights settle where the source just stops being saturated or the
+   target just fills to its headroom, whichever comes first.
+   Targets are the regions :func:`reachable` from the source that do not
+   spill themselves and are less loaded than the source (work flows
+   downhill; a target that already has a weight stays one, its waits
+   decide). A region with a weight into it does not raise its own (no
+   cascade: its saturation is the spill it takes, which its sources' weights
+   give back when its waits grow).
+4. Routes: every pair with a weight, and, for a region whose utilisation
+   exceeded ``route_share`` (default 0.5) in the last ``hold`` (default
+   20) updates, every target of it (as in step 3), weight 0 when
+   nothing is planned there: the proxies spill bursts on queue
+   (:mod:`dataplane.spill`) within the room they see, without waiting for
+   the weights.
+
+Pure: the state between updates is the smoothed loads, the weights and the
+updates since each region was busy; no clock (one update per table
+computation). Cost per update: O(R^2 log R).
 """
 
 from __future__ import annotations
@@ -72,6 +129,18 @@ def queue_ms(service_ms: float, slots: int, rho: float) -> float:
     return float(service_ms * rho ** (math.sqrt(2 * (c + 1)) - 1) / (c * (1 - rho)))
 
 
+def queue_p99_ms(service_ms: float, slots: int, rho: float, quantile: float = 0.99) -> float:
+    """The ``quantile`` of the wait (ms) at utilisation ``rho`` of ``slots`` servers (M/M/c tail, module doc)."""
+    if rho >= 1.0:
+        return math.inf
+    if rho <= 0.0:
+        return 0.0
+    c = max(1, slots)
+    waits = rho ** (math.sqrt(2 * (c + 1)) - 1)  # P(wait > 0), Sakasegawa
+    tail = 1.0 - quantile
+    return 0.0 if waits <= tail else float(service_ms / (c * (1 - rho)) * math.log(waits / tail))
+
+
 def spill_weights(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str], float], *,
                   budget_ms: float = DEFAULT_BUDGET_MS,
                   headroom: float = DEFAULT_HEADROOM) -> dict[tuple[str, str], float]:
@@ -79,7 +148,7 @@ def spill_weights(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str]
     if not 0 < headroom <= 1:
         raise ConfigError("controlplane.spill_headroom", "must be in (0, 1]")
     spare = {r.region: max(0.0, headroom * r.capacity - r.offered) for r in regions}
-    fits = {r.region: queue_ms(r.service_ms, r.slots, headroom) + r.service_ms for r in regions}
+    fits = {r.region: queue_p99_ms(r.service_ms, r.slots, headroom) + r.service_ms for r in regions}
     weights: dict[tuple[str, str], float] = {}
     order = sorted(regions, key=lambda r: (-(r.offered - headroom * r.capacity), r.region))
     for source in order:
@@ -102,6 +171,22 @@ def spill_weights(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str]
     return weights
 
 
+def reachable(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str], float], *,
+              budget_ms: float = DEFAULT_BUDGET_MS,
+              headroom: float = DEFAULT_HEADROOM) -> dict[str, tuple[str, ...]]:
+    """Source -> targets a spilled request may reach within the budget, nearest first (spare or not)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for source in regions:
+        targets = sorted(
+            (rtt_ms[(source.region, t.region)], t.region) for t in regions
+            if t.region != source.region and (source.region, t.region) in rtt_ms
+            and rtt_ms[(source.region, t.region)] + queue_p99_ms(t.service_ms, t.slots, headroom) + t.service_ms
+            <= budget_ms)
+        if targets:
+            out[source.region] = tuple(region for _, region in targets)
+    return out
+
+
 def batch_weights(regions: Sequence[RegionLoad]) -> dict[str, float]:
     """Region -> share of batch work, in proportion to idle capacity (all zero: empty, keep it local)."""
     idle = {r.region: max(0.0, r.capacity - r.offered) for r in regions}
@@ -109,3 +194,95 @@ def batch_weights(regions: Sequence[RegionLoad]) -> dict[str, float]:
     if total <= 0:
         return {}
     return {region: value / total for region, value in sorted(idle.items()) if value > 0}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegionSample:
+    """One region's interactive slots and the load at its replicas (queued + running, and of it queued)."""
+
+    region: str
+    slots: int
+    load: float
+    queued: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SpillPlan:
+    """One update's weights ((source, target) -> share) and routes ((source, target) pairs, sorted)."""
+
+    weights: dict[tuple[str, str], float]
+    routes: tuple[tuple[str, str], ...]
+
+
+class SpillController:
+    """Spill weights steered by saturation with a dead band; see the module docstring."""
+
+    def __init__(self, rtt_ms: Mapping[tuple[str, str], float], *, budget_ms: float = DEFAULT_BUDGET_MS,
+                 headroom: float = DEFAULT_HEADROOM, service_ms: float = 200.0, alpha: float = 0.5,
+                 step: float = 0.05, low: float = 0.8, high: float = 0.95, fill: float = 0.9,
+                 max_share: float = 0.9, route_share: float = 0.5, hold: int = 20) -> None:
+        if not 0 < alpha <= 1 or not 0 < step <= 1 or not 0 <= low < high or not 0 < max_share <= 1 or hold < 0:
+            raise ConfigError("controlplane.spill", "need 0 < alpha <= 1, 0 < step <= 1, 0 <= low < high, "
+                                                    "0 < max_share <= 1, hold >= 0")
+        self.rtt = dict(rtt_ms)
+        self.budget_ms = budget_ms
+        self.headroom = headroom
+        self.service_ms = service_ms
+        self.alpha = alpha
+        self.step = step
+        self.low = low
+        self.high = high
+        self.fill = fill
+        self.max_share = max_share
+        self.route_share = route_share
+        self.hold = hold
+        self.weights: dict[tuple[str, str], float] = {}
+        self.routes: tuple[tuple[str, str], ...] = ()
+        self.utilisation: dict[str, float] = {}  # smoothed pressure per region
+        self.busy: dict[str, float] = {}  # smoothed busy share per region
+        self._quiet: dict[str, int] = {}  # updates since the region was last busy
+
+    def update(self, samples: Sequence[RegionSample]) -> SpillPlan:
+        """One update from this computation's samples (regions without slots are left out)."""
+        samples = sorted((s for s in samples if s.slots > 0), key=lambda s: s.region)
+        util: dict[str, float] = {}
+        busy: dict[str, float] = {}
+        for sample in samples:
+            pressure, running = sample.load / sample.slots, (sample.load - sample.queued) / sample.slots
+            before, was = self.utilisation.get(sample.region), self.busy.get(sample.region)
+            util[sample.region] = pressure if before is None else self.alpha * pressure + (1 - self.alpha) * before
+            busy[sample.region] = running if was is None else self.alpha * running + (1 - self.alpha) * was
+        self.utilisation, self.busy = util, busy
+        loads = [RegionLoad(s.region, capacity=float(s.slots), offered=util[s.region] * s.slots, slots=s.slots,
+                            service_ms=self.service_ms) for s in samples]
+        spilling, taking = {s for s, _ in self.weights}, {t for _, t in self.weights}
+        targets = {source: tuple(t for t in ts if t not in spilling
+                                 and ((source, t) in self.weights or util[t] < util[source]))
+                   for source, ts in reachable(loads, self.rtt, budget_ms=self.budget_ms,
+                                               headroom=self.headroom).items()}
+        weights = {pair: w for pair, w in self.weights.items() if pair[0] in util and pair[1] in util}
+        wait = {s.region: self.service_ms * (util[s.region] - busy[s.region]) for s in samples}
+
+        def overfull(source: str, target: str) -> bool:
+            return wait[target] > (self.budget_ms - self.rtt[(source, target)] - self.service_ms) / 2
+
+        for (source, target), w in list(weights.items()):
+            if target not in targets.get(source, ()) or overfull(source, target):
+                weights[(source, target)] = w - self.step
+        for source in util:
+            mine = [t for t in targets.get(source, ()) if weights.get((source, t), 0.0) > 0]
+            if util[source] >= self.high and source not in taking:
+                room = self.max_share - sum(weights.get((source, t), 0.0) for t in mine)
+                nearest = next((t for t in targets.get(source, ()) if not overfull(source, t)), None)
+                if nearest is not None and busy[nearest] < self.fill and room > 0:
+                    weights[(source, nearest)] = weights.get((source, nearest), 0.0) + min(self.step, room)
+            elif util[source] < self.low and mine:
+                weights[(source, mine[-1])] -= self.step
+        self.weights = {pair: round(w, 6) for pair, w in sorted(weights.items()) if w > 1e-9}
+        pairs = set(self.weights)
+        for source, u in util.items():
+            self._quiet[source] = 0 if u > self.route_share else self._quiet.get(source, self.hold) + 1
+            if self._quiet[source] <= self.hold:
+                pairs.update((source, target) for target in targets.get(source, ()))
+        self.routes = tuple(sorted(pairs))
+        return SpillPlan(dict(self.weights), self.routes)

@@ -17,14 +17,23 @@ scorers:
    filtering first would give, without an O(n) pass in the common case.
 2. **Scorer** (:func:`score`, lower is better)::
 
-       occupancy = (queued + running + inflight) / max_concurrency
+       occupancy = (max(queued + running - counted, 0) x trust + inflight) / max_concurrency
        kv_use    = 1 - (kv_free - need_blocks) / kv_total       clamped to [0, 1]; 0 if kv_total unknown
        staleness = (age - fresh) / (stale - fresh)              clamped to [0, 1]
        score     = occupancy + kv_weight * kv_use + stale_weight * staleness
 
    where ``inflight`` is this proxy's own count of requests it has sent to
    the replica and not yet seen finish (so that proxies sharing a push do not
-   all pile onto the replica that looked idle), ``need_blocks`` is
+   all pile onto the replica that looked idle), and ``counted`` is the part
+   of it the pushed load already includes (this proxy's in-flight count when
+   the table was applied, :meth:`dataplane.policy.LocalLoad.mark`; 0 when not
+   given): without it, a push older than a request lasts counts this proxy's
+   requests twice and sends everything to whichever replica looked idle,
+   then everything to the other, push after push; ``trust`` is the share of
+   the pushed load that still stands at its age (1 when not given;
+   :meth:`dataplane.policy.LocalLoad.trust`: none of it once requests last
+   less than the telemetry's age, so that proxies sharing replicas do not
+   all chase the same stale imbalance). ``need_blocks`` is
    ``ceil((prompt_tokens + max_tokens) / kv_block_tokens)``, and ``age`` is
    the pushed telemetry age plus the time since the table was applied.
    Defaults: kv_weight 0.5, stale_weight 1.0 (telemetry older than
@@ -137,9 +146,11 @@ def draw(pool: Sequence[Replica], need: Need, rng: random.Random) -> tuple[Repli
     return roomy[i], roomy[j]
 
 
-def score(replica: Replica, need: Need, inflight: int, age: float, params: ScoreParams = DEFAULT_PARAMS) -> float:
+def score(replica: Replica, need: Need, inflight: int, age: float, params: ScoreParams = DEFAULT_PARAMS,
+          counted: int = 0, trust: float = 1.0) -> float:
     """The load score of ``replica`` for this request (lower is better); see the module docstring."""
-    occupancy = (replica.queued + replica.running + inflight) / replica.max_concurrency
+    pushed = max(replica.queued + replica.running - counted, 0) * trust
+    occupancy = (pushed + inflight) / replica.max_concurrency
     kv_use = 0.0
     if replica.kv_blocks_total > 0:
         left = replica.kv_blocks_free - need.blocks(replica.kv_block_tokens)
@@ -168,6 +179,8 @@ def pick(
     table_age: float = 0.0,
     params: ScoreParams = DEFAULT_PARAMS,
     cost: Callable[[Replica], float] | None = None,
+    counted: Mapping[str, int] | None = None,
+    trust: Callable[[float], float] | None = None,
 ) -> Decision:
     """Choose a replica among ``candidates`` for a request needing ``need``; see the module docstring."""
     pool = exclude(candidates, excluded, avoid_nodes)
@@ -182,6 +195,7 @@ def pick(
 
     def default_cost(replica: Replica) -> float:
         age = replica.telemetry_age + table_age
-        return score(replica, need, inflight.get(replica.replica_id, 0), age, params)
+        return score(replica, need, inflight.get(replica.replica_id, 0), age, params,
+                     counted.get(replica.replica_id, 0) if counted else 0, trust(age) if trust else 1.0)
 
     return Decision(better(pair[0], pair[1], cost or default_cost, rng), Branch.P2C)

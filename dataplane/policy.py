@@ -13,7 +13,17 @@
   term of the pick's score), and the prompt tokens it sent each replica that
   have not yet produced a first token (its view of the replica's prefill
   backlog, behind the pick's spill test); entries vanish at zero, so its
-  size is bounded by the requests in flight.
+  size is bounded by the requests in flight. :meth:`LocalLoad.mark`, on each
+  table applied, keeps the counts as ``counted``: the in-flight requests the
+  table's pushed loads already include (approximately: the telemetry was
+  sampled shortly before), so that the pick does not count them twice;
+  :meth:`LocalLoad.observe` learns how long a request lasts here (an
+  exponential average of answered forwards, weight 0.05), and
+  :meth:`LocalLoad.trust` says how much of a pushed load sampled ``age``
+  seconds ago still stands: ``1 - age / duration``, clamped to [0, 1] (1
+  until a duration is known). Requests that last less than the telemetry's
+  age have all been replaced since the sample: its imbalance between
+  replicas is gone, and only this proxy's own in-flight count is current.
 
 Cost: O(1) each.
 """
@@ -61,6 +71,22 @@ class LocalLoad(Mapping[str, int]):
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
         self._prefill: dict[str, int] = {}
+        self.counted: Mapping[str, int] = {}  # the counts when the current table was applied (mark)
+        self.duration = 0.0  # seconds an answered forward lasts, averaged (observe)
+
+    def observe(self, seconds: float) -> None:
+        """An answered forward took ``seconds`` (the request duration the pushed loads are weighed by)."""
+        self.duration = seconds if self.duration <= 0 else self.duration + 0.05 * (seconds - self.duration)
+
+    def trust(self, age: float) -> float:
+        """Share of a pushed load sampled ``age`` seconds ago that still stands (see the module docstring)."""
+        if self.duration <= 0:
+            return 1.0
+        return min(max(1.0 - age / self.duration, 0.0), 1.0)
+
+    def mark(self) -> None:
+        """A table was applied: its pushed loads include what is in flight now (see the module docstring)."""
+        self.counted = dict(self._counts)
 
     def __getitem__(self, replica_id: str) -> int:
         return self._counts[replica_id]

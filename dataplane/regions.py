@@ -9,8 +9,16 @@ skipped: spill is an optimisation, never a reason to reject a table. The
 view is built once per table (cached on the table's identity).
 
 :func:`pick_remote`: power of two choices among a remote region's replicas
-on (queued + running + this proxy's in-flight to it) / max_concurrency; no
+on (queued + running in the table - ``counted`` + this proxy's in-flight to
+it) / max_concurrency, ``counted`` being the in-flight the pushed load
+already includes (:meth:`dataplane.policy.LocalLoad.mark`) and the pushed
+load weighed by how much of it still stands at its age
+(:meth:`dataplane.policy.LocalLoad.trust`), as the local pick does; no
 prefix affinity across regions (the remote caches are not this region's).
+:meth:`RemoteView.rooms`: per usable region, the requests this proxy may
+still send there (:func:`dataplane.spill.room` on the region's slots, its
+load in the table and this proxy's in-flight to its replicas), for the
+spill on queue.
 Pure: the random generator is an argument. Cost: O(1) per pick; the view
 O(spilled replicas) once per table.
 """
@@ -19,10 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dataplane.pool import Replica
-from dataplane.spill import SpillTarget
+from dataplane.spill import DEFAULT_HEADROOM, SpillTarget, room
 from dataplane.table import Table
 
 
@@ -36,6 +44,17 @@ class RemoteView:
     def usable(self, model: str) -> frozenset[str]:
         """Regions with at least one replica of ``model``."""
         return frozenset(region for (region, m), rs in self.replicas.items() if m == model and rs)
+
+    def rooms(self, model: str, inflight: Mapping[str, int], counted: Mapping[str, int], *,
+              headroom: float = DEFAULT_HEADROOM, share: float = 1.0) -> dict[str, float]:
+        """Region -> requests of ``model`` this proxy may still send there (:func:`dataplane.spill.room`)."""
+        out: dict[str, float] = {}
+        for (region, m), replicas in self.replicas.items():
+            if m == model and replicas:
+                out[region] = room(sum(r.max_concurrency for r in replicas),
+                                   sum(max(r.queued + r.running - counted.get(r.replica_id, 0), 0) for r in replicas),
+                                   sum(inflight.get(r.replica_id, 0) for r in replicas), headroom=headroom, share=share)
+        return out
 
 
 EMPTY = RemoteView()
@@ -59,7 +78,7 @@ def remote_view(table: Table) -> RemoteView:
             replicas[(route.region, model.model)] = tuple(
                 Replica(replica_id=r.replica_id, address=r.address, kserve_model=r.kserve_model or model.model,
                         version=r.version, node=r.node, max_concurrency=max(1, r.max_concurrency),
-                        queued=r.load.queued, running=r.load.running)
+                        queued=r.load.queued, running=r.load.running, telemetry_age=r.telemetry_age_seconds)
                 for r in model.replicas
                 if r.replica_id and r.address and r.region == route.region
                 and (not model.default_version or r.version == model.default_version))
@@ -70,7 +89,9 @@ def remote_view(table: Table) -> RemoteView:
 
 
 def pick_remote(replicas: tuple[Replica, ...], inflight: Mapping[str, int], rng: random.Random,
-                excluded: frozenset[str] | set[str] = frozenset()) -> Replica | None:
+                excluded: frozenset[str] | set[str] = frozenset(), *,
+                counted: Mapping[str, int] | None = None, trust: Callable[[float], float] | None = None,
+                table_age: float = 0.0) -> Replica | None:
     """Power of two choices on relative load among ``replicas`` not in ``excluded``; None when none is left."""
     left = [r for r in replicas if r.replica_id not in excluded]
     if not left:
@@ -80,6 +101,8 @@ def pick_remote(replicas: tuple[Replica, ...], inflight: Mapping[str, int], rng:
     a, b = rng.sample(left, 2)
 
     def score(r: Replica) -> float:
-        return (r.queued + r.running + inflight.get(r.replica_id, 0)) / r.max_concurrency
+        others = max(r.queued + r.running - (counted.get(r.replica_id, 0) if counted else 0), 0)
+        weight = trust(r.telemetry_age + table_age) if trust else 1.0
+        return (others * weight + inflight.get(r.replica_id, 0)) / r.max_concurrency
 
     return a if score(a) <= score(b) else b

@@ -125,14 +125,15 @@ def route(
         candidates = [r for r in candidates if need.tokens <= context_limit(r)]
     if excluded or avoid_nodes or key is None or len(candidates) <= 1:
         decision = pick(candidates, need, local, rng, excluded, avoid_nodes=avoid_nodes, table_age=table_age,
-                        params=params.score)
+                        params=params.score, counted=local.counted, trust=local.trust)
         if hot and decision.branch is Branch.P2C:
             return Decision(decision.replica, Branch.SPREAD)
         return decision
     takers = _takers(pool, need, key, table_age, params)
     first = next(takers, None)
     if first is None:
-        decision = pick(candidates, need, local, rng, table_age=table_age, params=params.score)
+        decision = pick(candidates, need, local, rng, table_age=table_age, params=params.score,
+                        counted=local.counted, trust=local.trust)
         return Decision(decision.replica, Branch.FALLBACK if decision.replica else decision.branch, decision.reason)
     chosen = pool.replicas[first[0]]
     if spill is not None and local.prefill(chosen.replica_id) > spill:

@@ -5,15 +5,18 @@ offered 150 % of its interactive capacity, B 50 % with a 40 ms round trip
 from A, C 20 % with 200 ms, an interactive budget of 500 ms, and reports per
 mode ``a_interactive_p99_ms``, ``b_interactive_p99_ms``,
 ``spill_share_a_to_b``, ``spill_share_a_to_c`` (plus the same run without
-spill for contrast). Mode ``sim`` (default) runs :mod:`tools.sim.regions`
-in virtual time, about 3 s; mode ``real`` (``--mode real``) runs the same
-shape with real processes when the proxy's spill path is available
-(:mod:`tools.regions_real`). Prints a table and writes
+spill for contrast, in the simulator). Mode ``sim`` (default) runs
+:mod:`tools.sim.regions` in virtual time, about 5 s; mode ``real``
+(``--mode real``) runs the same shape with real processes
+(:mod:`tools.regions_real`, about 55 s with 40 s of load); ``both`` runs
+the two. Both run the same policies: the control plane's
+:class:`controlplane.spill.SpillController` and the proxy's
+:func:`dataplane.spill.region_for`. Prints a table and writes
 ``bench-results/regions.json`` (modes not run keep their previous figures).
 
-Region sizes: A 4 replicas, B 8, C 4 (B is the larger neighbour, so its
-spare capacity at 50 % covers A's excess); engine: 16 batch slots, 64-token
-prompts, 16 output tokens.
+Simulated region sizes: A 4 replicas, B 8, C 4 (B is the larger neighbour,
+so its spare capacity at 50 % covers A's excess); engine: 16 batch slots,
+64-token prompts, 16 output tokens. Real sizes: :mod:`tools.regions_real`.
 """
 
 from __future__ import annotations
@@ -46,16 +49,16 @@ def run_sim(args: argparse.Namespace) -> dict[str, Any]:
     spilled = simulate(config)
     local = simulate(dataclasses.replace(config, spill=False))
     return {**figures(spilled.p99_ms, spilled.spill_share),
-            "c_interactive_p99_ms": round(spilled.p99_ms["c"], 1),
+            "c_interactive_p99_ms": round(spilled.p99_ms["c"], 1), "shed": spilled.shed,
             "requests": spilled.requests, "capacity_per_replica_rps": round(spilled.capacity_per_replica, 1),
-            "without_spill": figures(local.p99_ms, local.spill_share)}
+            "without_spill": {**figures(local.p99_ms, local.spill_share), "shed": local.shed}}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.bench_regions", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("sim", "real", "both"), default="sim")
     p.add_argument("--seconds", type=float, default=60.0, help="virtual seconds (sim; default %(default)s)")
-    p.add_argument("--real-seconds", type=float, default=25.0, help="load seconds (real; default %(default)s)")
+    p.add_argument("--real-seconds", type=float, default=40.0, help="load seconds (real; default %(default)s)")
     p.add_argument("--budget-ms", type=float, default=500.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="bench-results/regions.json", help="JSON output (default %(default)s)")
@@ -81,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['spill_share_a_to_b']:7.3f} {r['spill_share_a_to_c']:7.3f}")
     if "sim" in results and "without_spill" in results["sim"]:
         w = results["sim"]["without_spill"]
-        print(f"sim without spill: A p99 {w['a_interactive_p99_ms']:.1f} ms, B p99 {w['b_interactive_p99_ms']:.1f} ms")
+        print(f"sim without spill: A p99 {w['a_interactive_p99_ms']:.1f} ms, B p99 {w['b_interactive_p99_ms']:.1f} ms, "
+              f"shed {w.get('shed', {})}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}")

@@ -5,14 +5,23 @@ Starts one control plane (with ``region_rtt_ms``), a proxy per region
 and one node per replica (``--region``), on loopback ports 0, in a temporary
 folder; waits until every proxy routes to its region's replicas; then sends
 open-loop Poisson interactive requests to each region's proxy at
-``load x capacity`` for ``seconds`` (default 25 s, the first 40 % not
-measured: the spill weights converge meanwhile), and stops every process it started, by PID.
+``load x capacity`` for ``seconds`` (40 s from :mod:`tools.bench_regions`,
+the first 40 % not measured: the spill weights converge meanwhile), and
+stops every process it started, by PID.
 
-Small replicas so that a 2-core machine can saturate a region: 2 batch
-slots, 8-token answers, 20 ms decode steps. A replica's capacity comes from
-:func:`tools.sim.regions.replica_capacity` on the same engine parameters (the
-real replica runs that engine in real time). Region sizes: A 2 replicas,
-B 4, C 2 (the shape of the simulated run, halved).
+Fast replicas so that a 2-core machine can saturate a region: 16 batch
+slots, 8-token answers, 20 ms decode steps (about 170 ms a request).
+Region sizes: A 1 replica, B 2, C 1 (B twice A, as in the simulated run).
+Pools of 16 and 32 slots, not fewer: B ends at about 85 % of its capacity
+with A's excess, and the queueing tail of Poisson arrivals at that load on
+4 or 8 slots alone is near or past the budget, whatever the routing
+(measured: 8-slot replicas gave p99s of 390 to 1,300 ms from run to run). A replica's
+capacity is measured before the load (:func:`calibrate`): region C's proxy
+is kept saturated (twice its slots in flight, closed loop) for 3 s and its
+answers per second from its own replica (not those it spilled) are the
+capacity of one replica, on the path the load takes (proxy, gRPC, the
+replica's steps in real time on a shared machine); the engine model's
+figure (:func:`tools.sim.regions.replica_capacity`) is reported beside it.
 
 Latency is measured at the client: arrival at its region's proxy to the
 answer, including the simulated round trip of a spilled request. The spill
@@ -40,10 +49,10 @@ from ferry.config import hash_api_key
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tools.sim.regions import replica_capacity
 
-REPLICA = {"max_running": 2, "decode_base_seconds": 0.02, "decode_seconds_per_request": 0.0,
+REPLICA = {"max_running": 16, "decode_base_seconds": 0.02, "decode_seconds_per_request": 0.0,
            "prefill_base_seconds": 0.002, "prefill_seconds_per_token": 1e-5}
 MAX_TOKENS = 8
-SIZES = {"a": (2, 1.5), "b": (4, 0.5), "c": (2, 0.2)}  # region -> (replicas, load)
+SIZES = {"a": (1, 1.5), "b": (2, 0.5), "c": (1, 0.2)}  # region -> (replicas, load)
 WARMUP_SHARE = 0.4  # the first 40 % of the load is not measured: the weights converge meanwhile
 
 
@@ -129,6 +138,34 @@ def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) 
     return {"latencies": latencies, "served": served, "failed": failed, "rates": rates}
 
 
+def calibrate(address: str, region: str, key: str, slots: int, seconds: float = 3.0) -> float:
+    """Answers per second from one region's own replicas, its proxy kept saturated (2 x ``slots`` in flight)."""
+    channel = grpc.insecure_channel(address)
+    stub = inference_pb2_grpc.InferenceStub(channel)
+    request = inference_pb2.InferRequest(model="chat", prompt="a b c d", max_tokens=MAX_TOKENS,
+                                         tier=common_pb2.TIER_INTERACTIVE)
+    done = 0
+    lock = threading.Lock()
+    start = time.monotonic()
+    measure_from, end = start + 0.5, start + 0.5 + seconds
+
+    def worker() -> None:
+        nonlocal done
+        while time.monotonic() < end:
+            reply = stub.Infer(request, metadata=(("x-api-key", key),), timeout=10)
+            if time.monotonic() >= measure_from and reply.region == region:
+                with lock:
+                    done += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(2 * slots)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    channel.close()
+    return done / seconds
+
+
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
@@ -136,11 +173,13 @@ def _p99(values: list[float]) -> float:
 
 def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -> dict[str, Any]:
     """Run the scenario with real processes; returns the figures (see the module docstring)."""
-    capacity = replica_capacity(EngineParams(**REPLICA), 4, MAX_TOKENS)  # type: ignore[arg-type]
+    modelled = replica_capacity(EngineParams(**REPLICA), 4, MAX_TOKENS)  # type: ignore[arg-type]
     key = "fk_" + secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="ferry-regions-") as tmp:
         children, addresses = _start(Path(tmp), rtt_ms, key)
         try:
+            replicas_c = SIZES["c"][0]
+            capacity = calibrate(addresses["c"], "c", key, int(REPLICA["max_running"]) * replicas_c) / replicas_c
             result = _load(addresses, key, capacity, seconds)
         finally:
             stop_all(children)
@@ -153,5 +192,6 @@ def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -
         "spill_share_a_to_b": round(served_a.get("b", 0) / total_a, 4),
         "spill_share_a_to_c": round(served_a.get("c", 0) / total_a, 4),
         "failed": result["failed"], "offered_rps": {r: round(v, 1) for r, v in result["rates"].items()},
-        "capacity_per_replica_rps": round(capacity, 1), "seconds": seconds, "budget_ms": budget_ms,
+        "capacity_per_replica_rps": round(capacity, 1), "modelled_capacity_per_replica_rps": round(modelled, 1),
+        "seconds": seconds, "budget_ms": budget_ms,
     }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
 from dataplane.pool import Replica
-from dataplane.regions import pick_remote
+from dataplane.regions import RemoteView, pick_remote
+from dataplane.spill import SpillTarget
 from ferry.v1 import common_pb2, tables_pb2
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, FakeReplica, route, snapshot
@@ -52,3 +54,35 @@ def test_pick_remote_takes_the_less_loaded_of_two(loads: dict[str, int], exclude
                              max_concurrency=60, queued=q) for rid, q in loads.items())
     got = pick_remote(replicas, {}, random.Random(1), set(excluded))
     assert (got.replica_id if got else None) == expected
+
+
+def test_rooms_count_the_targets_slots_less_the_others_load_and_this_proxys_in_flight() -> None:
+    def replica(rid: str, running: int, queued: int = 0) -> Replica:
+        return Replica(replica_id=rid, address="127.0.0.1:1", kserve_model="m", version="v1", max_concurrency=8,
+                       running=running, queued=queued)
+
+    view = RemoteView(targets=(SpillTarget("b", 0.2, 40.0),),
+                      replicas={("b", "m"): (replica("b0", 8, 2), replica("b1", 4)), ("b", "other"): ()})
+    # 16 slots; pushed 14, of which this proxy's 3 when the table came: others 11; in flight now 5.
+    assert view.rooms("m", {"b0": 3, "b1": 2}, {"b0": 3}, headroom=1.0) == {"b": pytest.approx(16 - 11 - 5)}
+    assert view.rooms("m", {}, {}, headroom=1.25) == {"b": pytest.approx(20 - 14)}
+    assert view.rooms("other", {}, {}) == {} and view.usable("m") == frozenset({"b"})
+
+
+async def test_a_request_that_would_queue_at_home_spills_on_queue_even_at_weight_zero(rig) -> None:
+    r = await rig({"r1": Behaviour(delay=0.3)})
+    remote = await FakeReplica("b1").start()
+    try:
+        snap = _with_spill(2, [], remote, 0.0)
+        snap.models[0].replicas.append(route(r.replicas["r1"], max_concurrency=1))  # one slot at home
+        r.cp.push(snap)
+        assert (await r.cp.next_ack()).applied
+        first = asyncio.ensure_future(r.stub.Infer(request(), metadata=PAID, timeout=5))
+        await asyncio.sleep(0.05)  # it runs at home; the next ones would wait behind it
+        others = [await r.stub.Infer(request(), metadata=PAID, timeout=5) for _ in range(3)]
+        replies = [await first, *others]
+    finally:
+        await remote.stop()
+    assert [reply.region for reply in replies] == ["local", "b", "b", "b"]
+    assert r.proxy is not None
+    assert r.proxy.metrics.value("proxy_spilled_total", **{"from": "local", "to": "b"}) == 3

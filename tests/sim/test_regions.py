@@ -1,4 +1,8 @@
-"""The regions simulator: A at 150 % spills to B (40 ms) within the budget, nothing to C (200 ms)."""
+"""The regions simulator: A at 150 % spills to B (40 ms) within the budget, nothing to C (200 ms).
+
+The same policies as ``ferry up``: the control plane's SpillController on a tick-old sample of the replicas'
+loads, the proxies' admission queues and their region choice (weighted draw, then spill on queue).
+"""
 
 from __future__ import annotations
 
@@ -20,3 +24,10 @@ def test_a_saturated_region_meets_its_budget_by_spilling_to_the_near_neighbour()
 def test_without_spill_the_saturated_region_misses_its_budget() -> None:
     result = simulate(dataclasses.replace(CONFIG, spill=False))
     assert result.p99_ms["a"] > 1000 and not result.spill_share
+    assert result.shed["a"] > 0.2 * result.requests["a"]  # its proxy refuses what waits too long
+
+
+def test_spill_on_queue_alone_keeps_a_within_budget_while_the_weights_are_zero() -> None:
+    # A controller that never moves its weights (a step too small to matter): the proxies' spill on queue carries it.
+    result = simulate(dataclasses.replace(CONFIG, step=1e-9))
+    assert result.p99_ms["a"] < 500 and result.spill_share["a->b"] > 0.3

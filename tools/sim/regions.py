@@ -1,24 +1,31 @@
 """Regions in the simulator: interactive load per region, spill within the latency budget, in virtual time.
 
-What runs, unchanged: one :class:`agent.engine.Engine` per replica, the
-control plane's :func:`controlplane.spill.spill_weights` (recomputed every
-``tick_seconds`` from the offered rates of the last ``window_seconds`` and
-each region's capacity) and the proxy's :func:`dataplane.spill.choose_region`
-(one uniform draw per request).
+What runs, unchanged: one :class:`agent.engine.Engine` per replica; per
+region one proxy's admission queue (:class:`dataplane.queues.TierQueues`,
+capacity = the region's slots, its shedding included); the control plane's
+:class:`controlplane.spill.SpillController` (updated every ``tick_seconds``
+from each region's slots and the queued + running of its engines as
+sampled at the previous tick: telemetry a tick old, as in ``ferry up``);
+and the proxy's :func:`dataplane.spill.region_for` (the weighted draw, then
+the spill on queue from :func:`dataplane.spill.local_queue`, within the
+:func:`dataplane.spill.room` of each target seen in that stale sample).
 
 Events, in time order: **arrival** of an interactive request at its home
-region (Poisson, rate ``load x capacity``), which chooses a region; a spilled
-request reaches the other region half a round trip later (**enqueue**) and
-its answer comes back half a round trip after it finishes. Inside a region
-the request goes to the less loaded of two random replicas (queued +
-running, read from the engine: telemetry is taken as fresh here, the
-within-region pick is not what this simulator studies). **step end** runs
-``finish_step``; **tick** recomputes the weights.
+region (Poisson, rate ``load x capacity``), which chooses a region; a local
+request joins its proxy's queue (or is shed) and is dispatched to an engine
+when a slot frees; a spilled request skips it (as in the proxy) and reaches
+the other region's engines half a round trip later (**enqueue**), its
+answer coming back half a round trip after it finishes. A dispatched or
+spilled request goes to the less loaded of two random engines of the region
+(queued + running, read fresh: the within-region pick is not what this
+simulator studies). **step end** runs ``finish_step``; **tick** updates the
+controller.
 
 Capacity: a replica's sustained throughput for the request shape, measured
 once by :func:`replica_capacity` (an engine kept full for 60 virtual
 seconds, admitting one request per step as independent arrivals do, so
-every step pays a prefill). Latency: arrival at the home region to the answer back there.
+every step pays a prefill). Latency: arrival at the home region to the
+answer back there, for the answered requests (shed ones are counted apart).
 
 Deterministic for a seed. Cost: O(events log events), events dominated by
 engine steps (replicas x duration / step time).
@@ -33,8 +40,17 @@ from collections import Counter, deque
 from collections.abc import Mapping
 
 from agent.engine import Engine, EngineParams, EngineRequest
-from controlplane.spill import RegionLoad, parse_rtt, spill_weights
-from dataplane.spill import SpillTarget, choose_region
+from controlplane.spill import RegionSample, SpillController, parse_rtt
+from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.spill import (
+    DEFAULT_HEADROOM,
+    DEFAULT_QUEUE_MS,
+    SpillTarget,
+    local_queue,
+    local_wait_ms,
+    region_for,
+    room,
+)
 
 _ARRIVE, _ENQUEUE, _STEP, _TICK = 0, 1, 2, 3
 ENGINE = EngineParams(max_running=16, max_queue=100_000)
@@ -58,6 +74,9 @@ class RegionsConfig:
     budget_ms: float = 500.0
     headroom: float = 0.9
     spill: bool = True
+    queue_ms: float = DEFAULT_QUEUE_MS  # the proxies' spill on queue threshold
+    room_headroom: float = DEFAULT_HEADROOM  # the proxies' room: this x a target's slots
+    step: float = 0.1  # the controller's weight step per update
     engine: EngineParams = ENGINE
     prompt_tokens: int = 64
     max_tokens: int = 16
@@ -76,6 +95,7 @@ class RegionsResult:
     p50_ms: dict[str, float]
     requests: dict[str, int]
     spill_share: dict[str, float]  # "a->b": share of a's requests served in b
+    shed: dict[str, int]  # per home region: requests refused at its proxy's admission
     capacity_per_replica: float
     service_ms: float
 
@@ -109,8 +129,13 @@ def simulate(config: RegionsConfig) -> RegionsResult:
     cap = replica_capacity(config.engine, config.prompt_tokens, config.max_tokens)
     service_ms = 1000.0 * config.engine.max_running / cap  # a request's time in a full engine
     rtt = parse_rtt(config.rtt_ms)
+    specs = {r.name: r for r in config.regions}
     names = [r.name for r in config.regions]
+    slots = {r.name: r.replicas * config.engine.max_running for r in config.regions}
     engines = {r.name: [Engine(config.engine) for _ in range(r.replicas)] for r in config.regions}
+    queues = {n: TierQueues(QueueParams(), slots[n]) for n in names}
+    controller = SpillController(rtt, budget_ms=config.budget_ms, headroom=config.headroom, service_ms=service_ms,
+                                 step=config.step)
     busy: dict[tuple[str, int], bool] = {}
     events: list[tuple[float, int, int, tuple[str, ...]]] = []
     seq = 0
@@ -121,10 +146,15 @@ def simulate(config: RegionsConfig) -> RegionsResult:
         heapq.heappush(events, (when, seq, kind, arg))
 
     origin: dict[str, tuple[str, float, float]] = {}  # request id -> (home, arrival, return rtt seconds)
-    recent: dict[str, deque[float]] = {n: deque() for n in names}
+    tickets: dict[str, Ticket] = {}  # request id -> its ticket in its home proxy's queue (local requests)
+    waiting: dict[str, deque[str]] = {n: deque() for n in names}  # request ids in dispatch order
+    spilled: Counter[tuple[str, str]] = Counter()  # (home, region) -> spilled requests in flight
     targets: dict[str, list[SpillTarget]] = {n: [] for n in names}
+    sample: dict[str, tuple[float, float]] = {n: (0.0, 0.0) for n in names}  # region -> (load, queued), a tick old
+    counted: Counter[tuple[str, str]] = Counter()  # in flight when the sample was taken
     latencies: dict[str, list[float]] = {n: [] for n in names}
     served: Counter[tuple[str, str]] = Counter()
+    shed: Counter[str] = Counter()
     for r in config.regions:
         push(rng.expovariate(r.load * r.replicas * cap), _ARRIVE, r.name)
     push(0.0, _TICK)
@@ -138,29 +168,63 @@ def simulate(config: RegionsConfig) -> RegionsResult:
             busy[(region, i)] = True
             push(now + duration, _STEP, region, str(i))
 
+    def submit(region: str, rid: str, now: float) -> None:
+        a, b = rng.randrange(len(engines[region])), rng.randrange(len(engines[region]))
+        la, lb = (engines[region][k].load() for k in (a, b))
+        i = a if la.queued + la.running <= lb.queued + lb.running else b
+        engines[region][i].submit(EngineRequest(request_id=rid, prompt_tokens=config.prompt_tokens,
+                                                max_tokens=config.max_tokens), now)
+        start(region, i, now)
+
+    def dispatch(region: str, now: float) -> None:
+        started = {id(t) for t in queues[region].dispatch(now)}
+        while started and waiting[region]:
+            rid = waiting[region][0]
+            ticket = tickets[rid]
+            if ticket.state == "queued":
+                break
+            waiting[region].popleft()
+            if id(ticket) in started:
+                submit(region, rid, now)
+
+    def rooms(home: str) -> dict[str, float]:
+        return {t.region: room(slots[t.region], max(sample[t.region][0] - counted[(home, t.region)], 0.0),
+                               spilled[(home, t.region)], headroom=config.room_headroom) for t in targets[home]}
+
     while events:
         now, _, kind, arg = heapq.heappop(events)
         if now > config.duration_seconds:
             break
         if kind == _ARRIVE:
             home = arg[0]
-            spec = next(r for r in config.regions if r.name == home)
+            spec = specs[home]
             push(now + rng.expovariate(spec.load * spec.replicas * cap), _ARRIVE, home)
-            recent[home].append(now)
-            choice = choose_region(home, targets[home], tier="interactive", u=rng.random(), usable=names)
             ids += 1
             rid = str(ids)
-            origin[rid] = (home, now, choice.rtt_ms / 2000.0)
-            served[(home, choice.region)] += now >= config.warmup_seconds
-            push(now + choice.rtt_ms / 2000.0, _ENQUEUE, choice.region, rid)
+            choice = region_for(home, targets[home], tier="interactive", u=rng.random(), usable=names,
+                                wait_ms=local_wait_ms(local_queue(queues[home], now)), threshold_ms=config.queue_ms,
+                                rooms=lambda h=home: rooms(h))  # type: ignore[misc]
+            if choice.region != home:
+                origin[rid] = (home, now, choice.rtt_ms / 2000.0)
+                spilled[(home, choice.region)] += 1
+                served[(home, choice.region)] += now >= config.warmup_seconds
+                push(now + choice.rtt_ms / 2000.0, _ENQUEUE, choice.region, rid)
+                continue
+            ticket = Ticket(tenant="bench", plan="enterprise", tier="interactive",
+                            cost=config.prompt_tokens + config.max_tokens, deadline=now + 10.0)
+            try:
+                queues[home].offer(ticket, now)
+            except Shed:
+                shed[home] += now >= config.warmup_seconds
+                continue
+            origin[rid] = (home, now, 0.0)
+            tickets[rid] = ticket
+            waiting[home].append(rid)
+            served[(home, home)] += now >= config.warmup_seconds
+            dispatch(home, now)
         elif kind == _ENQUEUE:
             region, rid = arg
-            a, b = rng.randrange(len(engines[region])), rng.randrange(len(engines[region]))
-            la, lb = (engines[region][k].load() for k in (a, b))
-            i = a if la.queued + la.running <= lb.queued + lb.running else b
-            engines[region][i].submit(EngineRequest(request_id=rid, prompt_tokens=config.prompt_tokens,
-                                                    max_tokens=config.max_tokens), now)
-            start(region, i, now)
+            submit(region, rid, now)
         elif kind == _STEP:
             region, index = arg
             i = int(index)
@@ -169,23 +233,27 @@ def simulate(config: RegionsConfig) -> RegionsResult:
                 home, arrived, back = origin.pop(finished.request_id)
                 if arrived >= config.warmup_seconds:
                     latencies[home].append(1000.0 * (now + back - arrived))
+                if finished.request_id in tickets:
+                    ticket = tickets.pop(finished.request_id)
+                    queues[region].finish(ticket)
+                    dispatch(region, now)
+                else:
+                    spilled[(home, region)] -= 1
             start(region, i, now)
         else:
             push(now + config.tick_seconds, _TICK)
             if config.spill:
-                loads = []
-                for r in config.regions:
-                    while recent[r.name] and recent[r.name][0] < now - config.window_seconds:
-                        recent[r.name].popleft()
-                    offered = len(recent[r.name]) / min(config.window_seconds, max(now, config.tick_seconds))
-                    loads.append(RegionLoad(r.name, capacity=r.replicas * cap, offered=offered,
-                                            slots=r.replicas * config.engine.max_running, service_ms=service_ms))
-                weights = spill_weights(loads, rtt, budget_ms=config.budget_ms, headroom=config.headroom)
-                targets = {n: [SpillTarget(t, w, rtt[(n, t)]) for (s, t), w in sorted(weights.items()) if s == n]
-                           for n in names}
+                plan = controller.update([RegionSample(n, slots[n], load=sample[n][0], queued=sample[n][1])
+                                          for n in names])
+                targets = {n: [SpillTarget(t, plan.weights.get((s, t), 0.0), rtt[(s, t)])
+                               for s, t in plan.routes if s == n] for n in names}
+            for n in names:  # the telemetry the next update (and the proxies' rooms) will see
+                loads = [e.load() for e in engines[n]]
+                sample[n] = (float(sum(x.queued + x.running for x in loads)), float(sum(x.queued for x in loads)))
+            counted = Counter(spilled)
     totals = Counter({home: sum(v for (h, _), v in served.items() if h == home) for home in names})
     return RegionsResult(
         p99_ms={n: _p(latencies[n], 0.99) for n in names}, p50_ms={n: _p(latencies[n], 0.5) for n in names},
-        requests=dict(totals), capacity_per_replica=cap, service_ms=service_ms,
-        spill_share={f"{h}->{s}": v / max(1, totals[h]) for (h, s), v in sorted(served.items()) if h != s},
+        requests=dict(totals), capacity_per_replica=cap, service_ms=service_ms, shed=dict(shed),
+        spill_share={f"{h}->{s}": v / max(1, totals[h]) for (h, s), v in sorted(served.items()) if h != s and v},
     )

@@ -49,6 +49,7 @@ class ControlPlaneSettings:
     max_pending_allocations: int = 256  # allocation requests waiting for a node, fleet-wide
     max_alloc_replicas: int = 64  # replicas one Allocate call may ask for
     max_alloc_gpus: int = 64  # GPUs one replica may ask for
+    max_tenants: int = 10_000  # tenants kept in the store (controlplane.tenants), pushed in every table
     # Gang allocation (controlplane.gang.Policy).
     alloc_gang_gpus: int = 8  # a replica of at least this many GPUs may drain small ones
     alloc_replica_weight: float = 10.0  # drain cost of a moved replica, in requests in flight
@@ -83,7 +84,7 @@ class ControlPlaneSettings:
         positive_ints = (
             "max_agents", "max_replicas_per_node", "max_watchers", "max_proxies", "command_queue_size",
             "max_name_bytes", "max_region_bytes", "max_version_bytes", "max_followers", "table_history",
-            "max_pending_allocations", "max_alloc_replicas", "max_alloc_gpus",
+            "max_pending_allocations", "max_alloc_replicas", "max_alloc_gpus", "max_tenants",
         )
         for key in positive_ints:
             if getattr(self, key) <= 0:

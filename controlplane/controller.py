@@ -56,16 +56,20 @@ from controlplane.members import MemberLeases
 from controlplane.metrics import Metrics
 from controlplane.operator import Operator
 from controlplane.peers import Peers
+from controlplane.proxies import Proxies
 from controlplane.quotas import attach_quotas
 from controlplane.regions import SpillPlanner
 from controlplane.store import Store
 from controlplane.table import Published, TableVersions, compute_tables, initial_version
-from controlplane.watchers import Watcher, Watchers
-from ferry.config import TIERS, ModelConfig
+from controlplane.tenantrpc import TenantOps
+from controlplane.tenants import attach_tenants
+from controlplane.usage import ProxyUsage
+from controlplane.watchers import Watchers
+from ferry.config import TIERS, ModelConfig, TenantConfig
 from ferry.errors import AlreadyExists, InvalidArgument, Overloaded, Unavailable
 from ferry.logs import event
 from ferry.tls import TLSConfig
-from ferry.v1 import common_pb2, fleet_pb2, tables_pb2
+from ferry.v1 import common_pb2, fleet_pb2
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ NOT_DRAINING = (common_pb2.REPLICA_STATE_UNSPECIFIED, common_pb2.REPLICA_STATE_W
 KIND = fleet_pb2.Command
 
 
-class Controller(Operator, FleetOps, Peers):
+class Controller(Operator, FleetOps, Peers, Proxies, TenantOps):
     """Everything the servicers call; holds no gRPC types but the generated messages."""
 
     def __init__(
@@ -88,8 +92,10 @@ class Controller(Operator, FleetOps, Peers):
         elect: bool = False,
         admin_metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
+        tenants: Sequence[TenantConfig] = (),
     ) -> None:
         self.settings = s = settings
+        self._configured_tenants = tuple(tenants)  # the config file's, seeded once (controlplane.tenantrpc)
         self.store = store
         self._catalog = tuple(catalog)
         self._strict_models = frozenset(m.name for m in self._catalog) if settings.strict_catalog else None
@@ -105,6 +111,7 @@ class Controller(Operator, FleetOps, Peers):
         )
         self.agents = Agents(control_plane_id=s.id, max_streams=s.max_agents, queue_size=s.command_queue_size)
         self.watchers = Watchers(max_watchers=s.max_watchers, max_proxies=s.max_proxies, clock=clock)
+        self.proxy_usage = ProxyUsage(clock=clock, max_proxies=s.max_proxies)  # controlplane.usage
         self.tables = TableVersions(initial_version(wall()), history=s.table_history)
         self.spill = SpillPlanner(s.region_rtt_ms, budget_ms=s.spill_budget_ms, headroom=s.spill_headroom,
                                   service_ms=s.spill_service_ms)  # region spill weights (controlplane.regions)
@@ -139,6 +146,7 @@ class Controller(Operator, FleetOps, Peers):
             where = f"{health.backend} at {health.endpoint}" if health.endpoint else health.backend
             raise Unavailable(f"the store ({where}) did not answer a listing of the intent within "
                               f"{self.settings.store_timeout_seconds:g} s") from exc
+        await self.seed_tenants()
         if self.leading:
             self.recompute()
         self._tasks.append(asyncio.create_task(self._loop(), name="controlplane-loop"))
@@ -239,44 +247,6 @@ class Controller(Operator, FleetOps, Peers):
         self.leases.changed(node)
         self._store_due.set()
 
-    # -- proxies
-
-    def subscribe(self, sub: tables_pb2.Subscribe) -> Watcher:
-        try:
-            validate.check_subscribe(sub, self.settings)
-            watcher = self.watchers.subscribe(sub.proxy_id, sub.region)
-        except InvalidArgument:
-            self.reject("subscribe_field")
-            raise
-        except Overloaded:
-            self.reject("watchers_limit")
-            raise
-        published = self.tables.get(sub.region)
-        if published is None and self.leading:
-            self.recompute()
-            published = self.tables.get(sub.region)
-        if published is not None:  # always, even to a proxy that holds it (tables.proto)
-            watcher.offer(published.snapshot)
-        elif self.cluster is not None:
-            self.cluster.link.wake()  # a follower: ask the leader for the region now
-        self._observe_proxies()
-        return watcher
-
-    def ack(self, watcher: Watcher, ack: tables_pb2.Ack) -> None:
-        ignored = self.watchers.ack(watcher, ack)
-        if ignored is not None:
-            self.reject(ignored)
-        elif not ack.applied:
-            event(log, "table_rejected_by_proxy", logging.WARNING, proxy_id=watcher.status.proxy_id,
-                  version=ack.version, reason=ack.error)
-        self._observe_proxies()
-
-    def pushed(self, watcher: Watcher) -> None:
-        self.metrics.table_pushes.labels(region=watcher.region).inc()
-
-    def unsubscribe(self, watcher: Watcher) -> None:
-        self.watchers.unsubscribe(watcher)
-
     # -- tables
 
     def recompute(self) -> list[Published]:
@@ -289,13 +259,14 @@ class Controller(Operator, FleetOps, Peers):
             regions |= self.cluster.followers.regions()
         tables = compute_tables(
             members, self._catalog, self.intent.drains, now=now, grace_seconds=self.settings.grace_seconds,
-            regions=regions, cordons=self.intent.cordons,
+            regions=regions, cordons=self.intent.cordons, rollouts=self.intent.rollouts,
         )
         shares = dict(zip(TIERS, self.settings.tier_reserved, strict=True))
         for region, quotas in attach_quotas(tables, None, shares).items():  # tier reserves (controlplane.quotas)
             for tier, slots in quotas.quota.items():
                 self.metrics.tier_quota.labels(region=region, tier=tier).set(slots)
         weights = self.spill.attach(tables)
+        attach_tenants(tables, self.intent.tenants)  # the store's tenant set (controlplane.tenants)
         for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
             self.metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))
         before = set(self.tables.regions())
@@ -318,15 +289,13 @@ class Controller(Operator, FleetOps, Peers):
     def _observe(self, now: float, members: list[Member]) -> None:
         self.metrics.observe_fleet(members, self.tables, now=now, grace=self.settings.grace_seconds)
         self.metrics.observe_usage(usage_rows(members, self.tables, now=now))
+        self.metrics.observe_region_usage(self.proxy_usage.figures() if self.leading else {})
         wall = self._wall()
         nodes = [node_view(m, self.intent.allocations.get(m.node), now=now, grace=self.settings.grace_seconds,
                            cordoned=m.node in self.intent.cordons, control_plane="") for m in members]
         self.metrics.observe_nodes(nodes, [wall - r.requested_at for r in self.intent.pending.values()])
         self.metrics.leader.set(1 if self.leading else 0)
         self._observe_proxies()
-
-    def _observe_proxies(self) -> None:
-        self.metrics.observe_proxies(self.watchers.statuses(), self.tables)
 
     def _transition(self) -> None:
         """Follow the election: start or stop leading; a new term rebases the table versions."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -129,7 +130,10 @@ class FleetOps:
 
     def list_models(self) -> list[admin_pb2.ModelView]:
         members = self.members()
-        return model_views(members, catalog_models(self._catalog, members), self.tables,
+        rollouts = self.intent.rollouts  # a rollout sets the default version (controlplane.rollout)
+        catalog = [dataclasses.replace(m, default_version=rollouts[m.name].default_version) if m.name in rollouts
+                   else m for m in catalog_models(self._catalog, members)]
+        return model_views(members, catalog, self.tables,
                            allocations=self.intent.allocations, pending=self.intent.pending.values())
 
     def usage(self) -> admin_pb2.GetUsageResponse:

@@ -13,6 +13,10 @@ the Admin call returns.
 - ``cordons``: node names under ``intent/cordon/``;
 - ``pending``: request id -> :class:`controlplane.gang.Request` under
   ``intent/pending/`` (allocation requests waiting for a node);
+- ``rollouts``: model -> :class:`controlplane.rollout.Rollout` under
+  ``intent/rollout/`` (a malformed record is logged and skipped);
+- ``tenants``: a :class:`controlplane.tenants.TenantBook` of the records under
+  ``intent/tenant/`` and the marker ``intent/tenants``;
 - keys under other ``intent/`` kinds (tier, spill) are kept in the
   mirror, for the issues that will read them.
 
@@ -34,17 +38,20 @@ from collections.abc import Callable
 from controlplane.allocations import NodeAllocations, decode
 from controlplane.gang import Request
 from controlplane.mirror import Mirror
+from controlplane.rollout import Rollout
 from controlplane.store import (
     ALLOC_PREFIX,
     CORDON_PREFIX,
     DRAIN_PREFIX,
     INTENT_PREFIX,
     PENDING_PREFIX,
+    ROLLOUT_PREFIX,
     KeyValue,
     Store,
     drain_key,
     drain_value,
 )
+from controlplane.tenants import TenantBook
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ class IntentCache:
         self.allocations: dict[str, NodeAllocations] = {}
         self.cordons: set[str] = set()
         self.pending: dict[str, Request] = {}
+        self.rollouts: dict[str, Rollout] = {}
+        self.tenants = TenantBook()
         self._pulse = asyncio.Event()
         self.mirror = Mirror(store, INTENT_PREFIX, on_change=self._changed, retry_seconds=retry_seconds)
 
@@ -143,6 +152,17 @@ class IntentCache:
                 if self._on_drain is not None:
                     self._on_drain(replica_id, kv is not None)
                 self._on_change()
+        elif key.startswith(ROLLOUT_PREFIX):
+            model = key.removeprefix(ROLLOUT_PREFIX)
+            if kv is None:
+                self.rollouts.pop(model, None)
+            else:
+                try:
+                    self.rollouts[model] = Rollout.decode(model, kv.value)
+                except ValueError as exc:
+                    log.warning("%s", exc)
+                    return
+            self._on_change()
         elif key.startswith(ALLOC_PREFIX):
             node = key.removeprefix(ALLOC_PREFIX)
             if kv is None:
@@ -153,4 +173,6 @@ class IntentCache:
                 except ValueError as exc:
                     log.warning("%s", exc)
                     return
+            self._on_change()
+        elif TenantBook.owns(key) and self.tenants.apply(key, kv.value if kv is not None else None):
             self._on_change()

@@ -30,7 +30,10 @@ from controlplane.adminrpc import FleetRpcs
 from controlplane.admission import Admission
 from controlplane.agents import AgentSession
 from controlplane.controller import Controller
+from controlplane.rolloutrpc import RolloutRpcs
 from controlplane.telemetry_check import TelemetryRate
+from controlplane.tenantrpc import TenantRpcs
+from controlplane.usagerpc import UsageRpcs
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated
 from ferry.grpcutil import status_for
 from ferry.tls import peer_common_name
@@ -181,6 +184,9 @@ class TablesServicer(tables_pb2_grpc.TablesServicer):
         async def read() -> None:
             async for message in stream:
                 kind = message.WhichOneof("body")
+                if kind == "report":  # the proxy's usage (controlplane.usage)
+                    self._c.proxy_report(watcher, message.report)
+                    continue
                 if kind != "ack":
                     self._c.reject("message_body")
                     raise _body_error(kind, "subscribe")
@@ -195,7 +201,7 @@ class TablesServicer(tables_pb2_grpc.TablesServicer):
             await context.abort(code, watcher.closed_reason or "closed")
 
 
-class AdminServicer(FleetRpcs, admin_pb2_grpc.AdminServicer):
+class AdminServicer(UsageRpcs, FleetRpcs, TenantRpcs, RolloutRpcs, admin_pb2_grpc.AdminServicer):
     """The operator API (nodes, models, allocations: :mod:`controlplane.adminrpc`), and ``Follow``."""
 
     def __init__(self, controller: Controller) -> None:

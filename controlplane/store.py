@@ -23,6 +23,14 @@ key                                   value                                     
 ``intent/cordon/{node}``              JSON ``{"requested_at"}``: node cordoned       none
 ``intent/pending/{request}``          JSON allocation request waiting for a node    none
                                       (:mod:`controlplane.allocator`)
+``intent/tenant/{name}``              JSON tenant record (plan, tiers, limits, the  none
+                                      key's sha256 only; :mod:`controlplane.tenants`)
+``intent/tenants``                    JSON ``{"since", "source"}``: the store holds  none
+                                      the tenant set (seeded or written by ferryctl)
+``intent/rollout/{model}``            JSON rollout record ``{"model", "stable",``   none
+                                      ``"canary", "weight", "state",
+                                      "updated_at"}`` (:mod:`controlplane.rollout`),
+                                      written only by :meth:`Store.put_if`
 ``intent/tier/{tier}``,               reserved for tier quota and spill settings    none
 ``intent/spill/{from}/{to}``          (same JSON-per-key convention)
 ``controlplanes/{id}``                JSON ``{"id", "address", "since", "lease"}``  the control plane's,
@@ -71,6 +79,7 @@ DRAIN_PREFIX = INTENT_PREFIX + "drain/"
 ALLOC_PREFIX = INTENT_PREFIX + "alloc/"
 CORDON_PREFIX = INTENT_PREFIX + "cordon/"
 PENDING_PREFIX = INTENT_PREFIX + "pending/"
+ROLLOUT_PREFIX = INTENT_PREFIX + "rollout/"
 CONTROLPLANES_PREFIX = PREFIX + "controlplanes/"
 ELECTION_PREFIX = PREFIX + "election/"
 ELECTION_KEY = ELECTION_PREFIX + "leader"
@@ -106,6 +115,11 @@ def cordon_key(node: str) -> str:
 def pending_key(request_id: str) -> str:
     """Key of an allocation request that waits for a node."""
     return PENDING_PREFIX + request_id
+
+
+def rollout_key(model: str) -> str:
+    """Key of the version rollout of a model."""
+    return ROLLOUT_PREFIX + model
 
 
 def controlplane_key(cp_id: str) -> str:

@@ -7,6 +7,12 @@ with its routable replicas of that region, sorted by replica id. A replica is
 routable when its member is live (:func:`controlplane.fleet.is_live`) and
 not cordoned, its agent reports ``ready`` and no drain was requested. A model with no routable
 replica is still listed, so a proxy answers UNAVAILABLE rather than NOT_FOUND.
+A model's route also lists its versions with replicas warming there (live,
+not cordoned, no drain requested; never routable), so a proxy can tell a
+cold start from an unknown version (``dataplane.coldstart``). A model with a
+rollout (``rollouts``, :mod:`controlplane.rollout`) gets the default version
+and version weights :func:`controlplane.rollout.route_weights` gives for the
+versions routable in the region.
 
 The catalog (:func:`catalog_models`) is the configured models plus every model
 a registered replica serves; for the latter the default version is the greatest
@@ -42,8 +48,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from controlplane.fleet import READY, Member, is_live, load_of, replica_state
+from controlplane.rollout import Rollout, route_weights
 from ferry.config import ModelConfig
-from ferry.v1 import tables_pb2
+from ferry.v1 import common_pb2, tables_pb2
 
 
 def catalog_models(configured: Sequence[ModelConfig], members: Iterable[Member]) -> list[ModelConfig]:
@@ -71,17 +78,23 @@ def compute_tables(
     grace_seconds: float,
     regions: Iterable[str] = (),
     cordons: AbstractSet[str] = frozenset(),
+    rollouts: Mapping[str, Rollout] | None = None,
 ) -> dict[str, tables_pb2.TableSnapshot]:
     """Per region, the table content at ``now`` (``version``, ``nonce`` and ``computed_at`` unset)."""
     members = list(members)
     routes: dict[str, dict[str, list[tables_pb2.ReplicaRoute]]] = {}
+    warming: dict[tuple[str, str], dict[str, int]] = {}  # (region, model) -> version -> replicas warming
     names = set(regions)
     for member in members:
         names.add(member.region)
         if not is_live(member, now, grace_seconds) or member.node in cordons:
             continue
         for replica_id, info in member.replicas.items():
-            if replica_id in drains or replica_state(member, replica_id, True) != READY:
+            state = replica_state(member, replica_id, True)
+            if replica_id in drains or state != READY:
+                if replica_id not in drains and state == common_pb2.REPLICA_STATE_WARMING:
+                    counts = warming.setdefault((member.region, info.model), {})
+                    counts[info.version] = counts.get(info.version, 0) + 1
                 continue
             load, age = load_of(member, replica_id, now)
             route = tables_pb2.ReplicaRoute(
@@ -102,6 +115,12 @@ def compute_tables(
             replicas: list[tables_pb2.ReplicaRoute] = by_model.get(m.name, [])
             replicas.sort(key=lambda r: r.replica_id)
             route = tables_pb2.ModelRoute(model=m.name, default_version=m.default_version, replicas=replicas)
+            rollout = (rollouts or {}).get(m.name)
+            if rollout is not None:
+                route.default_version, weights = route_weights(rollout, {r.version for r in replicas})
+                route.version_weights.extend(tables_pb2.VersionWeight(version=v, weight=w) for v, w in weights)
+            for version, count in sorted(warming.get((region, m.name), {}).items()):
+                route.warming.append(tables_pb2.WarmingVersion(version=version, replicas=count))
             snapshot.models.append(route)
     return tables
 

@@ -22,14 +22,30 @@ blocks of 512 tokens (``prefix_depths``); a hot-prefix sketch of 256 keys
 decayed every 1,024 requests; a ring with load factor 1.25 and 128 points
 per replica (the table's ring parameters override both), its key shares
 from loads smoothed over 10 s; a walk of at most 8 replicas; a spill factor
-of 12 (:mod:`dataplane.picker`).
+of 12 (:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
+interactive request the weights keep home spills on queue when it would
+wait here more than ``spill_queue_ms`` (100 ms) and the round trip; no
+spill on queue fills more than ``spill_headroom`` (1.25) times the target's slots.
 
 Admission (:mod:`dataplane.queues`, :mod:`dataplane.admission`): tier queues
 bounded at 256 / 512 / 4,096 (interactive / standard / batch) and 8,192 per
 model, queue timeouts 2 / 10 / 60 s, reserved shares 0.7 / 0.2 / 0.1 until a
 table brings the control plane's, free plans limited to half a queue, DRR
-quantum 512 tokens; the proxy dispatches ``admission_capacity_share`` (1.0)
+quantum 512 tokens; lower tiers leave the interactive dispatch rate x
+``interactive_headroom_seconds`` (0.2 s) slots free, at most
+``interactive_headroom_max_share`` (0.1) of them; a tenant runs at most
+``tenant_ceiling`` (1.0) x its weighted share of its tier; the proxy dispatches ``admission_capacity_share`` (1.0)
 of the replicas' concurrency; idempotency keys kept 300 s, 10,000 at most.
+
+Cold start (:mod:`dataplane.coldstart`): a replica is expected to warm up in
+``coldstart_warmup_seconds`` (30 s); a request for a version with replicas
+warming and none ready waits when that fits its tier's queue timeout and
+deadline, else ends UNAVAILABLE with a retry-after of the warm-up left.
+
+Usage reports (:mod:`dataplane.usage`): every ``usage_report_seconds`` (1 s;
+0: none) on the table watch, at most ``usage_max_rows`` (1,024) model and
+tier rows each. A control plane older than the reports ends the watch on
+the first one: upgrade control planes first, or set 0 meanwhile.
 """
 
 from __future__ import annotations
@@ -64,6 +80,8 @@ class ProxySettings:
     retry_budget_min_per_second: float = 10.0  # … plus this many per second (dataplane.retrybudget)
     retry_budget_window_seconds: float = 10.0
     simulate_region_rtt: bool = False  # sleep a spill target's rtt_ms before a cross-region forward (one machine)
+    spill_queue_ms: float = 100.0  # spill on queue when the local wait would exceed this and the rtt (dataplane.spill)
+    spill_headroom: float = 1.25  # a spill target's slots x this: what spills may fill there (as this proxy sees)
     max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.continuation)
     outlier_consecutive_failures: int = 5  # outlier ejection (dataplane.outlier): failures in a row …
     outlier_latency_factor: float = 5.0  # … or seconds per token above this many times the peers' median
@@ -96,15 +114,22 @@ class ProxySettings:
     tier_reserved: tuple[float, ...] = (0.7, 0.2, 0.1)
     free_queue_share: float = 0.5
     fair_quantum_tokens: int = 512
+    interactive_headroom_seconds: float = 0.2  # lower tiers leave interactive rate x this many slots free
+    interactive_headroom_max_share: float = 0.1  # ... at most this share of the slots
+    tenant_ceiling: float = 1.0  # a tenant runs at most this x its weighted share of its tier (0: no ceiling)
     idempotency_entries: int = 10_000
     idempotency_ttl_seconds: float = 300.0
+    coldstart_warmup_seconds: float = 30.0  # expected warm-up of a replica: sizes a cold start's retry-after
+    usage_report_seconds: float = 1.0  # a usage report on the table watch this often (dataplane.usage); 0: none
+    usage_max_rows: int = 1024  # (model, tier) rows per report
 
     def queue_params(self) -> QueueParams:
         """What the tier queues need of these settings."""
         return QueueParams(bounds=dict(zip(TIERS, self.queue_bounds, strict=True)),
                            timeouts=dict(zip(TIERS, self.queue_timeouts, strict=True)),
                            max_queued=self.queue_max_total, free_share=self.free_queue_share,
-                           quantum=self.fair_quantum_tokens,
+                           quantum=self.fair_quantum_tokens, headroom_seconds=self.interactive_headroom_seconds,
+                           headroom_max_share=self.interactive_headroom_max_share, tenant_ceiling=self.tenant_ceiling,
                            reserved=dict(zip(TIERS, self.tier_reserved, strict=True)))
 
     def table_params(self) -> TableParams:
@@ -129,6 +154,8 @@ class ProxySettings:
             "load_smoothing_seconds": self.load_smoothing_seconds,
             "hot_keys": self.hot_keys,
             "hot_window": self.hot_window,
+            "coldstart_warmup_seconds": self.coldstart_warmup_seconds,
+            "usage_max_rows": self.usage_max_rows,
         }
         for key, value in positive.items():
             if not value > 0:  # also rejects NaN
@@ -158,10 +185,19 @@ class ProxySettings:
                             ("tier_reserved", self.tier_reserved)):
             if len(tiered) != len(TIERS) or not all(v >= 0 for v in tiered):
                 raise ConfigError(f"proxy.{key}", f"must be {len(TIERS)} values >= 0 ({', '.join(TIERS)})")
+        for key, share in (("interactive_headroom_seconds", self.interactive_headroom_seconds),
+                           ("interactive_headroom_max_share", self.interactive_headroom_max_share),
+                           ("tenant_ceiling", self.tenant_ceiling)):
+            if not share >= 0 or (key.endswith("share") and share > 1):  # also rejects NaN
+                raise ConfigError(f"proxy.{key}", "must be >= 0" + (" and <= 1" if key.endswith("share") else ""))
         if not 0 < self.admission_capacity_share <= 1 or not 0 < self.free_queue_share <= 1:
             raise ConfigError("proxy.admission_capacity_share", "shares must be in (0, 1]")
         if not self.spill_factor >= 0:
             raise ConfigError("proxy.spill_factor", "must be >= 0")
+        if not self.spill_queue_ms >= 0 or not 0 < self.spill_headroom <= 4:
+            raise ConfigError("proxy.spill_queue_ms", "need spill_queue_ms >= 0 and 0 < spill_headroom <= 4")
+        if not 0 <= self.usage_report_seconds <= 60:
+            raise ConfigError("proxy.usage_report_seconds", "must be 0 (no reports) to 60")
 
     def resolved(self) -> ProxySettings:
         """These settings with an empty ``proxy_id`` replaced by ``<hostname>-<pid>``."""

@@ -30,7 +30,7 @@ from dataplane.outlier import OutlierDetector, OutlierParams
 from dataplane.pool import Replica
 from dataplane.regions import pick_remote, remote_view
 from dataplane.retrybudget import RetryBudget, charged
-from dataplane.spill import RegionBranch, choose_region
+from dataplane.spill import LocalQueue, RegionBranch, local_wait_ms, region_for
 from dataplane.table import Table, TableHolder
 from ferry.errors import DeadlineExceeded, FerryError
 from ferry.logs import event
@@ -117,16 +117,25 @@ class Failover:
             self._metrics.ejections.labels(model, reason).inc()
             event(log, "replica_ejected", logging.WARNING, replica_id=replica_id, model=model, reason=reason)
 
-    def spill(self, table: Table, model: str, tier: str, local: Mapping[str, int]) -> Spilled | None:
-        """Step 3 of the request path: a replica of another region when the spill weights say so, else None."""
+    def spill(self, table: Table, model: str, tier: str, local: Mapping[str, int],
+              queue: LocalQueue | None = None, counted: Mapping[str, int] | None = None,
+              trust: Callable[[float], float] | None = None) -> Spilled | None:
+        """Step 3 of the request path: a replica of another region when the spill weights say so, or when
+        the local ``queue`` would wait too long and a target has room (:func:`dataplane.spill.spill_on_queue`);
+        ``local``: this proxy's in-flight per replica, ``counted``: the part the table's loads include,
+        ``trust``: the share of a pushed load still standing at its age (:class:`dataplane.policy.LocalLoad`)."""
         view = remote_view(table)
         if not view.targets:
             return None
-        choice = choose_region(self._settings.region, view.targets, tier=tier, u=self._rng.random(),
-                               usable=view.usable(model))
+        choice = region_for(
+            self._settings.region, view.targets, tier=tier, u=self._rng.random(), usable=view.usable(model),
+            wait_ms=0.0 if queue is None else local_wait_ms(queue), threshold_ms=self._settings.spill_queue_ms,
+            rooms=lambda: view.rooms(model, local, counted or {}, headroom=self._settings.spill_headroom,
+                                     share=self._settings.admission_capacity_share))
         if choice.branch is RegionBranch.LOCAL:
             return None
-        replica = pick_remote(view.replicas.get((choice.region, model), ()), local, self._rng)
+        replica = pick_remote(view.replicas.get((choice.region, model), ()), local, self._rng, counted=counted,
+                              trust=trust, table_age=self._clock() - table.applied_at)
         if replica is None:
             return None
         self._metrics.spilled.labels(self._settings.region, choice.region).inc()

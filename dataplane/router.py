@@ -16,7 +16,10 @@ dies takes all its replicas with it), while the retry budget allows
 another replica (:mod:`dataplane.continuation`) or ends UNAVAILABLE saying
 how many tokens were delivered. Before the tier queue, an interactive
 request may be sent to another region by the table's spill weights; it then
-skips this region's queues. Budget, ejected replicas (kept out of the pick
+skips this region's queues. A request whose version has no ready replica
+but replicas warming waits for one, before the tier queue, as long as its
+tier and deadline allow, or ends UNAVAILABLE with a retry-after sized to the
+warm-up (:mod:`dataplane.coldstart`, :mod:`dataplane.coldwait`). Budget, ejected replicas (kept out of the pick
 unless nothing else is left), continuation and spill are
 :class:`dataplane.failover.Failover`'s.
 :meth:`Router.end` gives the slot back. Every error is a
@@ -29,11 +32,13 @@ State: the holder's current table (read once per request) and the picker
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import AsyncGenerator, Callable, Iterable
 
 from dataplane.admission import Admission, Preempted
 from dataplane.auth import Authenticator
+from dataplane.coldwait import ColdStarts
 from dataplane.config import ProxySettings
 from dataplane.continuation import Delivered, cut_error
 from dataplane.failover import Failover, Spilled
@@ -49,6 +54,7 @@ from dataplane.queues import Ticket
 from dataplane.route import RouteParams
 from dataplane.table import Replica, Table, TableHolder
 from dataplane.tenantlimits import TenantLimits
+from dataplane.usage import UsageWindow
 from dataplane.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
 from ferry.config import Limits, TenantConfig
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, NoReplica, ReplicaFailed, Unavailable
@@ -80,6 +86,7 @@ class RequestState:
     spilled: Spilled | None = None  # step 3 chose another region (dataplane.failover)
     limited: bool = False  # counted in the tenant's concurrency cap (dataplane.tenantlimits)
     ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission), when queued
+    cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.coldstart)
 
 
 class Router:
@@ -112,11 +119,14 @@ class Router:
         ))
         self.picker = Picker(rng, params=params, depths=settings.prefix_depths, spill_factor=settings.spill_factor,
                              hot=HotKeys(capacity=settings.hot_keys, window=settings.hot_window))
+        holder.on_applied(lambda _table: self.picker.local.mark())  # the pushed loads count what runs now
         self.tenant_limits = TenantLimits()
+        self.usage = UsageWindow(start=clock(), max_rows=settings.usage_max_rows)  # reported on the table watch
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
             clock=clock, max_entries=settings.idempotency_entries, ttl=settings.idempotency_ttl_seconds)
         self.admission = Admission(settings.queue_params(), clock=clock, registry=metrics.registry,
                                    capacity_share=settings.admission_capacity_share)
+        self.cold = ColdStarts(settings, holder, clock)  # versions warming up (dataplane.coldwait)
         if settings.admission:
             holder.on_applied(self.admission.apply)
             if holder.table is not None:
@@ -176,12 +186,34 @@ class Router:
         # dataplane.tenantlimits: the tenant's own rate limits and concurrency cap (end() undoes the above)
         state.limited = self.tenant_limits.admit(state.tenant, valid.prompt_tokens + valid.max_tokens, self._clock())
         if not valid.version:  # step 3, the region: a spilled request skips this region's tier queues
-            state.spilled = self.failover.spill(table, valid.model, valid.tier, self.picker.local)
+            state.spilled = self.failover.spill(table, valid.model, valid.tier, self.picker.local,
+                                                self.admission.local_queue(valid.model), self.picker.local.counted,
+                                                self.picker.local.trust)
         if state.spilled is None and self.admission.active(valid.model):
             state.ticket = Ticket(tenant=state.tenant.name, plan=state.tenant.plan, tier=valid.tier,
                                   cost=valid.prompt_tokens + valid.max_tokens, deadline=state.deadline)
+        if state.spilled is None and not state.routing.pool.replicas:  # no ready replica: a cold start?
+            state.cold_wait = self.cold.allowed(table, model=valid.model, version=state.version, tier=valid.tier,
+                                                deadline=state.deadline)
         self.failover.note_request()
         self._metrics.inflight.set(self._admission.count)
+
+    def _reroute(self, state: RequestState, table: Table) -> tuple[str, bool]:
+        """Resolve the request's routing again on ``table`` (a cold start's wait): its version, whether ready."""
+        valid = state.request
+        assert valid is not None and state.tenant is not None
+        state.table = table
+        state.routing = self.picker.prepare(table, tenant=state.tenant.name, model=valid.model, version=valid.version,
+                                            prompt_tokens=valid.prompt_tokens, max_tokens=valid.max_tokens,
+                                            prefix_key=valid.prefix_key, hashes=valid.prefix_hashes)
+        state.version = state.routing.version
+        return state.version, bool(state.routing.pool.replicas)
+
+    async def _warm_up(self, state: RequestState) -> None:
+        """A cold start allowed to wait (``state.cold_wait``): wait for its version (dataplane.coldwait)."""
+        assert state.request is not None
+        await self.cold.wait(model=state.request.model, version=state.version, seconds=state.cold_wait,
+                             reroute=functools.partial(self._reroute, state))
 
     def end(self, state: RequestState) -> None:
         """Give back the request's in-flight slot (no-op when it was never admitted)."""
@@ -222,6 +254,8 @@ class Router:
         assert state.routing is not None
         self.failover.result(replica.replica_id, state.model_label, ok=ok, started=state.forwarded_at, tokens=tokens,
                              pool_size=len(state.routing.pool.replicas))
+        if ok and not state.region:  # how long a local request lasts: the age at which pushed loads go stale
+            self.picker.local.observe(self._clock() - state.forwarded_at)
 
     def _remaining(self, state: RequestState) -> float:
         remaining = state.deadline - self._clock()
@@ -265,10 +299,16 @@ class Router:
         state.replica_id = replica.replica_id
         state.version = replica.version  # the default may span versions when the table names none
         state.forwarded_at = self._clock()
-        return replica, self.picker.sent(replica.replica_id, state.routing, decision.branch)
+        attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch)
+        if state.ticket is not None:  # an interactive request sent to a full replica makes room there
+            self.admission.placed(state.model_label, state.ticket, replica.replica_id,
+                                  self.picker.local.get(replica.replica_id), replica.max_concurrency)
+        return replica, attempt
 
     async def infer(self, state: RequestState) -> Outcome:
         """Wait in the tier queue, then forward (a preempted batch request waits again); fills ``state.outcome``."""
+        if state.cold_wait:
+            await self._warm_up(state)
         ticket = state.ticket
         if ticket is None:
             return await self._infer(state)
@@ -306,6 +346,8 @@ class Router:
     async def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
         """Forward a streaming request: retried while nothing reached the caller, continued after (module doc)."""
         assert state.call is not None
+        if state.cold_wait:
+            await self._warm_up(state)
         if state.ticket is not None:  # wait in the tier queue first (streams are not preempted)
             state.ticket.preemptible = False
             await self.admission.acquire(state.model_label, state.ticket)

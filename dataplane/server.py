@@ -36,11 +36,12 @@ from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
 from dataplane.service import InferenceServicer
 from dataplane.table import Table, TableHolder
+from dataplane.tenantset import TenantSet
 from dataplane.watch import Backoff, TableWatcher
-from ferry.config import Limits, TenantConfig
+from ferry.config import TIERS, Limits, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.tls import TLSConfig
-from ferry.v1 import inference_pb2_grpc
+from ferry.v1 import inference_pb2_grpc, tables_pb2
 
 SERVICE_NAME = "ferry.v1.Inference"
 
@@ -76,10 +77,11 @@ class Proxy:
         )
         self.pool = ClientPool(client_factory or default_factory(
             self.limits.max_message_bytes, tls if replica_tls else None))
+        self.authenticator = Authenticator(tenants, allow_anonymous=self.settings.allow_anonymous)
         self.router = Router(
             settings=self.settings,
             limits=self.limits,
-            authenticator=Authenticator(tenants, allow_anonymous=self.settings.allow_anonymous),
+            authenticator=self.authenticator,
             holder=self.holder,
             forwarder=Forwarder(self.pool, clock=clock),
             metrics=self.metrics,
@@ -101,7 +103,11 @@ class Proxy:
                 stale_warn_seconds=self.settings.table_stale_warn_seconds,
                 clock=clock,
                 tls=tls,
+                usage=self._usage_report,
+                usage_seconds=self.settings.usage_report_seconds,
             )
+        # The tenants served: the config file's, or the set the table carries (dataplane.tenantset).
+        self.tenants = TenantSet(tenants, self.authenticator, self.router.tenant_limits)
         self.holder.on_applied(self._on_table)
         self.metrics.watch_table_age(self.holder.age)
         self.port = 0
@@ -111,6 +117,13 @@ class Proxy:
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
+        self.tenants.apply(table.tenants)
+
+    def _usage_report(self) -> tables_pb2.Report:
+        """The usage window since the last report, with each tier queue's depth (dataplane.usage)."""
+        depths = {(model, tier): queues.depth(tier) for model, queues in self.router.admission.models.items()
+                  for tier in TIERS}
+        return self.router.usage.report(self._clock(), depths)
 
     async def start(self, listen: str = "127.0.0.1:0") -> int:
         """Serve on ``listen`` (port 0: any free port) and start watching; returns the bound port."""

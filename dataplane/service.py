@@ -11,7 +11,8 @@ summary), and on failure chooses the status with
 message names the field), PERMISSION_DENIED (names the tier), NOT_FOUND
 (model or version), UNAVAILABLE (no table, no ready replica, replica failed
 after retries), DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (with ``retry-after``
-in seconds in the trailing metadata). It counts every request in the
+in seconds in the trailing metadata; UNAVAILABLE of a version still warming up
+carries one too, :mod:`dataplane.coldstart`). It counts every request in the
 metrics and writes one JSON log line per failed request (ids, model, tier,
 status, reason; never a key or a prompt).
 """
@@ -28,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
+from dataplane.coldstart import WarmingUp
 from dataplane.idempotency import body_digest
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import RequestState, Router
@@ -149,6 +151,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         elapsed = self._clock() - state.started
         self._metrics.requests.labels(state.model_label, state.tier_label, status).inc()
         self._metrics.duration.labels(state.model_label, state.tier_label).observe(elapsed)
+        self._router.usage.record(state.model_label, state.tier_label, status, elapsed,
+                                  spilled=state.spilled is not None)  # dataplane.usage: the watch's report
         return elapsed
 
     def _succeed(self, state: RequestState) -> None:
@@ -172,6 +176,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
               reason=str(error), attempts=state.attempts, replica_id=state.replica_id,
               duration_seconds=round(elapsed, 6))
         trailing: tuple[tuple[str, str], ...] = ()
-        if isinstance(error, Overloaded):
+        if isinstance(error, Overloaded | WarmingUp):
             trailing = (("retry-after", f"{error.retry_after:g}"),)
         await context.abort(code, str(error), trailing_metadata=trailing)

@@ -8,7 +8,8 @@ duplicate replica ids (across the whole table), an address that is not
 negative or non-finite telemetry age, a version weight that is negative,
 not finite, unnamed or repeated, ring parameters out of range (load factor
 not above 1, more than ``MAX_VNODES`` points per replica), more models or
-replicas than the proxy's bounds. A rejected snapshot changes nothing:
+replicas than the proxy's bounds, a bad tenant list when ``tenants_managed``
+(:func:`dataplane.tenantset.parse_tenants`). A rejected snapshot changes nothing:
 :class:`TableHolder` keeps serving the last good table, and the watcher NACKs
 with the reason.
 
@@ -34,6 +35,12 @@ caller (from the request's prefix key, so a conversation stays on one
 version, else from the rng). The ring parameters (load factor, points per
 replica) come from the snapshot, or the proxy's :class:`TableParams` when unset.
 
+Cold start: a model's ``warming`` versions (replicas warming, none routed
+to) get an empty pool, so a request for one finds no replica rather than an
+unknown version, and a :class:`dataplane.coldstart.Warming` entry whose start
+carries over from the previous table (:func:`dataplane.coldstart.carry`); a
+warming entry that names no version, or one twice, rejects the table.
+
 The holder stamps each table with the monotonic time it was applied (clock
 injected), so a replica's telemetry age at pick time is the pushed age plus
 the time since the table was applied.
@@ -50,9 +57,11 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
+from dataplane.coldstart import Warming, carry
 from dataplane.pool import Pool, Replica, RingCache, make_pool, smoothed_loads
 from dataplane.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
-from ferry.config import TIERS
+from dataplane.tenantset import MAX_TENANTS, TenantsRejected, parse_tenants
+from ferry.config import TIERS, TenantConfig
 from ferry.errors import FerryError, NotFound
 from ferry.grpcutil import split_address
 from ferry.v1 import common_pb2, tables_pb2
@@ -74,6 +83,7 @@ class TableParams:
     load_factor: float = DEFAULT_LOAD_FACTOR  # the ring's c, unless the snapshot sets it
     vnodes: int = DEFAULT_VNODES              # ring points per replica, unless the snapshot sets it
     smoothing_seconds: float = 10.0           # time constant of the smoothed loads behind the key shares
+    max_tenants: int = MAX_TENANTS            # tenants a table may carry (dataplane.tenantset)
 
 
 class TableRejected(FerryError):
@@ -94,6 +104,7 @@ class ModelEntry:
     default: Pool
     by_version: Mapping[str, Pool]
     split: tuple[tuple[float, str], ...] = ()
+    warming: Mapping[str, Warming] = dataclasses.field(default_factory=dict)  # versions warming (dataplane.coldstart)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,6 +123,8 @@ class Table:
     vnodes: int = DEFAULT_VNODES
     spill: tuple[tables_pb2.SpillRoute, ...] = ()  # other regions to spill to (read by dataplane.regions)
     tier_quotas: tuple[tables_pb2.TierQuota, ...] = ()  # reserved shares per tier (read by dataplane.admission)
+    tenants: tuple[TenantConfig, ...] | None = None  # the managed tenant set; None: the proxy's configured ones
+    tenant_routes: tuple[tables_pb2.TenantRoute, ...] = ()  # what ``tenants`` was parsed from (reused when equal)
 
     def candidates(self, model: str, version: str, u: float = 0.0) -> tuple[str, Pool]:
         """(the version served, its pool); ``u`` in [0, 1) draws the canary split when no version is named.
@@ -206,6 +219,16 @@ def _split(snapshot: tables_pb2.TableSnapshot, route: tables_pb2.ModelRoute,
     return tuple(split)
 
 
+def _warming(snapshot: tables_pb2.TableSnapshot, route: tables_pb2.ModelRoute) -> dict[str, int]:
+    """The model's warming versions (version -> replicas warming), each named once."""
+    counts: dict[str, int] = {}
+    for w in route.warming:
+        if not w.version or w.version in counts:
+            raise _reject(snapshot, f"model {route.model!r}: a warming entry names no version, or one twice")
+        counts[w.version] = w.replicas
+    return counts
+
+
 def _rings_of(table: Table | None) -> RingCache:
     if table is None:
         return {}
@@ -237,6 +260,7 @@ def build_table(
     if total > params.max_replicas:
         raise _reject(snapshot, f"{total} replicas, over the limit of {params.max_replicas}")
     factor, points = _ring_params(snapshot, params.load_factor, params.vnodes)
+    tenants, tenant_routes = _tenants(snapshot, params.max_tenants, previous)
     rings = _rings_of(previous)
     parsed = [[_replica(snapshot, route.model, r) for r in route.replicas] for route in snapshot.models]
     before = {r.replica_id: r.smoothed for e in previous.models.values() for pool in e.by_version.values()
@@ -263,6 +287,10 @@ def build_table(
                 addresses.add(replica.address)
         if route.default_version:
             by_version.setdefault(route.default_version, [])
+        earlier = previous.models.get(route.model) if previous is not None else None
+        warming = carry(earlier.warming if earlier is not None else {}, _warming(snapshot, route), applied_at)
+        for version in warming:
+            by_version.setdefault(version, [])
         pools = {v: make_pool(f"{route.model}/{v}", rs, vnodes=points, load_factor=factor, rings=rings)
                  for v, rs in by_version.items()}
         default = (
@@ -272,7 +300,7 @@ def build_table(
                            load_factor=factor, rings=rings)
         )
         split = _split(snapshot, route, pools)
-        models[route.model] = ModelEntry(route.model, route.default_version, default, pools, split)
+        models[route.model] = ModelEntry(route.model, route.default_version, default, pools, split, warming)
     return Table(
         version=snapshot.version,
         nonce=snapshot.nonce,
@@ -286,7 +314,22 @@ def build_table(
         vnodes=points,
         spill=tuple(snapshot.spill),
         tier_quotas=_tier_quotas(snapshot),
+        tenants=tenants,
+        tenant_routes=tenant_routes,
     )
+
+
+def _tenants(snapshot: tables_pb2.TableSnapshot, max_tenants: int, previous: Table | None,
+             ) -> tuple[tuple[TenantConfig, ...] | None, tuple[tables_pb2.TenantRoute, ...]]:
+    """The managed tenant set (None without ``tenants_managed``) and its routes; a bad one rejects the table."""
+    if not snapshot.tenants_managed:
+        return None, ()
+    before = (previous.tenant_routes, previous.tenants) if previous and previous.tenants is not None else None
+    try:
+        routes, tenants = parse_tenants(snapshot.tenants, max_tenants=max_tenants, previous=before)
+    except TenantsRejected as exc:
+        raise _reject(snapshot, exc.reason) from None
+    return tenants, routes
 
 
 def _tier_quotas(snapshot: tables_pb2.TableSnapshot) -> tuple[tables_pb2.TierQuota, ...]:

@@ -11,6 +11,10 @@ and waits per :class:`Backoff`: full jitter over an exponential ceiling
 the proxy keeps serving on its last table; a warning is logged once per
 outage when the table is older than ``table_stale_warn_seconds``.
 
+With ``usage`` given, a task beside the reader sends the proxy's usage report
+(:mod:`dataplane.usage`) on the same stream every ``usage_seconds``; writes
+are serialised by a lock.
+
 Cost: one stream and one Ack per snapshot; the table build is O(replicas).
 """
 
@@ -70,8 +74,12 @@ class TableWatcher:
         stale_warn_seconds: float = 10.0,
         clock: Callable[[], float],
         tls: TLSConfig | None = None,
+        usage: Callable[[], tables_pb2.Report] | None = None,
+        usage_seconds: float = 1.0,
     ) -> None:
         self._tls = tls  # mutual TLS to the control planes (None: plain text)
+        self._usage = usage if usage_seconds > 0 else None  # dataplane.usage: a report every usage_seconds
+        self._usage_seconds = usage_seconds
         if not addresses:
             raise ValueError("at least one control-plane address is needed")
         self._addresses = list(addresses)
@@ -118,11 +126,15 @@ class TableWatcher:
         async with tls_channel(address, self._tls, options=channel_options()) as channel:
             call = tables_pb2_grpc.TablesStub(channel).Watch()
             stopper = asyncio.ensure_future(stop.wait())
+            reporter: asyncio.Future[None] | None = None
             try:
                 subscribe = tables_pb2.Subscribe(
                     proxy_id=self._proxy_id, region=self._region, have_version=self._holder.version
                 )
                 await call.write(tables_pb2.WatchRequest(subscribe=subscribe))
+                lock = asyncio.Lock()  # one write at a time: acks here, usage reports from the reporter
+                if self._usage is not None:
+                    reporter = asyncio.ensure_future(self._report(call, lock))
                 while True:
                     reader = asyncio.ensure_future(call.read())
                     done, _ = await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -135,10 +147,28 @@ class TableWatcher:
                     got = True
                     self._backoff.reset()
                     self.connected.set()
-                    await call.write(tables_pb2.WatchRequest(ack=self._apply(snapshot)))
+                    async with lock:
+                        await call.write(tables_pb2.WatchRequest(ack=self._apply(snapshot)))
             finally:
                 stopper.cancel()
+                if reporter is not None:
+                    reporter.cancel()
                 call.cancel()
+
+    async def _report(self, call: grpc.aio.StreamStreamCall[tables_pb2.WatchRequest, tables_pb2.TableSnapshot],
+                      lock: asyncio.Lock) -> None:
+        """Send a usage report every ``usage_seconds`` until the stream ends (its reader sees why)."""
+        assert self._usage is not None
+        try:
+            while True:
+                await asyncio.sleep(self._usage_seconds)
+                report = self._usage()
+                async with lock:
+                    await call.write(tables_pb2.WatchRequest(report=report))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            return  # the stream ended
+        except Exception:  # a bug: no more reports on this stream; the table keeps flowing
+            log.exception("usage report failed")
 
     def _apply(self, snapshot: tables_pb2.TableSnapshot) -> tables_pb2.Ack:
         try:

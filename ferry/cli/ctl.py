@@ -17,7 +17,16 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   the tables, running work untouched;
 - ``alloc MODEL --gpus 8 --replicas N``, ``alloc --list [MODEL]``,
   ``alloc --release ID``: gang allocation;
-- ``top [--iterations N] [--interval S]``: live view per model and region;
+- ``top [--iterations N] [--interval S] [--by-tier]``: live view per model
+  and region (and tier): rate, p99, queue, utilisation, shed (:mod:`ferry.cli.ctltop`);
+- ``tiers [--region R]``, ``spill [--region R]``: tier quotas and region
+  spill with the proxies' rates (:mod:`ferry.cli.ctlflow`);
+- ``rollout MODEL --version V --canary P | --promote | --rollback``, ``rollout``:
+  a model's version rollout (:mod:`ferry.cli.ctlrollout`);
+- ``tenants [list]``, ``tenants add NAME --plan P --tiers a,b --rps N --tps N
+  --concurrency N (--api-key K | --api-key-sha256 H | --generate-key)``,
+  ``tenants set NAME …``, ``tenants remove NAME``: the tenants kept in the
+  store and pushed to the proxies (:mod:`ferry.cli.ctltenants`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port`` (else ``--ready-file`` of
@@ -35,18 +44,19 @@ plane is unreachable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
 
 from ferry import clienttls
-from ferry.cli import completion, ctltop
+from ferry.cli import completion, ctlflow, ctlrollout, ctltenants, ctltop
 from ferry.cli.ctlviews import (
     change_row,
     merge_status,
@@ -133,9 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--region", default="", help="only nodes of this region")
     p.add_argument("--list", action="store_true", help="list allocation slots and waiting requests")
     p.add_argument("--release", metavar="ID", help="remove an allocation slot or waiting request")
-    p = add("top", "live view per model and region: rate, queue, utilisation (p99 and shed: n/a)")
+    p = add("top", "live view per model and region: rate, p99, queue, utilisation, shed")
     p.add_argument("--iterations", type=int, default=0, help="frames to show, then exit (default: until Ctrl-C)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames (default 1)")
+    p.add_argument("--by-tier", action="store_true", help="also a row per tier under each model")
+    ctlflow.add_commands(add)  # tiers, spill
+    ctlrollout.add_arguments(add("rollout", "a model's version rollout: --canary share, --promote, --rollback; "
+                                            "alone: list"))
+    ctltenants.add_arguments(add("tenants", ctltenants.HELP))
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -314,13 +329,26 @@ def cmd_status(stub: Any, args: argparse.Namespace) -> None:
 def cmd_top(stub: Any, args: argparse.Namespace) -> None:
     if args.iterations < 0 or args.interval <= 0:
         raise UsageError("top: --iterations must be >= 0 and --interval > 0")
-    ctltop.run(stub, iterations=args.iterations, interval=args.interval, as_json=args.json, timeout=TIMEOUT)
+    with ctlflow.leader(stub, functools.partial(_at, args), TIMEOUT) as target:  # the leader has every proxy
+        ctltop.run(target, iterations=args.iterations, interval=args.interval, as_json=args.json, timeout=TIMEOUT,
+                   by_tier=args.by_tier)
+
+
+@contextlib.contextmanager
+def _at(args: argparse.Namespace, address: str) -> Iterator[AdminClient]:
+    """An Admin client of the control plane at ``address``, with the same credentials and token."""
+    with clienttls.sync_channel(address, _credentials(args)) as channel:
+        yield AdminClient(channel, _token(args))
+
+
+def cmd_flow(stub: Any, args: argparse.Namespace) -> None:
+    ctlflow.COMMANDS[args.command](stub, args, functools.partial(_at, args), TIMEOUT)
 
 
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "replicas": cmd_replicas, "nodes": cmd_nodes, "models": cmd_models, "table": cmd_table, "drain": cmd_drain,
     "undrain": cmd_drain, "cordon": cmd_cordon, "uncordon": cmd_cordon, "alloc": cmd_alloc, "status": cmd_status,
-    "top": cmd_top,
+    "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
 }
 
 
@@ -334,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         address = _address(args)
         with clienttls.sync_channel(address, _credentials(args)) as channel:
             COMMANDS[args.command](AdminClient(channel, _token(args)), args)
-    except UsageError as exc:
+    except (UsageError, ctltenants.TenantUsage) as exc:
         print(f"ferryctl: {exc}", file=sys.stderr)
         return 2
     except grpc.RpcError as exc:

@@ -111,7 +111,7 @@ def test_read_commands_in_both_modes(up: dict[str, Any]) -> None:
     assert data(up, "alloc", "--list") == {"slots": [], "pending": []}
 
 
-def test_top_shows_rate_queue_and_utilisation_and_says_what_it_cannot(up: dict[str, Any]) -> None:
+def test_top_shows_rate_queue_utilisation_p99_and_shed(up: dict[str, Any]) -> None:
     stop = threading.Event()
 
     def load() -> None:
@@ -133,10 +133,11 @@ def test_top_shows_rate_queue_and_utilisation_and_says_what_it_cannot(up: dict[s
     assert len(frames) == 2
     rows = [{r["model"]: r for r in f["rows"]} for f in frames]
     assert all(set(r) == {"chat-large", "chat-small"} for r in rows)
-    assert max(r["chat-small"]["rate_per_s"] for r in rows) > 0  # from requests_total between frames
-    assert all(r["chat-small"]["p99_ms"] == "n/a" and r["chat-small"]["shed"] == "n/a" for r in rows)
-    assert {"queue", "running", "kv_util", "gpu_util", "ready"} <= set(rows[0]["chat-small"])
-    assert human.count("ferryctl top") == 2 and "RATE_PER_S" in human and "n/a" in human
+    assert max(r["chat-small"]["replica_rate_per_s"] for r in rows) > 0  # from requests_total between frames
+    assert max(r["chat-small"]["rate_per_s"] for r in rows) > 0  # from the proxies' usage reports
+    assert all(r["chat-small"]["shed"] == 0 for r in rows)
+    assert {"queue", "running", "kv_util", "gpu_util", "ready", "p99_ms"} <= set(rows[0]["chat-small"])
+    assert human.count("ferryctl top") == 2 and "RATE_PER_S" in human and "n/a" not in human
 
 
 def test_drain_and_undrain(up: dict[str, Any]) -> None:
@@ -193,3 +194,33 @@ def test_alloc_places_an_eight_gpu_replica_by_draining_a_node(up: dict[str, Any]
     wait_for(lambda: all(r["in_table"] for r in data(up, "replicas")), 10, "every replica back in the table")
     usage = ctl("--ready-file", up["ready_file"], "alloc", "--list", "--release", "x")
     assert usage.returncode == 2 and "alloc: give MODEL" in usage.stderr
+
+
+# Every command of the parser, each in both output modes, against the same fleet. Write commands come in
+# pairs that undo each other, so the fleet ends as it started; alloc's writes have their own test above.
+BOTH_MODES: list[tuple[str, ...]] = [
+    ("status",), ("replicas",), ("nodes",), ("models",), ("table",), ("alloc", "--list"),
+    ("top", "--iterations", "1"), ("tiers",), ("spill",), ("rollout",), ("tenants",),
+    ("drain", "node-2-r1"), ("undrain", "node-2-r1"), ("cordon", "node-2"), ("uncordon", "node-2"),
+    ("rollout", "chat-small", "--version", "v2", "--canary", "5"), ("rollout", "chat-small"),
+    ("rollout", "chat-small", "--rollback"),
+    ("tenants", "add", "ops-probe", "--generate-key", "--tiers", "batch"),
+    ("tenants", "set", "ops-probe", "--rps", "5"),
+    ("tenants", "remove", "ops-probe"),
+]
+
+
+def test_every_command_runs_in_both_output_modes(up: dict[str, Any]) -> None:
+    from ferry.cli.ctl import COMMANDS
+
+    assert {args[0] for args in BOTH_MODES} == set(COMMANDS), "a command the parser has is missing here"
+    for json_first in (False, True):  # each write pair runs once human-first, once JSON-first
+        for i, args in enumerate(BOTH_MODES):
+            as_json = json_first == (i % 2 == 0)
+            if as_json:
+                parsed = data(up, *args)
+                assert parsed is not None and parsed != "", args
+            else:
+                assert ok(up, *args).strip(), args
+    assert all(r["in_table"] for r in data(up, "replicas")) and not any(n["cordoned"] for n in data(up, "nodes"))
+    assert "ops-probe" not in ok(up, "tenants")

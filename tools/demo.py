@@ -3,7 +3,9 @@
 Starts ``ferry up`` (one control plane, one proxy, four nodes with eight
 simulated replicas of two models, each its own process), waits for its ready
 file, shows ``ferryctl replicas``, replays the first ``--minutes`` of the
-Mooncake conversation trace at ``--speedup`` with a progress bar, prints the
+Mooncake conversation trace at ``--speedup`` with a progress bar (from
+``../shared/traces``, else the excerpt of its first two minutes in
+``tools/data``), prints the
 report (also written to ``bench-results/demo.json``), shows the replicas again
 and stops everything. Exits non-zero if any request failed.
 """
@@ -21,7 +23,9 @@ from ferry.cli.procs import Child, ChildFailed
 from tools import replay
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+SHARED_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+BUNDLED_TRACE = ROOT / "tools" / "data" / "mooncake_conversation_first2min.jsonl"  # the same first 2 minutes
+TRACE = SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -265,7 +265,7 @@ class Controller(Operator, FleetOps, Peers, Proxies, TenantOps):
         for region, quotas in attach_quotas(tables, None, shares).items():  # tier reserves (controlplane.quotas)
             for tier, slots in quotas.quota.items():
                 self.metrics.tier_quota.labels(region=region, tier=tier).set(slots)
-        weights = self.spill.attach(tables)
+        weights = self.spill.attach(tables, self.proxy_usage.figures() if self.leading else None)  # sized by usage
         attach_tenants(tables, self.intent.tenants)  # the store's tenant set (controlplane.tenants)
         for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
             self.metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))

@@ -142,22 +142,26 @@ def queue_p99_ms(service_ms: float, slots: int, rho: float, quantile: float = 0.
 
 
 def spill_weights(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str], float], *,
-                  budget_ms: float = DEFAULT_BUDGET_MS,
-                  headroom: float = DEFAULT_HEADROOM) -> dict[tuple[str, str], float]:
-    """(source, target) -> share of the source's interactive traffic to send to target; see the module doc."""
-    if not 0 < headroom <= 1:
-        raise ConfigError("controlplane.spill_headroom", "must be in (0, 1]")
+                  budget_ms: float = DEFAULT_BUDGET_MS, headroom: float = DEFAULT_HEADROOM,
+                  keep: float | None = None) -> dict[tuple[str, str], float]:
+    """(source, target) -> share of the source's interactive traffic to send to target; see the module doc.
+
+    ``keep`` (default ``headroom``): the share of its capacity a source keeps before it spills."""
+    keep = headroom if keep is None else keep
+    if not 0 < headroom <= 1 or not 0 < keep <= headroom:
+        raise ConfigError("controlplane.spill_headroom", "need 0 < keep <= headroom <= 1")
     spare = {r.region: max(0.0, headroom * r.capacity - r.offered) for r in regions}
     fits = {r.region: queue_p99_ms(r.service_ms, r.slots, headroom) + r.service_ms for r in regions}
     weights: dict[tuple[str, str], float] = {}
-    order = sorted(regions, key=lambda r: (-(r.offered - headroom * r.capacity), r.region))
+    order = sorted(regions, key=lambda r: (-(r.offered - keep * r.capacity), r.region))
     for source in order:
-        excess = source.offered - headroom * source.capacity
+        excess = source.offered - keep * source.capacity
         if excess <= 0 or source.offered <= 0:
             continue
         targets = sorted(
             (rtt_ms[(source.region, t.region)], t.region) for t in regions
             if t.region != source.region and (source.region, t.region) in rtt_ms
+            and t.offered <= keep * t.capacity  # a region that spills takes nothing
             and rtt_ms[(source.region, t.region)] + fits[t.region] <= budget_ms)
         for _, target in targets:
             take = min(excess, spare[target])
@@ -198,32 +202,43 @@ def batch_weights(regions: Sequence[RegionLoad]) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RegionSample:
-    """One region's interactive slots and the load at its replicas (queued + running, and of it queued)."""
+    """One region's interactive slots, the load at its replicas (queued + running, and of it queued) and, when
+    its proxies report them, its interactive ``offered`` rate (arrivals per second at its proxies, shed and
+    spilled away included), ``served`` rate (answered per second by its own replicas for its proxies) and the
+    requests ``waiting`` in its proxies' queues."""
 
     region: str
     slots: int
     load: float
     queued: float = 0.0
+    offered: float | None = None
+    served: float | None = None
+    waiting: float = 0.0  # interactive requests waiting in its proxies' queues (they count in its pressure)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SpillPlan:
-    """One update's weights ((source, target) -> share) and routes ((source, target) pairs, sorted)."""
+    """One update's weights ((source, target) -> share), routes ((source, target) pairs, sorted) and batch
+    weights ((source, target) -> share of the source's batch work, any distance)."""
 
     weights: dict[tuple[str, str], float]
     routes: tuple[tuple[str, str], ...]
+    batch: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
 
 
 class SpillController:
-    """Spill weights steered by saturation with a dead band; see the module docstring."""
+    """Spill weights sized from the offered rates and steered by saturation with a dead band (module doc)."""
 
     def __init__(self, rtt_ms: Mapping[tuple[str, str], float], *, budget_ms: float = DEFAULT_BUDGET_MS,
                  headroom: float = DEFAULT_HEADROOM, service_ms: float = 200.0, alpha: float = 0.5,
                  step: float = 0.05, low: float = 0.8, high: float = 0.95, fill: float = 0.9,
-                 max_share: float = 0.9, route_share: float = 0.5, hold: int = 20) -> None:
-        if not 0 < alpha <= 1 or not 0 < step <= 1 or not 0 <= low < high or not 0 < max_share <= 1 or hold < 0:
+                 max_share: float = 0.9, route_share: float = 0.5, hold: int = 20, keep: float = 0.85,
+                 max_correction: float = 0.15) -> None:
+        if not 0 < alpha <= 1 or not 0 < step <= 1 or not 0 <= low < high or not 0 < max_share <= 1 or hold < 0 \
+                or not 0 < keep <= headroom or not 0 <= max_correction <= 1:
             raise ConfigError("controlplane.spill", "need 0 < alpha <= 1, 0 < step <= 1, 0 <= low < high, "
-                                                    "0 < max_share <= 1, hold >= 0")
+                                                    "0 < max_share <= 1, hold >= 0, 0 < keep <= headroom, "
+                                                    "0 <= max_correction <= 1")
         self.rtt = dict(rtt_ms)
         self.budget_ms = budget_ms
         self.headroom = headroom
@@ -236,11 +251,44 @@ class SpillController:
         self.max_share = max_share
         self.route_share = route_share
         self.hold = hold
+        self.keep = keep
+        self.max_correction = max_correction
         self.weights: dict[tuple[str, str], float] = {}
+        self.feedforward: dict[tuple[str, str], float] = {}  # the sized part of the weights, last update
         self.routes: tuple[tuple[str, str], ...] = ()
         self.utilisation: dict[str, float] = {}  # smoothed pressure per region
         self.busy: dict[str, float] = {}  # smoothed busy share per region
+        self.offered: dict[str, float] = {}  # smoothed offered interactive rate per region (measured ones)
+        self.served: dict[str, float] = {}  # smoothed rate its replicas answer (its own and spill taken)
+        self.capacity: dict[str, float] = {}  # estimated requests per second per region
         self._quiet: dict[str, int] = {}  # updates since the region was last busy
+
+    def _smooth(self, before: float | None, value: float) -> float:
+        return value if before is None else self.alpha * value + (1 - self.alpha) * before
+
+    def _measure(self, samples: Sequence[RegionSample], util: Mapping[str, float]) -> dict[str, RegionLoad]:
+        """Smoothed offered rates and capacity estimates of the regions whose proxies report (step 0)."""
+        loads: dict[str, RegionLoad] = {}
+        offered: dict[str, float] = {}
+        served: dict[str, float] = {}
+        capacity: dict[str, float] = {}
+        for s in samples:
+            if s.offered is None:
+                continue
+            offered[s.region] = self._smooth(self.offered.get(s.region), max(0.0, s.offered))
+            taken = sum(w * self.offered.get(src, 0.0) for (src, t), w in self.weights.items() if t == s.region)
+            served[s.region] = self._smooth(self.served.get(s.region), max(0.0, s.served or 0.0) + taken)
+            nominal = s.slots * 1000.0 / self.service_ms if self.service_ms > 0 else math.inf
+            cap = self.capacity.get(s.region, nominal)
+            if util[s.region] >= self.high and served[s.region] > 0:
+                cap = self._smooth(cap, served[s.region])  # saturated: it serves what it can
+            else:
+                cap = max(cap, served[s.region])  # it can serve at least what it serves
+            capacity[s.region] = max(cap, nominal / 2) if math.isfinite(nominal) else cap
+            loads[s.region] = RegionLoad(s.region, capacity=capacity[s.region], offered=offered[s.region],
+                                         slots=s.slots, service_ms=self.service_ms)
+        self.offered, self.served, self.capacity = offered, served, capacity
+        return loads
 
     def update(self, samples: Sequence[RegionSample]) -> SpillPlan:
         """One update from this computation's samples (regions without slots are left out)."""
@@ -248,41 +296,76 @@ class SpillController:
         util: dict[str, float] = {}
         busy: dict[str, float] = {}
         for sample in samples:
-            pressure, running = sample.load / sample.slots, (sample.load - sample.queued) / sample.slots
-            before, was = self.utilisation.get(sample.region), self.busy.get(sample.region)
-            util[sample.region] = pressure if before is None else self.alpha * pressure + (1 - self.alpha) * before
-            busy[sample.region] = running if was is None else self.alpha * running + (1 - self.alpha) * was
+            pressure = (sample.load + max(0.0, sample.waiting)) / sample.slots
+            running = (sample.load - sample.queued) / sample.slots
+            util[sample.region] = self._smooth(self.utilisation.get(sample.region), pressure)
+            busy[sample.region] = self._smooth(self.busy.get(sample.region), running)
         self.utilisation, self.busy = util, busy
+        measured = self._measure(samples, util)
         loads = [RegionLoad(s.region, capacity=float(s.slots), offered=util[s.region] * s.slots, slots=s.slots,
                             service_ms=self.service_ms) for s in samples]
-        spilling, taking = {s for s, _ in self.weights}, {t for _, t in self.weights}
+        # The sized part: the offered rates against the capacities (regions that report; others as sampled).
+        sized = [measured.get(r.region, r) for r in loads]
+        feedforward = {pair: w for pair, w in spill_weights(
+            sized, self.rtt, budget_ms=self.budget_ms, headroom=self.headroom, keep=self.keep).items()
+            if pair[0] in measured and pair[1] in measured} if measured else {}
+        spilling = {s for s, _ in self.weights} | {s for s, _ in feedforward}
+        taking = {t for _, t in self.weights} | {t for _, t in feedforward}
         targets = {source: tuple(t for t in ts if t not in spilling
-                                 and ((source, t) in self.weights or util[t] < util[source]))
+                                 and ((source, t) in self.weights or (source, t) in feedforward
+                                      or util[t] < util[source]))
                    for source, ts in reachable(loads, self.rtt, budget_ms=self.budget_ms,
                                                headroom=self.headroom).items()}
-        weights = {pair: w for pair, w in self.weights.items() if pair[0] in util and pair[1] in util}
+        # The correction: what the last weights held beyond their sized part, stepped on saturation.
+        correction = {pair: w - self.feedforward.get(pair, 0.0) for pair, w in self.weights.items()
+                      if pair[0] in util and pair[1] in util}
+        for pair in feedforward:
+            correction.setdefault(pair, 0.0)
+
+        def total(pair: tuple[str, str]) -> float:
+            return feedforward.get(pair, 0.0) + correction.get(pair, 0.0)
+
         wait = {s.region: self.service_ms * (util[s.region] - busy[s.region]) for s in samples}
 
         def overfull(source: str, target: str) -> bool:
             return wait[target] > (self.budget_ms - self.rtt[(source, target)] - self.service_ms) / 2
 
-        for (source, target), w in list(weights.items()):
+        for (source, target) in list(correction):
             if target not in targets.get(source, ()) or overfull(source, target):
-                weights[(source, target)] = w - self.step
+                correction[(source, target)] -= self.step
         for source in util:
-            mine = [t for t in targets.get(source, ()) if weights.get((source, t), 0.0) > 0]
+            mine = [t for t in targets.get(source, ()) if total((source, t)) > 0]
             if util[source] >= self.high and source not in taking:
-                room = self.max_share - sum(weights.get((source, t), 0.0) for t in mine)
+                room = self.max_share - sum(total((source, t)) for t in mine)
                 nearest = next((t for t in targets.get(source, ()) if not overfull(source, t)), None)
                 if nearest is not None and busy[nearest] < self.fill and room > 0:
-                    weights[(source, nearest)] = weights.get((source, nearest), 0.0) + min(self.step, room)
+                    correction[(source, nearest)] = correction.get((source, nearest), 0.0) + min(self.step, room)
             elif util[source] < self.low and mine:
-                weights[(source, mine[-1])] -= self.step
-        self.weights = {pair: round(w, 6) for pair, w in sorted(weights.items()) if w > 1e-9}
+                correction[(source, mine[-1])] -= self.step
+        weights: dict[tuple[str, str], float] = {}
+        for pair, c in sorted(correction.items()):
+            if pair[0] in measured:  # sized: the correction is bounded, the feedforward carries the weight
+                c = min(max(c, -self.max_correction), self.max_correction)
+            w = feedforward.get(pair, 0.0) + c
+            if w > 1e-9:
+                weights[pair] = w
+        for source in {s for s, _ in weights}:  # a source keeps at least 1 - max_share of its work home
+            share = sum(w for (s, _), w in weights.items() if s == source)
+            if share > self.max_share:
+                for pair in [p for p in weights if p[0] == source]:
+                    weights[pair] *= self.max_share / share
+        self.weights = {pair: round(w, 6) for pair, w in sorted(weights.items())}
+        self.feedforward = feedforward
         pairs = set(self.weights)
         for source, u in util.items():
             self._quiet[source] = 0 if u > self.route_share else self._quiet.get(source, self.hold) + 1
             if self._quiet[source] <= self.hold:
                 pairs.update((source, target) for target in targets.get(source, ()))
         self.routes = tuple(sorted(pairs))
-        return SpillPlan(dict(self.weights), self.routes)
+        return SpillPlan(dict(self.weights), self.routes, self.batch(loads))
+
+    def batch(self, loads: Sequence[RegionLoad]) -> dict[tuple[str, str], float]:
+        """(source, target) -> share of a busy source's batch work to send to target (module doc, step 5)."""
+        shares = batch_weights(loads)
+        return {(s.region, t): round(w, 6) for s in loads if s.offered > self.route_share * s.capacity
+                for t, w in shares.items() if t != s.region and w > 0}

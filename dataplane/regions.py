@@ -2,7 +2,8 @@
 
 :func:`remote_view` turns a table's ``spill`` routes (the control plane's
 :mod:`controlplane.regions`) into :class:`RemoteView`: the targets in order
-(:class:`dataplane.spill.SpillTarget`: region, weight, round trip) and, per
+(:class:`dataplane.spill.SpillTarget`: region, weight, round trip, batch
+weight, whether the route is for batch alone) and, per
 (region, model), the ready replicas there, serving the route's default
 version. Routes that are malformed (wrong region, empty id or address) are
 skipped: spill is an optimisation, never a reason to reject a table. The
@@ -71,9 +72,11 @@ def remote_view(table: Table) -> RemoteView:
     targets: list[SpillTarget] = []
     replicas: dict[tuple[str, str], tuple[Replica, ...]] = {}
     for route in table.spill:
-        if not route.region or route.region == table.region or not 0 <= route.weight <= 1:
+        if not route.region or route.region == table.region or not 0 <= route.weight <= 1 \
+                or not 0 <= route.batch_weight <= 1:
             continue
-        targets.append(SpillTarget(route.region, route.weight, max(0.0, route.rtt_ms)))
+        targets.append(SpillTarget(route.region, 0.0 if route.batch_only else route.weight, max(0.0, route.rtt_ms),
+                                   batch_weight=route.batch_weight, batch_only=route.batch_only))
         for model in route.models:
             replicas[(route.region, model.model)] = tuple(
                 Replica(replica_id=r.replica_id, address=r.address, kserve_model=r.kserve_model or model.model,

@@ -5,9 +5,12 @@ interactive traffic to send to each other region (computed by the control
 plane: :mod:`controlplane.spill`). With one uniform draw ``u`` in [0, 1)
 per request, the request goes to the first region whose cumulative weight
 exceeds ``u``, in the table's order; past the sum of the weights it stays
-local. Only the tiers in ``tiers`` (default: interactive) spill: standard
-and batch stay local here (batch placement across regions is the control
-plane's, :func:`controlplane.spill.batch_weights`). A region whose replicas
+local. The tiers in ``tiers`` (default: interactive) draw on ``weight``,
+over the routes within the interactive budget (not ``batch_only``); the
+tiers in ``batch_tiers`` (default: batch) draw the same way on
+``batch_weight``, over every route, whatever its round trip (the control
+plane's :func:`controlplane.spill.batch_weights`: idle capacity); standard
+stays local. A region whose replicas
 the proxy cannot use for this model (none routable) is skipped, so the
 request stays local rather than failing.
 
@@ -21,7 +24,7 @@ local admission queue (:class:`LocalQueue`) would make the request wait
 longer than ``max(threshold_ms, rtt)`` (default 100 ms; the wait is the
 :func:`local_wait_ms` estimate: the dispatches it needs before it starts,
 ``waiting + 1``, over the queue's interactive dispatch rate), the request
-goes to the nearest target that is faster than waiting (``rtt < wait``)
+goes to the nearest target (not ``batch_only``) that is faster than waiting (``rtt < wait``)
 and has *room* for this proxy (:func:`room`): ``(headroom x slots -
 others) x share - in-flight``, with ``headroom`` 1.25 (the proxy's
 ``spill_headroom``: a quarter of the slots again may wait at the target's
@@ -71,6 +74,8 @@ class SpillTarget:
     region: str
     weight: float  # share of the local region's interactive traffic, 0..1
     rtt_ms: float  # configured round trip to it
+    batch_weight: float = 0.0  # share of the local region's batch traffic, 0..1
+    batch_only: bool = False  # beyond the interactive budget: batch alone goes there
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,12 +88,16 @@ class RegionChoice:
 
 
 def choose_region(local: str, targets: Sequence[SpillTarget], *, tier: str, u: float,
-                  usable: Collection[str] = (), tiers: Collection[str] = ("interactive",)) -> RegionChoice:
+                  usable: Collection[str] = (), tiers: Collection[str] = ("interactive",),
+                  batch_tiers: Collection[str] = ("batch",)) -> RegionChoice:
     """The region for one request; ``usable``: the regions with a routable replica of its model."""
-    if tier in tiers:
+    batch = tier in batch_tiers
+    if tier in tiers or batch:
         edge = 0.0
         for target in targets:
-            edge += target.weight
+            if not batch and target.batch_only:
+                continue
+            edge += target.batch_weight if batch else target.weight
             if u < edge:
                 if target.region in usable:
                     return RegionChoice(target.region, target.rtt_ms, RegionBranch.SPILLED)
@@ -134,7 +143,7 @@ def spill_on_queue(targets: Sequence[SpillTarget], rooms: Mapping[str, float], *
     """The nearest faster target with room when the local wait exceeds ``max(threshold, rtt)``; else None."""
     if tier not in tiers or wait_ms <= threshold_ms:
         return None
-    for target in sorted(targets, key=lambda t: (t.rtt_ms, t.region)):
+    for target in sorted((t for t in targets if not t.batch_only), key=lambda t: (t.rtt_ms, t.region)):
         if target.rtt_ms >= wait_ms:
             break
         if target.region in usable and rooms.get(target.region, 0.0) >= 1.0:

@@ -35,6 +35,7 @@ import secrets
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,12 @@ SIZES = {"a": (1, 1.5), "b": (2, 0.5), "c": (1, 0.2)}  # region -> (replicas, lo
 WARMUP_SHARE = 0.4  # the first 40 % of the load is not measured: the weights converge meanwhile
 
 
-def _start(workdir: Path, rtt_ms: Mapping[str, float], key: str) -> tuple[list[Child], dict[str, str]]:
+def _start(workdir: Path, rtt_ms: Mapping[str, float], key: str,
+           service_ms: float) -> tuple[list[Child], dict[str, str]]:
     config = {"tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key), "plan": "enterprise"}],
               "models": [{"name": "chat", "min_gpus": 1}],
-              "controlplane": {"region_rtt_ms": dict(rtt_ms), "grace_seconds": 3.0},
+              "controlplane": {"region_rtt_ms": dict(rtt_ms), "grace_seconds": 3.0,
+                               "spill_service_ms": round(service_ms, 1)},
               "proxy": {"simulate_region_rtt": True}, "replica": REPLICA}
     path = workdir / "ferry.toml"
     path.write_text(dumps(config))
@@ -90,9 +93,40 @@ def _start(workdir: Path, rtt_ms: Mapping[str, float], key: str) -> tuple[list[C
     return children, {r: str(c.ready["grpc"]) for r, c in proxies.items()}
 
 
+def _weights(metrics: str, stop: threading.Event, out: list[tuple[float, float]]) -> None:
+    """Poll the control plane's A->B spill weight every 0.5 s (the trace)."""
+    while not stop.wait(0.5):
+        try:
+            with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=2) as reply:
+                text = reply.read().decode()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("ferry_controlplane_spill_weight{") and 'source="a"' in line and 'target="b"' in line:
+                out.append((time.monotonic(), float(line.rsplit(" ", 1)[1])))
+
+
+def _trace(samples: list[tuple[float, float, str, str]], weights: list[tuple[float, float]], start: float,
+           seconds: float, window: float = 2.0) -> list[dict[str, float]]:
+    """Per ``window`` of arrivals: A's and B's p99 (ms), A's share served in B, the mean A->B weight."""
+    rows = []
+    t = 0.0
+    while t < seconds:
+        lo, hi = start + t, start + t + window
+        a = [e for s, e, r, _ in samples if lo <= s < hi and r == "a"]
+        b = [e for s, e, r, _ in samples if lo <= s < hi and r == "b"]
+        spilled = sum(1 for s, _, r, w in samples if lo <= s < hi and r == "a" and w == "b")
+        ws = [w for at, w in weights if lo <= at < hi]
+        rows.append({"t": t, "a_p99": round(_p99(a), 1), "b_p99": round(_p99(b), 1),
+                     "a_to_b": round(spilled / max(1, len(a)), 3), "weight": round(sum(ws) / max(1, len(ws)), 3)})
+        t += window
+    return rows
+
+
 def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) -> dict[str, Any]:
     rng = random.Random(1)
     lock = threading.Lock()
+    samples: list[tuple[float, float, str, str]] = []  # (arrival, ms, home region, serving region)
     latencies: dict[str, list[float]] = {r: [] for r in SIZES}
     served: dict[str, dict[str, int]] = {r: {} for r in SIZES}
     failed: dict[str, int] = {}
@@ -105,13 +139,16 @@ def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) 
 
     def done(region: str, started: float, future: Any) -> None:
         elapsed = time.monotonic() - started
-        if started < measure_from:
-            return
         with lock:
             try:
                 reply = future.result()
+                samples.append((started, elapsed * 1000.0, region, reply.region))
             except grpc.RpcError as exc:
+                if started < measure_from:
+                    return
                 failed[f"{region}:{exc.code().name}"] = failed.get(f"{region}:{exc.code().name}", 0) + 1
+                return
+            if started < measure_from:
                 return
             latencies[region].append(elapsed * 1000.0)
             served[region][reply.region] = served[region].get(reply.region, 0) + 1
@@ -135,7 +172,7 @@ def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) 
             pass
     for channel in channels.values():
         channel.close()
-    return {"latencies": latencies, "served": served, "failed": failed, "rates": rates}
+    return {"latencies": latencies, "served": served, "failed": failed, "rates": rates, "samples": samples}
 
 
 def calibrate(address: str, region: str, key: str, slots: int, seconds: float = 3.0) -> float:
@@ -176,11 +213,21 @@ def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -
     modelled = replica_capacity(EngineParams(**REPLICA), 4, MAX_TOKENS)  # type: ignore[arg-type]
     key = "fk_" + secrets.token_hex(8)
     with tempfile.TemporaryDirectory(prefix="ferry-regions-") as tmp:
-        children, addresses = _start(Path(tmp), rtt_ms, key)
+        # A request's time in a replica: its decode steps and a prefill (the control plane's capacity seed).
+        service_ms = 1000.0 * (MAX_TOKENS * REPLICA["decode_base_seconds"] + REPLICA["prefill_base_seconds"])
+        children, addresses = _start(Path(tmp), rtt_ms, key, service_ms)
         try:
             replicas_c = SIZES["c"][0]
             capacity = calibrate(addresses["c"], "c", key, int(REPLICA["max_running"]) * replicas_c) / replicas_c
-            result = _load(addresses, key, capacity, seconds)
+            stop, weights = threading.Event(), list[tuple[float, float]]()
+            poller = threading.Thread(target=_weights, args=(children[0].ready["metrics"], stop, weights))
+            poller.start()
+            start = time.monotonic()
+            try:
+                result = _load(addresses, key, capacity, seconds)
+            finally:
+                stop.set()
+                poller.join()
         finally:
             stop_all(children)
     served_a = result["served"]["a"]
@@ -194,4 +241,5 @@ def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -
         "failed": result["failed"], "offered_rps": {r: round(v, 1) for r, v in result["rates"].items()},
         "capacity_per_replica_rps": round(capacity, 1), "modelled_capacity_per_replica_rps": round(modelled, 1),
         "seconds": seconds, "budget_ms": budget_ms,
+        "trace": _trace(result["samples"], weights, start, seconds),
     }

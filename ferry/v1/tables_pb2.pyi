@@ -174,16 +174,20 @@ class ReplicaRoute(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...
 
 class SpillRoute(_message.Message):
-    __slots__ = ("region", "weight", "rtt_ms", "models")
+    __slots__ = ("region", "weight", "rtt_ms", "models", "batch_weight", "batch_only")
     REGION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ONLY_FIELD_NUMBER: _ClassVar[int]
     region: str
     weight: float
     rtt_ms: float
     models: _containers.RepeatedCompositeFieldContainer[ModelRoute]
-    def __init__(self, region: _Optional[str] = ..., weight: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ...) -> None: ...
+    batch_weight: float
+    batch_only: bool
+    def __init__(self, region: _Optional[str] = ..., weight: _Optional[float] = ..., rtt_ms: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., batch_weight: _Optional[float] = ..., batch_only: _Optional[bool] = ...) -> None: ...
 
 class TenantRoute(_message.Message):
     __slots__ = ("name", "api_key_sha256", "plan", "tiers", "requests_per_second", "tokens_per_second", "max_concurrency")

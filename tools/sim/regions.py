@@ -77,6 +77,7 @@ class RegionsConfig:
     queue_ms: float = DEFAULT_QUEUE_MS  # the proxies' spill on queue threshold
     room_headroom: float = DEFAULT_HEADROOM  # the proxies' room: this x a target's slots
     step: float = 0.1  # the controller's weight step per update
+    usage: bool = True  # the proxies report their offered and served rates (the controller sizes the weights)
     engine: EngineParams = ENGINE
     prompt_tokens: int = 64
     max_tokens: int = 16
@@ -155,6 +156,9 @@ def simulate(config: RegionsConfig) -> RegionsResult:
     latencies: dict[str, list[float]] = {n: [] for n in names}
     served: Counter[tuple[str, str]] = Counter()
     shed: Counter[str] = Counter()
+    arrivals: Counter[str] = Counter()  # per home region, since the last tick: what its proxy reports as offered
+    answered: Counter[str] = Counter()  # per region, since the last tick: its own requests its engines answered
+    last_tick = 0.0
     for r in config.regions:
         push(rng.expovariate(r.load * r.replicas * cap), _ARRIVE, r.name)
     push(0.0, _TICK)
@@ -201,6 +205,7 @@ def simulate(config: RegionsConfig) -> RegionsResult:
             push(now + rng.expovariate(spec.load * spec.replicas * cap), _ARRIVE, home)
             ids += 1
             rid = str(ids)
+            arrivals[home] += 1
             choice = region_for(home, targets[home], tier="interactive", u=rng.random(), usable=names,
                                 wait_ms=local_wait_ms(local_queue(queues[home], now)), threshold_ms=config.queue_ms,
                                 rooms=lambda h=home: rooms(h))  # type: ignore[misc]
@@ -234,6 +239,7 @@ def simulate(config: RegionsConfig) -> RegionsResult:
                 if arrived >= config.warmup_seconds:
                     latencies[home].append(1000.0 * (now + back - arrived))
                 if finished.request_id in tickets:
+                    answered[region] += 1
                     ticket = tickets.pop(finished.request_id)
                     queues[region].finish(ticket)
                     dispatch(region, now)
@@ -242,15 +248,20 @@ def simulate(config: RegionsConfig) -> RegionsResult:
             start(region, i, now)
         else:
             push(now + config.tick_seconds, _TICK)
+            window = max(now - last_tick, 1e-9)
             if config.spill:
-                plan = controller.update([RegionSample(n, slots[n], load=sample[n][0], queued=sample[n][1])
-                                          for n in names])
+                plan = controller.update([RegionSample(
+                    n, slots[n], load=sample[n][0], queued=sample[n][1],
+                    offered=arrivals[n] / window if config.usage else None,
+                    served=answered[n] / window if config.usage else None,
+                    waiting=float(queues[n].depth("interactive")) if config.usage else 0.0) for n in names])
                 targets = {n: [SpillTarget(t, plan.weights.get((s, t), 0.0), rtt[(s, t)])
                                for s, t in plan.routes if s == n] for n in names}
             for n in names:  # the telemetry the next update (and the proxies' rooms) will see
                 loads = [e.load() for e in engines[n]]
                 sample[n] = (float(sum(x.queued + x.running for x in loads)), float(sum(x.queued for x in loads)))
             counted = Counter(spilled)
+            arrivals, answered, last_tick = Counter(), Counter(), now
     totals = Counter({home: sum(v for (h, _), v in served.items() if h == home) for home in names})
     return RegionsResult(
         p99_ms={n: _p(latencies[n], 0.99) for n in names}, p50_ms={n: _p(latencies[n], 0.5) for n in names},

@@ -27,7 +27,12 @@ so the pick answers for it as before. Metrics (:class:`TierMetrics`):
 ``ferry_proxy_queue_depth{model,tier}``, ``ferry_proxy_queue_wait_seconds``,
 ``ferry_proxy_admitted_total``, ``ferry_proxy_shed_total{model,tier,reason}``,
 ``ferry_proxy_preempted_total{model,reason}``, ``ferry_proxy_tier_quota`` and
-``ferry_proxy_tier_lent`` (slots, per model and tier).
+``ferry_proxy_tier_lent`` (slots, per model and tier); per tier and tenant
+(the first ``tenant_labels`` tenants by name, the others as ``_other``:
+:class:`ferry.metrics.BoundedLabel`), ``ferry_proxy_tenant_queued_total``
+(requests that entered a tier queue), ``_admitted_total``,
+``_queue_wait_seconds_total`` (summed: over ``_admitted_total`` the mean
+wait), ``_shed_total{reason}`` and ``_preempted_total``.
 
 Cost: O(1) per request besides the queue operations; one extra task per batch forward.
 """
@@ -48,7 +53,7 @@ from dataplane.spill import LocalQueue, local_queue
 from dataplane.table import Table
 from ferry.config import TIERS
 from ferry.errors import FerryError
-from ferry.metrics import LATENCY_BUCKETS, name
+from ferry.metrics import LATENCY_BUCKETS, BoundedLabel, name
 
 R = TypeVar("R")
 ANSWER_MARGIN = 0.05  # seconds before the deadline a waiting request is refused, so the answer arrives in time
@@ -61,7 +66,20 @@ class Preempted(FerryError):
 class TierMetrics:
     """The admission metrics; see the module docstring."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, tenant_labels: int = 100) -> None:
+        self.tenant = BoundedLabel(tenant_labels)
+        per_tenant = ["tier", "tenant"]
+        self.tenant_queued = Counter(name("proxy_tenant_queued_total"), "Requests that entered a tier queue.",
+                                     per_tenant, registry=registry)
+        self.tenant_admitted = Counter(name("proxy_tenant_admitted_total"), "Requests dispatched from the queues.",
+                                       per_tenant, registry=registry)
+        self.tenant_wait = Counter(name("proxy_tenant_queue_wait_seconds_total"),
+                                   "Seconds dispatched requests waited in the queues, summed.", per_tenant,
+                                   registry=registry)
+        self.tenant_shed = Counter(name("proxy_tenant_shed_total"), "Requests refused or evicted at admission.",
+                                   [*per_tenant, "reason"], registry=registry)
+        self.tenant_preempted = Counter(name("proxy_tenant_preempted_total"), "Requests preempted and requeued.",
+                                        per_tenant, registry=registry)
         self.depth = Gauge(name("proxy_queue_depth"), "Requests waiting at the proxy.", ["model", "tier"],
                            registry=registry)
         self.wait = Histogram(name("proxy_queue_wait_seconds"), "Time from arrival to dispatch.", ["model", "tier"],
@@ -82,11 +100,11 @@ class Admission:
     """Tier queues of every model of one proxy; see the module docstring."""
 
     def __init__(self, params: QueueParams, *, clock: Callable[[], float], registry: CollectorRegistry,
-                 capacity_share: float = 1.0) -> None:
+                 capacity_share: float = 1.0, tenant_labels: int = 100) -> None:
         self.params = params
         self._clock = clock
         self.capacity_share = capacity_share
-        self.metrics = TierMetrics(registry)
+        self.metrics = TierMetrics(registry, tenant_labels)
         self.models: dict[str, TierQueues] = {}
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._preempt: dict[Ticket, asyncio.Event] = {}
@@ -128,10 +146,11 @@ class Admission:
             try:
                 evicted = queues.offer(ticket, now)
             except Shed as shed:
-                self.metrics.shed.labels(model, ticket.tier, shed.reason).inc()
+                self._shed(model, ticket, shed.reason)
                 raise
+            self.metrics.tenant_queued.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
             for victim in evicted:
-                self.metrics.shed.labels(model, victim.tier, EVICTED).inc()
+                self._shed(model, victim, EVICTED)
                 waiter = self._waiters.get(victim)
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(Shed(victim.tier, EVICTED, queues.retry_after(victim.tier, now)))
@@ -147,7 +166,7 @@ class Admission:
                 if future.done() and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]
                 queues.cancel(ticket)
-                self.metrics.shed.labels(model, ticket.tier, TIMEOUT).inc()
+                self._shed(model, ticket, TIMEOUT)
                 raise Shed(ticket.tier, TIMEOUT, queues.retry_after(ticket.tier, self._clock()))
         except asyncio.CancelledError:
             queues.cancel(ticket)
@@ -178,6 +197,7 @@ class Admission:
             await task
         self.models[model].requeue(ticket, self._clock())
         self.metrics.preempted.labels(model, "reclaim").inc()
+        self.metrics.tenant_preempted.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
         raise Preempted(f"{ticket.tier} request preempted on model {model!r}; requeued")
 
     def placed(self, model: str, ticket: Ticket, replica: str, inflight: int, slots: int) -> None:
@@ -206,8 +226,12 @@ class Admission:
         queues = self.models[model]
         now = self._clock()
         for ticket in queues.dispatch(now):
+            waited = now - self._started.get(ticket, now)
             self.metrics.admitted.labels(model, ticket.tier).inc()
-            self.metrics.wait.labels(model, ticket.tier).observe(now - self._started.get(ticket, now))
+            self.metrics.wait.labels(model, ticket.tier).observe(waited)
+            tenant = self.metrics.tenant(ticket.tenant)
+            self.metrics.tenant_admitted.labels(ticket.tier, tenant).inc()
+            self.metrics.tenant_wait.labels(ticket.tier, tenant).inc(max(waited, 0.0))
             waiter = self._waiters.get(ticket)
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
@@ -218,6 +242,10 @@ class Admission:
             else:
                 ticket.state = "running"  # not preemptible (not yet forwarding): let it run
         self._gauges(model)
+
+    def _shed(self, model: str, ticket: Ticket, reason: str) -> None:
+        self.metrics.shed.labels(model, ticket.tier, reason).inc()
+        self.metrics.tenant_shed.labels(ticket.tier, self.metrics.tenant(ticket.tenant), reason).inc()
 
     def _gauges(self, model: str) -> None:
         queues = self.models[model]

@@ -117,6 +117,7 @@ class ProxySettings:
     interactive_headroom_seconds: float = 0.2  # lower tiers leave interactive rate x this many slots free
     interactive_headroom_max_share: float = 0.1  # ... at most this share of the slots
     tenant_ceiling: float = 1.0  # a tenant runs at most this x its weighted share of its tier (0: no ceiling)
+    tenant_metric_labels: int = 100  # tenants named in the per-tenant admission metrics; the rest are "_other"
     idempotency_entries: int = 10_000
     idempotency_ttl_seconds: float = 300.0
     coldstart_warmup_seconds: float = 30.0  # expected warm-up of a replica: sizes a cold start's retry-after
@@ -156,6 +157,7 @@ class ProxySettings:
             "hot_window": self.hot_window,
             "coldstart_warmup_seconds": self.coldstart_warmup_seconds,
             "usage_max_rows": self.usage_max_rows,
+            "tenant_metric_labels": self.tenant_metric_labels,
         }
         for key, value in positive.items():
             if not value > 0:  # also rejects NaN

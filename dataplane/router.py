@@ -125,7 +125,8 @@ class Router:
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
             clock=clock, max_entries=settings.idempotency_entries, ttl=settings.idempotency_ttl_seconds)
         self.admission = Admission(settings.queue_params(), clock=clock, registry=metrics.registry,
-                                   capacity_share=settings.admission_capacity_share)
+                                   capacity_share=settings.admission_capacity_share,
+                                   tenant_labels=settings.tenant_metric_labels)
         self.cold = ColdStarts(settings, holder, clock)  # versions warming up (dataplane.coldwait)
         if settings.admission:
             holder.on_applied(self.admission.apply)

@@ -36,3 +36,29 @@ def start_metrics_server(listen: str, registry: CollectorRegistry = REGISTRY) ->
     host, port = split_address(listen)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)
+
+
+OTHER = "_other"  # the label value of every tenant past the bound
+
+
+class BoundedLabel:
+    """Label values for an open-ended set (tenants): the first ``limit`` seen keep their name, the rest ``_other``.
+
+    Keeps a metric's series bounded (``limit`` + 1 values per other label
+    combination) whatever the number of tenants; the names kept are those
+    seen first since the process started. Cost: O(1) per call, O(limit) memory.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        self.limit = limit
+        self._kept: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self._kept:
+            return value
+        if len(self._kept) < self.limit:
+            self._kept.add(value)
+            return value
+        return OTHER

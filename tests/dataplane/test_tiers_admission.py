@@ -12,6 +12,7 @@ from dataplane.idempotency import Idempotency, body_digest
 from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
 from dataplane.table import TableRejected, build_table
 from ferry.errors import InvalidArgument
+from ferry.metrics import BoundedLabel
 from ferry.v1 import inference_pb2, tables_pb2
 
 
@@ -167,3 +168,39 @@ def test_table_tier_quotas_are_validated_and_applied(quotas: list[tuple[str, flo
     assert adm.models["chat"].capacity == 20
     expect = dict(quotas) if quotas else dict(QueueParams().reserved)
     assert adm.models["chat"].reserved == expect
+
+
+@pytest.mark.parametrize(
+    ("limit", "seen", "expected"),
+    [
+        (2, ["a", "b", "c", "a", "d"], ["a", "b", "_other", "a", "_other"]),
+        (0, ["a", "b"], ["_other", "_other"]),
+        (5, ["x", "x"], ["x", "x"]),
+    ],
+    ids=["first-kept", "none-named", "repeat"],
+)
+def test_tenant_label_values_are_bounded(limit: int, seen: list[str], expected: list[str]) -> None:
+    label = BoundedLabel(limit)
+    assert [label(t) for t in seen] == expected
+
+
+async def test_admission_counts_per_tier_and_tenant_with_a_bounded_label() -> None:
+    clock = Clock()
+    registry = CollectorRegistry()
+    adm = Admission(QueueParams(timeouts={"interactive": 0.05, "standard": 0.05, "batch": 0.05}), clock=clock,
+                    registry=registry, tenant_labels=1)
+    adm.models["chat"] = TierQueues(adm.params, 1)
+    first = _t("standard", tenant="acme")
+    await adm.acquire("chat", first)  # dispatched at once
+    with pytest.raises(Shed):  # waits, then its queue timeout passes: shed, counted for the second tenant
+        await asyncio.wait_for(adm.acquire("chat", _t("standard", tenant="zeta")), 2)
+
+    def value(metric: str, **labels: str) -> float:
+        return registry.get_sample_value(f"ferry_proxy_tenant_{metric}", labels) or 0.0
+
+    assert value("queued_total", tier="standard", tenant="acme") == 1
+    assert value("admitted_total", tier="standard", tenant="acme") == 1
+    assert value("queue_wait_seconds_total", tier="standard", tenant="acme") == 0
+    assert value("queued_total", tier="standard", tenant="_other") == 1  # "zeta": past the bound of one name
+    assert value("shed_total", tier="standard", tenant="_other", reason="timeout") == 1
+    assert value("admitted_total", tier="standard", tenant="zeta") == 0

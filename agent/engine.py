@@ -5,7 +5,7 @@ sleeps each step's duration) and under a discrete-event fleet simulator in
 virtual time: nothing here awaits, sleeps, reads a clock or draws a random
 number. Time enters only as the ``now`` arguments (float seconds).
 
-Model (iteration-level scheduling, as in Orca, vLLM and TensorRT-LLM):
+Model (iteration-level scheduling, as continuous-batching engines such as TensorRT-LLM do):
 
 - **Admission** (:meth:`Engine.submit`): a request waits in a FIFO queue of
   at most ``max_queue`` entries; a full queue, or a request whose prompt plus

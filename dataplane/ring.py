@@ -1,4 +1,4 @@
-"""A consistent-hash ring of replicas, and the load bound of Mirrokni, Thorup and Zadimoghaddam applied to it.
+"""A consistent-hash ring of replicas, with the bounded-load rule (no replica over c x the mean load) applied to it.
 
 **Ring.** Each replica has ``vnodes`` points (default 128) at
 ``blake2b(replica_id || "#" || i)`` on a 64-bit circle. :meth:`Ring.walk`

@@ -16,7 +16,7 @@ stale as the refresh makes it) and what it sent itself.
   not hot) on the same ring, its home replica whatever its load: no bound,
   no load signal; a request without a usable key (a prompt that is only a
   popular prefix) goes to a random replica.
-- ``cache_aware``: in the style of the SGLang router. Per proxy, an
+- ``cache_aware``: in the style of the cache-aware routers of the field. Per proxy, an
   approximate tree of what it routed to each replica
   (:class:`tools.sim.radix.ApproxTree`, 32,768 blocks per replica, about its
   default 2^26-character tree). If the proxy's own in-flight counts are

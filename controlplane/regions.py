@@ -4,12 +4,18 @@
 (:func:`controlplane.table.compute_tables`). Per region it measures, from
 the routable replicas of the table, the interactive capacity (the sum of
 their ``max_concurrency`` slots) and the load (their queued + running
-requests), hands them to :class:`controlplane.spill.SpillController` (the
-weights steered by saturation, and the routes; its module doc has the
+requests), and, from the proxies' usage reports (:mod:`controlplane.usage`,
+the leader's merged figures), the interactive offered rate, the rate
+answered at home (requests less spilled), the requests waiting in the
+proxies' queues and the spilled rate, summed over models; hands them to
+:class:`controlplane.spill.SpillController` (the weights sized from those
+rates, corrected on saturation, and the routes; its module doc has the
 algorithm) and writes into each table that spills a
 :class:`SpillRoute` per route: weight (0 for a route the proxies use only
-to spill on queue), configured round trip, and the target's routable
-replicas with their loads. Parameters: ``rtt_ms`` (the ``region_rtt_ms``
+to spill on queue), batch weight, configured round trip, whether it is for
+batch alone (a region beyond the interactive budget with idle capacity),
+and the target's routable replicas with their loads. Without reports (a
+follower, or before the first), the saturation steps alone steer. Parameters: ``rtt_ms`` (the ``region_rtt_ms``
 setting, ``"a:b" = ms``), ``budget_ms`` (500), ``headroom`` (0.9),
 ``service_ms`` (200, an interactive request's service time for the budget
 test), and the controller's ``alpha``, ``step``, ``low``, ``high``,
@@ -57,9 +63,11 @@ class SpillPlanner:
         offered: dict[str, float] = {}
         served: dict[str, float] = {}
         waiting: dict[str, float] = {}
+        spilled: dict[str, float] = {}
         for (_, region, tier), f in (usage or {}).items():
             if tier == INTERACTIVE:
                 waiting[region] = waiting.get(region, 0.0) + f.queued
+                spilled[region] = spilled.get(region, 0.0) + f.spilled_per_s
                 offered[region] = offered.get(region, 0.0) + f.offered_rate
                 served[region] = served.get(region, 0.0) + max(0.0, f.request_rate - f.spilled_per_s)
         measured = bool(usage)
@@ -71,7 +79,7 @@ class SpillPlanner:
                                         queued=float(sum(r.load.queued for r in replicas)),
                                         offered=offered.get(region, 0.0) if measured else None,
                                         served=served.get(region, 0.0) if measured else None,
-                                        waiting=waiting.get(region, 0.0)))
+                                        waiting=waiting.get(region, 0.0), spilled=spilled.get(region, 0.0)))
         plan = self.controller.update(samples)
         self.weights = plan.weights
         self.batch = plan.batch

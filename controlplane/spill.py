@@ -29,7 +29,18 @@ round-trip times between regions (``region_rtt_ms``, symmetric, ``"a:b"``).
    (:mod:`dataplane.spill`) uses them for the bursts the weights are too
    slow for, within the room it sees in the target's pushed loads.
 5. Batch has no latency budget: :func:`batch_weights` spreads it over the
-   regions in proportion to their idle capacity.
+   regions in proportion to their idle capacity. The controller gives a
+   region busy past ``route_share`` a batch weight to every other region
+   with idle slots, whatever the round trip (the proxies draw batch requests
+   on it; routes beyond the interactive budget are for batch alone).
+
+Options of :func:`spill_weights`: ``keep`` (default ``headroom``), the share
+of its capacity a source keeps before it spills; ``balance_to`` (default
+none): when a target's spare is short of a source's excess, the target takes
+more, up to where the two utilisations are equal,
+``(O_s C_t - O_t C_s) / (C_s + C_t)``, but not past ``balance_to`` of its
+capacity, so an overload of both is shared rather than left whole at the
+source.
 
 Regions are served most saturated first (ties by name), so the result is
 deterministic. Cost: O(R^2 log R) for R regions; R is a handful.
@@ -78,9 +89,38 @@ dead band. Per update:
    (:mod:`dataplane.spill`) within the room they see, without waiting for
    the weights.
 
-Pure: the state between updates is the smoothed loads, the weights and the
-updates since each region was busy; no clock (one update per table
-computation). Cost per update: O(R^2 log R).
+Sizing, when the proxies report (:class:`RegionSample` ``offered``,
+``served``, ``waiting``, ``spilled``; the simulator passes its own counts the
+same way):
+
+0. Per region, smoothed with ``alpha``: the offered interactive rate (its
+   proxies' arrivals, shed and spilled away included); the rate its
+   replicas answer (its own, plus what it takes: each source's ``spilled``
+   rate split over its weighted targets, its nearest route if it has no
+   weight); its pressure counts its proxies' waiting requests too. Its
+   capacity: Little's law, ``slots x answered / busy slots`` (measured when
+   at least ``min_busy``, 0.25, of the slots are busy; else the last
+   estimate, first ``slots / service_ms``; kept within half and twice that),
+   and no more than its *ceiling*: what it answered per slot while saturated
+   by its own work (pressure ``high`` or more, taking no spill), times its
+   slots, raised whenever it answers more. The ceiling catches what Little's law cannot: a source
+   whose slots are not all kept busy at saturation serves less than its
+   busy slots promise.
+1. The sized weights: :func:`spill_weights` on these rates and capacities,
+   ``keep`` 0.85 (a source keeps 0.85 of its capacity), targets up to
+   ``headroom``, levelled up to ``balance_to`` (0.95).
+2. The saturation steps above are a correction on top of the sized weight
+   (the last weight less the last sized weight), bounded to
+   ``+-max_correction`` (0.15); a target counts as overfull for a measured
+   source only while it also waits longer than the source (an overload is
+   pooled, not pushed back whole). A source's weights are scaled to sum to
+   ``max_share`` at most.
+
+Regions without reports are steered by the saturation steps alone, as before.
+
+Pure: the state between updates is the smoothed loads, rates and capacities,
+the weights, their sized part and the updates since each region was busy; no
+clock (one update per table computation). Cost per update: O(R^2 log R).
 """
 
 from __future__ import annotations
@@ -143,13 +183,18 @@ def queue_p99_ms(service_ms: float, slots: int, rho: float, quantile: float = 0.
 
 def spill_weights(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str], float], *,
                   budget_ms: float = DEFAULT_BUDGET_MS, headroom: float = DEFAULT_HEADROOM,
-                  keep: float | None = None) -> dict[tuple[str, str], float]:
+                  keep: float | None = None, balance_to: float | None = None) -> dict[tuple[str, str], float]:
     """(source, target) -> share of the source's interactive traffic to send to target; see the module doc.
 
-    ``keep`` (default ``headroom``): the share of its capacity a source keeps before it spills."""
+    ``keep`` (default ``headroom``): the share of its capacity a source keeps before it spills.
+    ``balance_to`` (default: none): when a target's spare is short of the excess, it takes more, up to where
+    its utilisation equals the source's, ``(O_s C_t - O_t C_s) / (C_s + C_t)``, but not past ``balance_to``
+    of its capacity (an overload is shared rather than left whole to the source, within a bound)."""
     keep = headroom if keep is None else keep
-    if not 0 < headroom <= 1 or not 0 < keep <= headroom:
-        raise ConfigError("controlplane.spill_headroom", "need 0 < keep <= headroom <= 1")
+    if not 0 < headroom <= 1 or not 0 < keep <= headroom or not (balance_to is None or headroom <= balance_to <= 1):
+        raise ConfigError("controlplane.spill_headroom", "need 0 < keep <= headroom <= balance_to <= 1")
+    load = {r.region: r.offered for r in regions}
+    capacity = {r.region: r.capacity for r in regions}
     spare = {r.region: max(0.0, headroom * r.capacity - r.offered) for r in regions}
     fits = {r.region: queue_p99_ms(r.service_ms, r.slots, headroom) + r.service_ms for r in regions}
     weights: dict[tuple[str, str], float] = {}
@@ -165,10 +210,16 @@ def spill_weights(regions: Sequence[RegionLoad], rtt_ms: Mapping[tuple[str, str]
             and rtt_ms[(source.region, t.region)] + fits[t.region] <= budget_ms)
         for _, target in targets:
             take = min(excess, spare[target])
+            if balance_to is not None and take < excess:
+                c_s, c_t = capacity[source.region], capacity[target]
+                level = (load[source.region] * c_t - load[target] * c_s) / (c_s + c_t) if c_s + c_t > 0 else 0.0
+                take = min(excess, max(take, min(level, balance_to * c_t - load[target])))
             if take <= 0:
                 continue
             weights[(source.region, target)] = take / source.offered
-            spare[target] -= take
+            spare[target] = max(0.0, spare[target] - take)
+            load[source.region] -= take
+            load[target] += take
             excess -= take
             if excess <= 0:
                 break
@@ -214,6 +265,7 @@ class RegionSample:
     offered: float | None = None
     served: float | None = None
     waiting: float = 0.0  # interactive requests waiting in its proxies' queues (they count in its pressure)
+    spilled: float = 0.0  # interactive requests per second its proxies sent to other regions
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,11 +285,12 @@ class SpillController:
                  headroom: float = DEFAULT_HEADROOM, service_ms: float = 200.0, alpha: float = 0.5,
                  step: float = 0.05, low: float = 0.8, high: float = 0.95, fill: float = 0.9,
                  max_share: float = 0.9, route_share: float = 0.5, hold: int = 20, keep: float = 0.85,
-                 max_correction: float = 0.15) -> None:
+                 max_correction: float = 0.15, min_busy: float = 0.25, balance_to: float = 0.95) -> None:
         if not 0 < alpha <= 1 or not 0 < step <= 1 or not 0 <= low < high or not 0 < max_share <= 1 or hold < 0 \
-                or not 0 < keep <= headroom or not 0 <= max_correction <= 1:
+                or not 0 < keep <= headroom <= balance_to <= 1 or not 0 <= max_correction <= 1:
             raise ConfigError("controlplane.spill", "need 0 < alpha <= 1, 0 < step <= 1, 0 <= low < high, "
-                                                    "0 < max_share <= 1, hold >= 0, 0 < keep <= headroom, "
+                                                    "0 < max_share <= 1, hold >= 0, "
+                                                    "0 < keep <= headroom <= balance_to <= 1, "
                                                     "0 <= max_correction <= 1")
         self.rtt = dict(rtt_ms)
         self.budget_ms = budget_ms
@@ -253,6 +306,8 @@ class SpillController:
         self.hold = hold
         self.keep = keep
         self.max_correction = max_correction
+        self.min_busy = min_busy
+        self.balance_to = balance_to
         self.weights: dict[tuple[str, str], float] = {}
         self.feedforward: dict[tuple[str, str], float] = {}  # the sized part of the weights, last update
         self.routes: tuple[tuple[str, str], ...] = ()
@@ -261,31 +316,61 @@ class SpillController:
         self.offered: dict[str, float] = {}  # smoothed offered interactive rate per region (measured ones)
         self.served: dict[str, float] = {}  # smoothed rate its replicas answer (its own and spill taken)
         self.capacity: dict[str, float] = {}  # estimated requests per second per region
+        self.ceiling: dict[str, float] = {}  # answered per second and slot when saturated by its own work
         self._quiet: dict[str, int] = {}  # updates since the region was last busy
 
     def _smooth(self, before: float | None, value: float) -> float:
         return value if before is None else self.alpha * value + (1 - self.alpha) * before
 
-    def _measure(self, samples: Sequence[RegionSample], util: Mapping[str, float]) -> dict[str, RegionLoad]:
+    def _taken(self, samples: Sequence[RegionSample]) -> dict[str, float]:
+        """Per region, the spilled requests per second its replicas take from other regions: each source's
+        ``spilled`` rate over the targets of its last weights in their proportion (none: its nearest route)."""
+        taken: dict[str, float] = {}
+        for s in samples:
+            if not s.spilled:
+                continue
+            shares = {t: w for (src, t), w in self.weights.items() if src == s.region and w > 0}
+            if not shares:
+                routes = sorted((self.rtt[pair], pair[1]) for pair in self.routes if pair[0] == s.region)
+                shares = {routes[0][1]: 1.0} if routes else {}
+            total = sum(shares.values())
+            for t, w in shares.items():
+                taken[t] = taken.get(t, 0.0) + s.spilled * w / total
+        return taken
+
+    def _measure(self, samples: Sequence[RegionSample], util: Mapping[str, float],
+                 busy: Mapping[str, float]) -> dict[str, RegionLoad]:
         """Smoothed offered rates and capacity estimates of the regions whose proxies report (step 0)."""
         loads: dict[str, RegionLoad] = {}
         offered: dict[str, float] = {}
         served: dict[str, float] = {}
         capacity: dict[str, float] = {}
+        taken = self._taken(samples)
+        taking = {t for _, t in self.weights}  # a region's waits while it takes spill are the spill's doing
         for s in samples:
             if s.offered is None:
                 continue
             offered[s.region] = self._smooth(self.offered.get(s.region), max(0.0, s.offered))
-            taken = sum(w * self.offered.get(src, 0.0) for (src, t), w in self.weights.items() if t == s.region)
-            served[s.region] = self._smooth(self.served.get(s.region), max(0.0, s.served or 0.0) + taken)
+            served[s.region] = self._smooth(self.served.get(s.region),
+                                            max(0.0, s.served or 0.0) + taken.get(s.region, 0.0))
             nominal = s.slots * 1000.0 / self.service_ms if self.service_ms > 0 else math.inf
             cap = self.capacity.get(s.region, nominal)
-            if util[s.region] >= self.high and served[s.region] > 0:
-                cap = self._smooth(cap, served[s.region])  # saturated: it serves what it can
-            else:
-                cap = max(cap, served[s.region])  # it can serve at least what it serves
-            capacity[s.region] = max(cap, nominal / 2) if math.isfinite(nominal) else cap
-            loads[s.region] = RegionLoad(s.region, capacity=capacity[s.region], offered=offered[s.region],
+            running = busy[s.region] * s.slots
+            if running >= self.min_busy * s.slots and served[s.region] > 0:
+                cap = s.slots * served[s.region] / running  # Little's law: the rate per busy slot, x slots
+            if math.isfinite(nominal):
+                cap = min(max(cap, nominal / 2), 2 * nominal)
+            ceiling = self.ceiling.get(s.region)  # per slot: a region that grows keeps its rate per slot
+            per_slot = served[s.region] / s.slots
+            if util[s.region] >= self.high and s.region not in taking and served[s.region] > 0:
+                ceiling = self._smooth(ceiling, per_slot)  # saturated by its own work: all it can serve
+            elif ceiling is not None:
+                ceiling = max(ceiling, per_slot)  # it can serve at least what it serves
+            if ceiling is not None:
+                self.ceiling[s.region] = ceiling
+                cap = min(cap, max(ceiling * s.slots, cap / 2))
+            capacity[s.region] = cap
+            loads[s.region] = RegionLoad(s.region, capacity=cap, offered=offered[s.region],
                                          slots=s.slots, service_ms=self.service_ms)
         self.offered, self.served, self.capacity = offered, served, capacity
         return loads
@@ -301,13 +386,14 @@ class SpillController:
             util[sample.region] = self._smooth(self.utilisation.get(sample.region), pressure)
             busy[sample.region] = self._smooth(self.busy.get(sample.region), running)
         self.utilisation, self.busy = util, busy
-        measured = self._measure(samples, util)
+        measured = self._measure(samples, util, busy)
         loads = [RegionLoad(s.region, capacity=float(s.slots), offered=util[s.region] * s.slots, slots=s.slots,
                             service_ms=self.service_ms) for s in samples]
         # The sized part: the offered rates against the capacities (regions that report; others as sampled).
         sized = [measured.get(r.region, r) for r in loads]
         feedforward = {pair: w for pair, w in spill_weights(
-            sized, self.rtt, budget_ms=self.budget_ms, headroom=self.headroom, keep=self.keep).items()
+            sized, self.rtt, budget_ms=self.budget_ms, headroom=self.headroom, keep=self.keep,
+            balance_to=self.balance_to).items()
             if pair[0] in measured and pair[1] in measured} if measured else {}
         spilling = {s for s, _ in self.weights} | {s for s, _ in feedforward}
         taking = {t for _, t in self.weights} | {t for _, t in feedforward}
@@ -328,7 +414,9 @@ class SpillController:
         wait = {s.region: self.service_ms * (util[s.region] - busy[s.region]) for s in samples}
 
         def overfull(source: str, target: str) -> bool:
-            return wait[target] > (self.budget_ms - self.rtt[(source, target)] - self.service_ms) / 2
+            # Measured: only while the target also waits longer than the source (an overload is pooled).
+            return wait[target] > (self.budget_ms - self.rtt[(source, target)] - self.service_ms) / 2 and (
+                source not in measured or wait[target] > wait[source])
 
         for (source, target) in list(correction):
             if target not in targets.get(source, ()) or overfull(source, target):

@@ -21,7 +21,17 @@ is kept saturated (twice its slots in flight, closed loop) for 3 s and its
 answers per second from its own replica (not those it spilled) are the
 capacity of one replica, on the path the load takes (proxy, gRPC, the
 replica's steps in real time on a shared machine); the engine model's
-figure (:func:`tools.sim.regions.replica_capacity`) is reported beside it.
+figure (:func:`tools.sim.regions.replica_capacity`) is reported beside it,
+and so is the capacity measured with every region's proxy saturated at once
+(the machine fully busy; ``calibration="fleet"`` loads the regions by it
+instead). The control plane's capacity seed (``spill_service_ms``) is the
+replica's decode steps and a prefill; it then measures capacities itself
+from the proxies' reports (:mod:`controlplane.spill`).
+
+The load generator runs with the garbage collector off (a collection pause
+would release its pending arrivals as one burst). ``trace``: per 2 s of
+arrivals, A's and B's p99, A's share served in B and the control plane's
+A->B weight (read from its metrics every 0.5 s).
 
 Latency is measured at the client: arrival at its region's proxy to the
 answer, including the simulated round trip of a spilled request. The spill
@@ -30,6 +40,7 @@ share is the share of a region's answers whose ``region`` is another one.
 
 from __future__ import annotations
 
+import gc
 import random
 import secrets
 import tempfile
@@ -155,6 +166,8 @@ def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) 
 
     rates = {r: load * replicas * capacity for r, (replicas, load) in SIZES.items()}
     total = sum(rates.values())
+    gc.collect()
+    gc.disable()  # no collector pause in the generator: a pause would release its arrivals as one burst
     end = time.monotonic() + seconds
     next_at = time.monotonic()
     while next_at < end:
@@ -170,15 +183,16 @@ def _load(addresses: dict[str, str], key: str, capacity: float, seconds: float) 
             future.result()
         except grpc.RpcError:
             pass
+    gc.enable()
     for channel in channels.values():
         channel.close()
     return {"latencies": latencies, "served": served, "failed": failed, "rates": rates, "samples": samples}
 
 
-def calibrate(address: str, region: str, key: str, slots: int, seconds: float = 3.0) -> float:
-    """Answers per second from one region's own replicas, its proxy kept saturated (2 x ``slots`` in flight)."""
-    channel = grpc.insecure_channel(address)
-    stub = inference_pb2_grpc.InferenceStub(channel)
+def calibrate(addresses: Mapping[str, str], key: str, slots: Mapping[str, int], seconds: float = 3.0) -> float:
+    """Answers per second and replica from the regions' own replicas, every region's proxy in ``slots`` kept
+    saturated at once (2 x its slots in flight, closed loop); see the module docstring."""
+    channels = {r: grpc.insecure_channel(addresses[r]) for r in slots}
     request = inference_pb2.InferRequest(model="chat", prompt="a b c d", max_tokens=MAX_TOKENS,
                                          tier=common_pb2.TIER_INTERACTIVE)
     done = 0
@@ -186,21 +200,28 @@ def calibrate(address: str, region: str, key: str, slots: int, seconds: float = 
     start = time.monotonic()
     measure_from, end = start + 0.5, start + 0.5 + seconds
 
-    def worker() -> None:
+    def worker(region: str) -> None:
         nonlocal done
+        stub = inference_pb2_grpc.InferenceStub(channels[region])
         while time.monotonic() < end:
-            reply = stub.Infer(request, metadata=(("x-api-key", key),), timeout=10)
+            try:
+                reply = stub.Infer(request, metadata=(("x-api-key", key),), timeout=10)
+            except grpc.RpcError:  # shed at a saturated proxy: try again
+                time.sleep(0.05)
+                continue
             if time.monotonic() >= measure_from and reply.region == region:
                 with lock:
                     done += 1
 
-    threads = [threading.Thread(target=worker) for _ in range(2 * slots)]
+    threads = [threading.Thread(target=worker, args=(r,)) for r, n in slots.items() for _ in range(2 * n)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    channel.close()
-    return done / seconds
+    for channel in channels.values():
+        channel.close()
+    replicas = sum(SIZES[r][0] for r in slots)
+    return done / seconds / replicas
 
 
 def _p99(values: list[float]) -> float:
@@ -208,7 +229,8 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
-def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -> dict[str, Any]:
+def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float],
+             calibration: str = "alone") -> dict[str, Any]:
     """Run the scenario with real processes; returns the figures (see the module docstring)."""
     modelled = replica_capacity(EngineParams(**REPLICA), 4, MAX_TOKENS)  # type: ignore[arg-type]
     key = "fk_" + secrets.token_hex(8)
@@ -217,8 +239,10 @@ def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -
         service_ms = 1000.0 * (MAX_TOKENS * REPLICA["decode_base_seconds"] + REPLICA["prefill_base_seconds"])
         children, addresses = _start(Path(tmp), rtt_ms, key, service_ms)
         try:
-            replicas_c = SIZES["c"][0]
-            capacity = calibrate(addresses["c"], "c", key, int(REPLICA["max_running"]) * replicas_c) / replicas_c
+            per_replica = int(REPLICA["max_running"])
+            alone = calibrate(addresses, key, {"c": per_replica * SIZES["c"][0]})
+            busy = calibrate(addresses, key, {r: per_replica * n for r, (n, _) in SIZES.items()})
+            capacity = busy if calibration == "fleet" else alone
             stop, weights = threading.Event(), list[tuple[float, float]]()
             poller = threading.Thread(target=_weights, args=(children[0].ready["metrics"], stop, weights))
             poller.start()
@@ -239,7 +263,9 @@ def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float]) -
         "spill_share_a_to_b": round(served_a.get("b", 0) / total_a, 4),
         "spill_share_a_to_c": round(served_a.get("c", 0) / total_a, 4),
         "failed": result["failed"], "offered_rps": {r: round(v, 1) for r, v in result["rates"].items()},
-        "capacity_per_replica_rps": round(capacity, 1), "modelled_capacity_per_replica_rps": round(modelled, 1),
+        "capacity_per_replica_rps": round(capacity, 1), "calibration": calibration,
+        "capacity_alone_per_replica_rps": round(alone, 1), "capacity_fleet_busy_per_replica_rps": round(busy, 1),
+        "modelled_capacity_per_replica_rps": round(modelled, 1),
         "seconds": seconds, "budget_ms": budget_ms,
         "trace": _trace(result["samples"], weights, start, seconds),
     }

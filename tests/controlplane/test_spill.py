@@ -184,3 +184,115 @@ def test_reachable_is_the_budget_test_alone_nearest_first() -> None:
 def test_bad_controller_settings_are_refused() -> None:
     with pytest.raises(ConfigError):
         SpillController(RTT, low=0.9, high=0.8)
+
+
+# -- sizing from the proxies' reports: keep 0.85 of a source's capacity, targets up to headroom 0.9.
+
+
+@pytest.mark.parametrize(
+    ("offered", "expected"),
+    [
+        # A's excess over 0.85 x 640 is 416 of 960; B's spare 0.9 x 640 - 320 = 256 bounds it.
+        ({"a": 960.0, "b": 320.0}, {("a", "b"): 256 / 960}),
+        ({"a": 960.0, "b": 100.0}, {("a", "b"): 416 / 960}),  # B has room for all of it
+        ({"a": 500.0, "b": 100.0}, {}),  # A below what it keeps
+        # Both between keep and headroom: both spill a little, so neither takes.
+        ({"a": 560.0, "b": 560.0}, {}),
+    ],
+    ids=["spare-bound", "excess-bound", "below-keep", "no-taker"],
+)
+def test_the_sized_weight_is_the_excess_over_keep_within_the_targets_spare(
+        offered: dict[str, float], expected: dict[tuple[str, str], float]) -> None:
+    loads = [RegionLoad(n, capacity=640.0, offered=v, slots=128, service_ms=200.0) for n, v in offered.items()]
+    assert spill_weights(loads, RTT, keep=0.85) == pytest.approx(expected)
+
+
+def measured(name: str, load: float, offered: float, served: float, *, waiting: float = 0.0,
+             spilled: float = 0.0) -> RegionSample:
+    """A region of 128 slots (640 requests/s nominal at 200 ms) with its proxies' figures."""
+    return RegionSample(name, 128, load=load, offered=offered, served=served, waiting=waiting, spilled=spilled)
+
+
+@pytest.mark.parametrize(
+    ("samples_", "capacity", "weights"),
+    [
+        # A 128 busy, 960 offered, 640 served: Little's law 640/s; B 40 busy for 200/s: 640/s too.
+        # A's pressure 1.0 holds (high 2.0: no saturation step): the weight is the sized share. A's excess over
+        # 0.85 x 640 is 416, B's spare 0.9 x 640 - 200 = 376: short, so both level at (960 + 200) / 1280.
+        ([measured("a", 128, 960, 640), measured("b", 40, 200, 200)], {"a": 640, "b": 640},
+         {("a", "b"): 380 / 960}),
+        # B's replicas slower (64 busy for 200/s: 400/s): levelling stops at 0.95 x 400 - 200 = 180.
+        ([measured("a", 128, 960, 640), measured("b", 64, 200, 200)], {"a": 640, "b": 400},
+         {("a", "b"): 180 / 960}),
+        # Nothing offered anywhere: no weight, nominal capacities (too few busy slots to measure).
+        ([measured("a", 0, 0, 0), measured("b", 0, 0, 0)], {"a": 640, "b": 640}, {}),
+    ],
+    ids=["sized", "slow-target", "idle"],
+)
+def test_the_controller_sizes_weights_from_offered_rates_and_measured_capacity(
+        samples_: list[RegionSample], capacity: dict[str, float], weights: dict[tuple[str, str], float]) -> None:
+    ctl = SpillController(RTT, alpha=1.0, step=0.1, high=2.0, low=0.5)
+    assert ctl.update(samples_).weights == pytest.approx(weights, abs=1e-6)
+    assert ctl.capacity == pytest.approx(capacity)
+
+
+def test_a_region_saturated_by_its_own_work_is_capped_at_what_it_serves() -> None:
+    ctl = SpillController(RTT, alpha=1.0, step=0.1)
+    # 128 busy and 64 waiting at its proxies (pressure 1.5): it answers 480/s, whatever Little's law says.
+    ctl.update([measured("a", 128, 960, 480, waiting=64), measured("b", 40, 200, 200)])
+    assert ctl.capacity["a"] == pytest.approx(480) and ctl.ceiling["a"] == pytest.approx(480 / 128)
+    # No longer saturated: the ceiling only rises with what it serves.
+    ctl.update([measured("a", 100, 500, 500), measured("b", 40, 200, 200)])
+    assert ctl.ceiling["a"] == pytest.approx(500 / 128) and ctl.capacity["a"] == pytest.approx(500)
+    # Twice the slots: the ceiling is per slot, so the capacity doubles with them.
+    ctl.update([RegionSample("a", 256, load=128, offered=500, served=500), measured("b", 40, 200, 200)])
+    assert ctl.capacity["a"] == pytest.approx(1000)
+
+
+def test_the_spill_a_target_takes_counts_in_what_it_serves() -> None:
+    ctl = SpillController(RTT, alpha=1.0, step=0.1, high=2.0, low=0.5)
+    ctl.update([measured("a", 128, 960, 640), measured("b", 40, 200, 200)])
+    # A's proxies sent 300/s away, all to b (its one weighted target): b's replicas answered 500/s with 100 busy.
+    ctl.update([measured("a", 128, 960, 640, spilled=300), measured("b", 100, 200, 200)])
+    assert ctl.served["b"] == pytest.approx(500) and ctl.capacity["b"] == pytest.approx(640)
+
+
+def test_the_saturation_correction_is_bounded_around_the_sized_weight() -> None:
+    ctl = SpillController(RTT, alpha=1.0, step=0.05, max_correction=0.15)
+    # A stays saturated (pressure 1.5) while its sized weight is 0.2: the steps add at most 0.15.
+    plans = [ctl.update([measured("a", 128, 680, 640, waiting=64), measured("b", 20, 100, 100)]) for _ in range(6)]
+    sized = (680 - 0.85 * 640) / 680
+    assert [p.weights[("a", "b")] for p in plans] == pytest.approx(
+        [sized + 0.05, sized + 0.1, sized + 0.15, sized + 0.15, sized + 0.15, sized + 0.15], abs=1e-6)
+
+
+def test_batch_goes_from_a_busy_region_to_idle_capacity_whatever_the_distance() -> None:
+    ctl = controller()
+    plan = ctl.update(samples(a=(16, 0), b=(8, 0), c=(4, 0)))  # idle: a 0, b 8/16, c 12/16 of their slots
+    assert plan.batch == pytest.approx({("a", "b"): 0.4, ("a", "c"): 0.6})  # c is 200 ms away: batch goes too
+    assert ("a", "c") in plan.routes  # 128 slots: c is within the interactive budget here
+    quiet = controller().update(samples(a=(4, 0), b=(8, 0), c=(4, 0)))
+    assert quiet.batch == {}  # a region with idle slots of its own keeps its batch home
+
+
+@pytest.mark.parametrize(
+    ("offered", "balance_to", "expected"),
+    [
+        ({"a": 960.0, "b": 320.0}, None, 256 / 960),  # B's spare alone (0.9 x 640 - 320)
+        ({"a": 960.0, "b": 320.0}, 1.0, 320 / 960),  # levelled: both at (960 + 320) / 1280 = 1.0
+        ({"a": 960.0, "b": 320.0}, 0.95, 288 / 960),  # levelling stops at 0.95 x 640 - 320
+        ({"a": 700.0, "b": 100.0}, 1.0, (700 - 544) / 700),  # spare enough: levelling does not apply
+    ],
+    ids=["spare", "level", "level-bounded", "spare-enough"],
+)
+def test_levelling_shares_an_overload_the_targets_spare_cannot_take(
+        offered: dict[str, float], balance_to: float | None, expected: float) -> None:
+    loads = [RegionLoad(n, capacity=640.0, offered=v, slots=128, service_ms=200.0) for n, v in offered.items()]
+    assert spill_weights(loads, RTT, keep=0.85, balance_to=balance_to) == {("a", "b"): pytest.approx(expected)}
+
+
+def test_bad_sizing_settings_are_refused() -> None:
+    with pytest.raises(ConfigError):
+        SpillController(RTT, keep=0.95)  # keep above headroom (0.9)
+    with pytest.raises(ConfigError):
+        spill_weights([], RTT, keep=0.0)

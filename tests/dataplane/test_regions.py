@@ -8,18 +8,22 @@ import random
 import pytest
 
 from dataplane.pool import Replica
-from dataplane.regions import RemoteView, pick_remote
+from dataplane.regions import RemoteView, pick_remote, remote_view
 from dataplane.spill import SpillTarget
+from dataplane.table import build_table
 from ferry.v1 import common_pb2, tables_pb2
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, FakeReplica, route, snapshot
 
 STANDARD = common_pb2.TIER_STANDARD
+BATCH = common_pb2.TIER_BATCH
 
 
-def _with_spill(version: int, local: list[FakeReplica], remote: FakeReplica, weight: float) -> tables_pb2.TableSnapshot:
+def _with_spill(version: int, local: list[FakeReplica], remote: FakeReplica, weight: float,
+                batch_weight: float = 0.0, batch_only: bool = False) -> tables_pb2.TableSnapshot:
     snap = snapshot(version, [route(r) for r in local])
-    snap.spill.append(tables_pb2.SpillRoute(region="b", weight=weight, rtt_ms=40.0, models=[
+    snap.spill.append(tables_pb2.SpillRoute(region="b", weight=weight, rtt_ms=40.0, batch_weight=batch_weight,
+                                            batch_only=batch_only, models=[
         tables_pb2.ModelRoute(model="m", default_version="v1", replicas=[route(remote, region="b", node="nb")])]))
     return snap
 
@@ -42,6 +46,33 @@ async def test_interactive_work_spills_by_weight_and_is_marked(rig, weight: floa
     assert {reply.replica_id for reply in replies} == ({"b1"} if where == "b" else {"r1"})
     assert r.proxy is not None
     assert r.proxy.metrics.value("proxy_spilled_total", **{"from": "local", "to": "b"}) == (5 if where == "b" else 0)
+
+
+@pytest.mark.parametrize(("weight", "batch_weight", "batch_only", "tier", "where"),
+                         [(0.0, 1.0, True, BATCH, "b"), (1.0, 1.0, True, None, "local"),
+                          (0.0, 0.0, False, BATCH, "local"), (0.0, 1.0, False, STANDARD, "local")],
+                         ids=["batch-goes", "batch-only-route-keeps-interactive", "batch-weight-zero",
+                              "standard-stays"])
+async def test_batch_work_spills_by_its_own_weight(rig, weight: float, batch_weight: float, batch_only: bool,
+                                                   tier: int | None, where: str) -> None:
+    r = await rig({"r1": Behaviour()})
+    remote = await FakeReplica("b1").start()
+    try:
+        r.cp.push(_with_spill(2, list(r.replicas.values()), remote, weight, batch_weight, batch_only))
+        assert (await r.cp.next_ack()).applied
+        extra = {"tier": tier} if tier is not None else {}
+        replies = [await r.stub.Infer(request(**extra), metadata=PAID, timeout=5) for _ in range(5)]
+    finally:
+        await remote.stop()
+    assert {reply.region for reply in replies} == {where}
+
+
+def test_remote_view_carries_the_batch_weights_and_zeroes_a_batch_only_routes_interactive_weight() -> None:
+    snap = snapshot(1, [])
+    snap.spill.append(tables_pb2.SpillRoute(region="c", weight=0.5, rtt_ms=200.0, batch_weight=0.3, batch_only=True))
+    snap.spill.append(tables_pb2.SpillRoute(region="d", weight=0.1, rtt_ms=20.0, batch_weight=1.5))  # malformed
+    view = remote_view(build_table(snap, region=snap.region, applied_at=0.0))
+    assert view.targets == (SpillTarget("c", 0.0, 200.0, batch_weight=0.3, batch_only=True),)
 
 
 @pytest.mark.parametrize(("loads", "excluded", "expected"),

@@ -44,6 +44,33 @@ def test_the_draw_picks_the_region_by_cumulative_weight(u: float, tier: str, usa
     assert choice.rtt_ms == {"a": 0.0, "b": 40.0, "c": 200.0}[region]
 
 
+BATCH_TARGETS = (SpillTarget("b", 0.3, 40.0, batch_weight=0.2), SpillTarget("c", 0.0, 200.0, batch_weight=0.5,
+                                                                           batch_only=True))
+
+
+@pytest.mark.parametrize(
+    ("u", "tier", "region"),
+    [
+        (0.1, "batch", "b"),  # batch draws on batch_weight: b 0..0.2
+        (0.2, "batch", "c"),  # c 0.2..0.7, 200 ms away and batch only: batch goes there all the same
+        (0.69, "batch", "c"),
+        (0.7, "batch", "a"),  # past the sum: local
+        (0.1, "interactive", "b"),  # interactive draws on weight, over the routes within its budget
+        (0.35, "interactive", "a"),  # c's route is batch only: not counted for interactive
+        (0.1, "standard", "a"),
+    ],
+    ids=["batch-b", "batch-c-low", "batch-c-edge", "batch-local", "interactive-b", "interactive-skips-batch-only",
+         "standard-stays"],
+)
+def test_batch_draws_on_the_batch_weights_over_every_route(u: float, tier: str, region: str) -> None:
+    assert choose_region("a", BATCH_TARGETS, tier=tier, u=u, usable=BOTH).region == region
+
+
+def test_spill_on_queue_never_takes_a_batch_only_route() -> None:
+    far = (SpillTarget("c", 0.0, 200.0, batch_only=True),)
+    assert spill_on_queue(far, {"c": 50.0}, tier="interactive", wait_ms=5000.0, usable=("c",)) is None
+
+
 def test_no_targets_means_local() -> None:
     assert choose_region("a", (), tier="interactive", u=0.0).branch is RegionBranch.LOCAL
 

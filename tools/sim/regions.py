@@ -5,7 +5,11 @@ region one proxy's admission queue (:class:`dataplane.queues.TierQueues`,
 capacity = the region's slots, its shedding included); the control plane's
 :class:`controlplane.spill.SpillController` (updated every ``tick_seconds``
 from each region's slots and the queued + running of its engines as
-sampled at the previous tick: telemetry a tick old, as in ``ferry up``);
+sampled at the previous tick: telemetry a tick old, as in ``ferry up``; and,
+with ``usage`` (default), its proxy's figures since the last tick as the
+real proxies report them: arrivals per second (offered), its own requests
+answered at home per second (served), the depth of its interactive queue
+(waiting) and the requests it spilled per second);
 and the proxy's :func:`dataplane.spill.region_for` (the weighted draw, then
 the spill on queue from :func:`dataplane.spill.local_queue`, within the
 :func:`dataplane.spill.room` of each target seen in that stale sample).
@@ -158,6 +162,7 @@ def simulate(config: RegionsConfig) -> RegionsResult:
     shed: Counter[str] = Counter()
     arrivals: Counter[str] = Counter()  # per home region, since the last tick: what its proxy reports as offered
     answered: Counter[str] = Counter()  # per region, since the last tick: its own requests its engines answered
+    sent: Counter[str] = Counter()  # per home region, since the last tick: requests it spilled
     last_tick = 0.0
     for r in config.regions:
         push(rng.expovariate(r.load * r.replicas * cap), _ARRIVE, r.name)
@@ -212,6 +217,7 @@ def simulate(config: RegionsConfig) -> RegionsResult:
             if choice.region != home:
                 origin[rid] = (home, now, choice.rtt_ms / 2000.0)
                 spilled[(home, choice.region)] += 1
+                sent[home] += 1
                 served[(home, choice.region)] += now >= config.warmup_seconds
                 push(now + choice.rtt_ms / 2000.0, _ENQUEUE, choice.region, rid)
                 continue
@@ -254,14 +260,15 @@ def simulate(config: RegionsConfig) -> RegionsResult:
                     n, slots[n], load=sample[n][0], queued=sample[n][1],
                     offered=arrivals[n] / window if config.usage else None,
                     served=answered[n] / window if config.usage else None,
-                    waiting=float(queues[n].depth("interactive")) if config.usage else 0.0) for n in names])
+                    waiting=float(queues[n].depth("interactive")) if config.usage else 0.0,
+                    spilled=sent[n] / window if config.usage else 0.0) for n in names])
                 targets = {n: [SpillTarget(t, plan.weights.get((s, t), 0.0), rtt[(s, t)])
                                for s, t in plan.routes if s == n] for n in names}
             for n in names:  # the telemetry the next update (and the proxies' rooms) will see
                 loads = [e.load() for e in engines[n]]
                 sample[n] = (float(sum(x.queued + x.running for x in loads)), float(sum(x.queued for x in loads)))
             counted = Counter(spilled)
-            arrivals, answered, last_tick = Counter(), Counter(), now
+            arrivals, answered, sent, last_tick = Counter(), Counter(), Counter(), now
     totals = Counter({home: sum(v for (h, _), v in served.items() if h == home) for home in names})
     return RegionsResult(
         p99_ms={n: _p(latencies[n], 0.99) for n in names}, p50_ms={n: _p(latencies[n], 0.5) for n in names},

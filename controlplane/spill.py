@@ -15,7 +15,7 @@ round-trip times between regions (``region_rtt_ms``, symmetric, ``"a:b"``).
    request still fits the tier's latency budget (``budget_ms``, default
    500 ms interactive): ``rtt + p99 of the queueing at headroom + service
    <= budget`` (the budget is a p99, so its tail, not its mean, must fit).
-   Queueing is an M/M/c queue: the chance to wait is Sakasegawa's
+   Queueing is an M/M/c queue: the chance to wait is the closed-form
    ``P = rho^(sqrt(2(c+1)) - 1)`` and the wait beyond is exponential at
    rate ``c (1 - rho) / S``, so its quantile q is ``S / (c (1 - rho)) x
    ln(P / (1 - q))`` (:func:`queue_p99_ms`; the mean, ``P S / (c (1 - rho))``,
@@ -98,12 +98,12 @@ same way):
    replicas answer (its own, plus what it takes: each source's ``spilled``
    rate split over its weighted targets, its nearest route if it has no
    weight); its pressure counts its proxies' waiting requests too. Its
-   capacity: Little's law, ``slots x answered / busy slots`` (measured when
+   capacity: the law L = λW, ``slots x answered / busy slots`` (measured when
    at least ``min_busy``, 0.25, of the slots are busy; else the last
    estimate, first ``slots / service_ms``; kept within half and twice that),
    and no more than its *ceiling*: what it answered per slot while saturated
    by its own work (pressure ``high`` or more, taking no spill), times its
-   slots, raised whenever it answers more. The ceiling catches what Little's law cannot: a source
+   slots, raised whenever it answers more. The ceiling catches what the law L = λW cannot: a source
    whose slots are not all kept busy at saturation serves less than its
    busy slots promise.
 1. The sized weights: :func:`spill_weights` on these rates and capacities,
@@ -160,7 +160,7 @@ def parse_rtt(config: Mapping[str, float]) -> dict[tuple[str, str], float]:
 
 
 def queue_ms(service_ms: float, slots: int, rho: float) -> float:
-    """Expected queueing (ms) at utilisation ``rho`` of ``slots`` servers (Sakasegawa's M/M/c approximation)."""
+    """Expected queueing (ms) at utilisation ``rho`` of ``slots`` servers (the standard closed-form M/M/c approximation)."""
     if rho >= 1.0:
         return math.inf
     if rho <= 0.0:
@@ -176,7 +176,7 @@ def queue_p99_ms(service_ms: float, slots: int, rho: float, quantile: float = 0.
     if rho <= 0.0:
         return 0.0
     c = max(1, slots)
-    waits = rho ** (math.sqrt(2 * (c + 1)) - 1)  # P(wait > 0), Sakasegawa
+    waits = rho ** (math.sqrt(2 * (c + 1)) - 1)  # P(wait > 0), closed-form approximation
     tail = 1.0 - quantile
     return 0.0 if waits <= tail else float(service_ms / (c * (1 - rho)) * math.log(waits / tail))
 
@@ -357,7 +357,7 @@ class SpillController:
             cap = self.capacity.get(s.region, nominal)
             running = busy[s.region] * s.slots
             if running >= self.min_busy * s.slots and served[s.region] > 0:
-                cap = s.slots * served[s.region] / running  # Little's law: the rate per busy slot, x slots
+                cap = s.slots * served[s.region] / running  # the law L = λW: the rate per busy slot, x slots
             if math.isfinite(nominal):
                 cap = min(max(cap, nominal / 2), 2 * nominal)
             ceiling = self.ceiling.get(s.region)  # per slot: a region that grows keeps its rate per slot

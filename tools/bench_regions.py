@@ -8,9 +8,11 @@ mode ``a_interactive_p99_ms``, ``b_interactive_p99_ms``,
 spill for contrast, in the simulator). Mode ``sim`` (default) runs
 :mod:`tools.sim.regions` in virtual time, about 5 s; mode ``real``
 (``--mode real``) runs the same shape with real processes
-(:mod:`tools.regions_real`, about 60 s with 40 s of load; ``--calibration
-fleet`` loads the regions by a replica's capacity measured with every region
-saturated at once instead of through region C alone); ``both`` runs the
+(:mod:`tools.regions_real`, about 60 s with 40 s of load; the regions are
+loaded by a replica's capacity measured with every region saturated at once,
+what it serves while the scenario runs on one shared machine, and
+``--calibration alone`` by the higher figure measured through region C
+alone); ``both`` runs the
 two. Both run the same policies: the control plane's
 :class:`controlplane.spill.SpillController` (sized from the proxies' offered
 and served rates) and the proxy's :func:`dataplane.spill.region_for`. Prints a table and writes
@@ -62,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="virtual seconds (sim; default %(default)s)")
     p.add_argument("--real-seconds", type=float, default=40.0, help="load seconds (real; default %(default)s)")
     p.add_argument("--budget-ms", type=float, default=500.0)
-    p.add_argument("--calibration", choices=("alone", "fleet"), default="alone",
-                   help="real: a replica's capacity measured with every region saturated at once (fleet) or "
-                        "through region C alone (default %(default)s)")
+    p.add_argument("--calibration", choices=("alone", "fleet"), default="fleet",
+                   help="real: a replica's capacity measured with every region saturated at once, what it "
+                        "serves while the scenario runs (fleet, default), or through region C alone (alone)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default="bench-results/regions.json", help="JSON output (default %(default)s)")
     args = p.parse_args(argv)

@@ -16,15 +16,15 @@ Pools of 16 and 32 slots, not fewer: B ends at about 85 % of its capacity
 with A's excess, and the queueing tail of Poisson arrivals at that load on
 4 or 8 slots alone is near or past the budget, whatever the routing
 (measured: 8-slot replicas gave p99s of 390 to 1,300 ms from run to run). A replica's
-capacity is measured before the load (:func:`calibrate`): region C's proxy
-is kept saturated (twice its slots in flight, closed loop) for 3 s and its
-answers per second from its own replica (not those it spilled) are the
-capacity of one replica, on the path the load takes (proxy, gRPC, the
-replica's steps in real time on a shared machine); the engine model's
-figure (:func:`tools.sim.regions.replica_capacity`) is reported beside it,
-and so is the capacity measured with every region's proxy saturated at once
-(the machine fully busy; ``calibration="fleet"`` loads the regions by it
-instead). The control plane's capacity seed (``spill_service_ms``) is the
+capacity is measured before the load (:func:`calibrate`), on the path the
+load takes (proxy, gRPC, the replica's steps in real time), twice: with every
+region's proxy saturated at once (twice its slots in flight, closed loop,
+3 s), the answers per second of a replica while the whole fleet runs, which
+is what it can serve during the scenario on one shared machine
+(``calibration="fleet"``, the default); and through region C's proxy alone
+(``"alone"``: higher, as C then has the cores to itself). The engine
+model's figure (:func:`tools.sim.regions.replica_capacity`) is reported
+beside them. The control plane's capacity seed (``spill_service_ms``) is the
 replica's decode steps and a prefill; it then measures capacities itself
 from the proxies' reports (:mod:`controlplane.spill`).
 
@@ -230,7 +230,7 @@ def _p99(values: list[float]) -> float:
 
 
 def run_real(*, seconds: float, budget_ms: float, rtt_ms: Mapping[str, float],
-             calibration: str = "alone") -> dict[str, Any]:
+             calibration: str = "fleet") -> dict[str, Any]:
     """Run the scenario with real processes; returns the figures (see the module docstring)."""
     modelled = replica_capacity(EngineParams(**REPLICA), 4, MAX_TOKENS)  # type: ignore[arg-type]
     key = "fk_" + secrets.token_hex(8)

@@ -60,7 +60,7 @@ def test_a_region_that_stays_saturated_spills_more_at_every_computation() -> Non
 
 def test_the_proxies_offered_rates_size_the_weight() -> None:
     planner = SpillPlanner(RTT, alpha=1.0, service_ms=200.0, high=2.0, low=0.5)  # no saturation step: sizing alone
-    # a: 2 x 10 slots (100/s nominal), 15 busy answering 75/s (Little's law: 100/s), 150/s offered;
+    # a: 2 x 10 slots (100/s nominal), 15 busy answering 75/s (the law L = λW: 100/s), 150/s offered;
     # b: 4 x 10 slots, 20 busy for 100/s (200/s); c: 2 x 10 slots, little offered.
     tables = {"a": table("a", [8, 7]), "b": table("b", [5, 5, 5, 5]), "c": table("c", [2, 2])}
     usage = {("m", "a", "interactive"): Figures(offered_rate=150.0, request_rate=75.0),

@@ -216,7 +216,7 @@ def measured(name: str, load: float, offered: float, served: float, *, waiting: 
 @pytest.mark.parametrize(
     ("samples_", "capacity", "weights"),
     [
-        # A 128 busy, 960 offered, 640 served: Little's law 640/s; B 40 busy for 200/s: 640/s too.
+        # A 128 busy, 960 offered, 640 served: the law L = λW 640/s; B 40 busy for 200/s: 640/s too.
         # A's pressure 1.0 holds (high 2.0: no saturation step): the weight is the sized share. A's excess over
         # 0.85 x 640 is 416, B's spare 0.9 x 640 - 200 = 376: short, so both level at (960 + 200) / 1280.
         ([measured("a", 128, 960, 640), measured("b", 40, 200, 200)], {"a": 640, "b": 640},
@@ -238,7 +238,7 @@ def test_the_controller_sizes_weights_from_offered_rates_and_measured_capacity(
 
 def test_a_region_saturated_by_its_own_work_is_capped_at_what_it_serves() -> None:
     ctl = SpillController(RTT, alpha=1.0, step=0.1)
-    # 128 busy and 64 waiting at its proxies (pressure 1.5): it answers 480/s, whatever Little's law says.
+    # 128 busy and 64 waiting at its proxies (pressure 1.5): it answers 480/s, whatever the law L = λW says.
     ctl.update([measured("a", 128, 960, 480, waiting=64), measured("b", 40, 200, 200)])
     assert ctl.capacity["a"] == pytest.approx(480) and ctl.ceiling["a"] == pytest.approx(480 / 128)
     # No longer saturated: the ceiling only rises with what it serves.

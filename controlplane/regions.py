@@ -8,7 +8,7 @@ requests), and, from the proxies' usage reports (:mod:`controlplane.usage`,
 the leader's merged figures), the interactive offered rate, the rate
 answered at home (requests less spilled), the requests waiting in the
 proxies' queues and the spilled rate, summed over models; hands them to
-:class:`controlplane.spill.SpillController` (the weights sized from those
+:class:`controlplane.spillcontrol.SpillController` (the weights sized from those
 rates, corrected on saturation, and the routes; its module doc has the
 algorithm) and writes into each table that spills a
 :class:`SpillRoute` per route: weight (0 for a route the proxies use only
@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controlplane.spill import RegionSample, SpillController, parse_rtt
+from controlplane.spill import parse_rtt
+from controlplane.spillcontrol import RegionSample, SpillController
 from controlplane.usage import Figures, Key
 from ferry.v1 import tables_pb2
 

@@ -14,7 +14,7 @@ what it serves while the scenario runs on one shared machine, and
 ``--calibration alone`` by the higher figure measured through region C
 alone); ``both`` runs the
 two. Both run the same policies: the control plane's
-:class:`controlplane.spill.SpillController` (sized from the proxies' offered
+:class:`controlplane.spillcontrol.SpillController` (sized from the proxies' offered
 and served rates) and the proxy's :func:`dataplane.spill.region_for`. Prints a table and writes
 ``bench-results/regions.json`` (modes not run keep their previous figures).
 

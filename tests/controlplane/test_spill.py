@@ -8,8 +8,6 @@ import pytest
 
 from controlplane.spill import (
     RegionLoad,
-    RegionSample,
-    SpillController,
     batch_weights,
     parse_rtt,
     queue_ms,
@@ -17,6 +15,7 @@ from controlplane.spill import (
     reachable,
     spill_weights,
 )
+from controlplane.spillcontrol import RegionSample, SpillController
 from ferry.errors import ConfigError
 
 RTT = parse_rtt({"a:b": 40, "a:c": 200, "b:c": 180})

@@ -3,7 +3,7 @@
 What runs, unchanged: one :class:`agent.engine.Engine` per replica; per
 region one proxy's admission queue (:class:`dataplane.queues.TierQueues`,
 capacity = the region's slots, its shedding included); the control plane's
-:class:`controlplane.spill.SpillController` (updated every ``tick_seconds``
+:class:`controlplane.spillcontrol.SpillController` (updated every ``tick_seconds``
 from each region's slots and the queued + running of its engines as
 sampled at the previous tick: telemetry a tick old, as in ``ferry up``; and,
 with ``usage`` (default), its proxy's figures since the last tick as the
@@ -44,7 +44,8 @@ from collections import Counter, deque
 from collections.abc import Mapping
 
 from agent.engine import Engine, EngineParams, EngineRequest
-from controlplane.spill import RegionSample, SpillController, parse_rtt
+from controlplane.spill import parse_rtt
+from controlplane.spillcontrol import RegionSample, SpillController
 from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
 from dataplane.spill import (
     DEFAULT_HEADROOM,

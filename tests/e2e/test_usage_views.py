@@ -24,6 +24,7 @@ import pytest
 from ferry.cli import ctlflow
 from ferry.cli.procs import Child
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
+from tests.e2e.harness import wait_for
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("FERRY_ADMIN_TOKEN", "FERRY_CONTROL_PLANE")}
 MAX_REQUESTS = 3000  # the traffic thread stops after this many, or when told
@@ -85,11 +86,12 @@ class Traffic:
 
 def test_top_shows_rate_and_p99_from_the_proxies(up: dict[str, Any]) -> None:
     with Traffic(up) as traffic:
-        frames = [json.loads(line) for line in ctl(up, "top", "--iterations", "2", "--json").splitlines()]
+        wait_for(lambda: traffic.sent > 0, 10, "the first request of the traffic")
+        frames = [json.loads(line) for line in ctl(up, "top", "--iterations", "3", "--json").splitlines()]
         tiered = [json.loads(line) for line in ctl(up, "top", "--iterations", "1", "--json", "--by-tier")
                   .splitlines()]
         human = ctl(up, "top", "--iterations", "1", "--by-tier")
-    assert traffic.sent > 0 and len(frames) == 2
+    assert traffic.sent > 0 and len(frames) == 3
     rows = [{r["model"]: r for r in f["rows"]} for f in frames]
     assert all(set(r) == {"chat-large", "chat-small"} for r in rows)
     small = [r["chat-small"] for r in rows]
@@ -106,9 +108,13 @@ def test_top_shows_rate_and_p99_from_the_proxies(up: dict[str, Any]) -> None:
 
 
 def test_tiers_shows_quotas_and_the_rates(up: dict[str, Any]) -> None:
+    def reported() -> list[dict[str, Any]] | None:  # a usage report with this traffic reached the control plane
+        rows = json.loads(ctl(up, "tiers", "--json"))
+        standard = [t for t in rows if t["tier"] == "standard" and t["rate_per_s"] > 0]
+        return rows if standard else None
+
     with Traffic(up):
-        ctl(up, "top", "--iterations", "1", "--json")  # a second of traffic, reported
-        tiers = json.loads(ctl(up, "tiers", "--json"))
+        tiers = wait_for(reported, 10, "a usage report with the standard-tier traffic", interval=0.2)
         human = ctl(up, "tiers")
     by_tier = {(t["region"], t["tier"]): t for t in tiers}
     assert set(by_tier) >= {("local", "interactive"), ("local", "standard"), ("local", "batch")}

@@ -80,6 +80,30 @@ def snapshot(version: int, *routes: tables_pb2.ReplicaRoute, default: str = "v1"
         for m in models])
 
 
+def tenant(name: str, plan: str = "paid", tiers: tuple[str, ...] = ("interactive",),
+           key: str = "a" * 64) -> tables_pb2.TenantRoute:
+    return tables_pb2.TenantRoute(name=name, api_key_sha256=key, plan=plan, tiers=list(tiers))
+
+
+def managed(version: int, *tenants: tables_pb2.TenantRoute) -> tables_pb2.TableSnapshot:
+    snap = snapshot(version)
+    snap.tenants.extend(tenants)
+    snap.tenants_managed = True
+    return snap
+
+
+def weighted(version: int, **weights: float) -> tables_pb2.TableSnapshot:
+    snap = snapshot(version)
+    snap.models[0].version_weights.extend(tables_pb2.VersionWeight(version=v, weight=w) for v, w in weights.items())
+    return snap
+
+
+def spilling(version: int, **weights: float) -> tables_pb2.TableSnapshot:
+    snap = snapshot(version)
+    snap.spill.extend(tables_pb2.SpillRoute(region=r, weight=w) for r, w in weights.items())
+    return snap
+
+
 DIFFS = [
     ("same", snapshot(1, route("a")), snapshot(2, route("a")), []),
     ("added-removed", snapshot(1, route("a")), snapshot(2, route("b")),
@@ -89,6 +113,15 @@ DIFFS = [
     ("load", snapshot(1, route("a")), snapshot(2, route("a", queued=3)), [("load", "a", "queued 0->3")]),
     ("default-version", snapshot(1), snapshot(2, default="v2"), [("model", "", "default_version v1->v2")]),
     ("model-added", snapshot(1), snapshot(2, models=("chat", "new")), [("model", "", "added to the catalog")]),
+    ("canary", weighted(1), weighted(2, v1=0.95, v2=0.05), [("model", "", "version_weights none->v1 0.95, v2 0.05")]),
+    ("tenants-managed", snapshot(1), managed(2, tenant("acme")),
+     [("tenant", "", "the table carries the tenant set"), ("tenant", "acme", "added (plan paid)")]),
+    ("tenant-changed", managed(1, tenant("acme"), tenant("gone")),
+     managed(2, tenant("acme", plan="free", tiers=("batch",), key="b" * 64)),
+     [("tenant", "acme", "plan paid->free, tiers interactive->batch, a new key"), ("tenant", "gone", "removed")]),
+    ("tenant-same", managed(1, tenant("acme")), managed(2, tenant("acme")), []),
+    ("spill", spilling(1, b=0.4), spilling(2, b=0.45, c=0.0),
+     [("spill", "b", "weight 0.4->0.45, batch 0->0"), ("spill", "c", "route added")]),
 ]
 
 

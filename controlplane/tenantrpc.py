@@ -129,8 +129,7 @@ class TenantOps:
                     break
             else:
                 raise Unavailable(f"{what}: the record changed under {TRIES} tries; try again")
-            revision = max(revision, await self._mark_managed())
-            await self.intent.wait(revision, self.settings.store_timeout_seconds)
+            await self._settle(revision)
         except Unavailable as exc:
             raise Unavailable(self._refusal(what, str(exc))) from exc
         if self.leading:
@@ -146,13 +145,17 @@ class TenantOps:
             revision = await self.store.delete(tenants.tenant_key(request.name))
             if not revision:
                 raise NotFound("tenant", request.name)
-            revision = max(revision, await self._mark_managed())
-            await self.intent.wait(revision, self.settings.store_timeout_seconds)
+            await self._settle(revision)
         except Unavailable as exc:
             raise Unavailable(self._refusal(what, str(exc))) from exc
         if self.leading:
             self.recompute()
         return admin_pb2.DeleteTenantResponse(deleted=True)
+
+    async def _settle(self, revision: int) -> None:
+        """After a tenant write at ``revision``: mark the set managed, then wait until the mirror shows both."""
+        revision = max(revision, await self._mark_managed())
+        await self.intent.wait(revision, self.settings.store_timeout_seconds)
 
     async def _mark_managed(self) -> int:
         """Write the marker that the store holds the tenant set, unless it is there; its revision (0: was)."""

@@ -28,7 +28,7 @@ from dataplane.forward import Call
 from dataplane.metrics import ProxyMetrics
 from dataplane.outlier import OutlierDetector, OutlierParams
 from dataplane.pool import Replica
-from dataplane.regions import pick_remote, remote_view
+from dataplane.regions import EMPTY, RemoteView, pick_remote, remote_view
 from dataplane.retrybudget import RetryBudget, charged
 from dataplane.spill import LocalQueue, RegionBranch, local_wait_ms, region_for
 from dataplane.table import Table, TableHolder
@@ -65,7 +65,16 @@ class Failover:
             base_ejection_seconds=settings.outlier_base_ejection_seconds,
             max_ejection_seconds=settings.outlier_max_ejection_seconds,
             max_ejected_share=settings.outlier_max_ejected_share))
+        self._view: tuple[Table | None, RemoteView] = (None, EMPTY)  # the last table spilled from, its view
         holder.on_applied(self._forget)
+
+    def _remote(self, table: Table) -> RemoteView:
+        """The spill routes of ``table`` as a view, built once per table (the last one kept)."""
+        held, view = self._view
+        if held is not table:
+            view = remote_view(table)
+            self._view = (table, view)
+        return view
 
     def _forget(self, table: Table) -> None:
         self.outliers.forget({r.replica_id for entry in table.models.values()
@@ -118,18 +127,20 @@ class Failover:
             event(log, "replica_ejected", logging.WARNING, replica_id=replica_id, model=model, reason=reason)
 
     def spill(self, table: Table, model: str, tier: str, local: Mapping[str, int],
-              queue: LocalQueue | None = None, counted: Mapping[str, int] | None = None,
+              queue: Callable[[], LocalQueue | None] | None = None, counted: Mapping[str, int] | None = None,
               trust: Callable[[float], float] | None = None) -> Spilled | None:
         """Step 3 of the request path: a replica of another region when the spill weights say so, or when
-        the local ``queue`` would wait too long and a target has room (:func:`dataplane.spill.spill_on_queue`);
+        the local ``queue`` (read only when the table has spill routes) would wait too long and a target has room
+        (:func:`dataplane.spill.spill_on_queue`);
         ``local``: this proxy's in-flight per replica, ``counted``: the part the table's loads include,
         ``trust``: the share of a pushed load still standing at its age (:class:`dataplane.policy.LocalLoad`)."""
-        view = remote_view(table)
+        view = self._remote(table)
         if not view.targets:
             return None
+        waiting = queue() if queue is not None else None
         choice = region_for(
             self._settings.region, view.targets, tier=tier, u=self._rng.random(), usable=view.usable(model),
-            wait_ms=0.0 if queue is None else local_wait_ms(queue), threshold_ms=self._settings.spill_queue_ms,
+            wait_ms=0.0 if waiting is None else local_wait_ms(waiting), threshold_ms=self._settings.spill_queue_ms,
             rooms=lambda: view.rooms(model, local, counted or {}, headroom=self._settings.spill_headroom,
                                      share=self._settings.admission_capacity_share))
         if choice.branch is RegionBranch.LOCAL:

@@ -7,7 +7,8 @@ weight, whether the route is for batch alone) and, per
 (region, model), the ready replicas there, serving the route's default
 version. Routes that are malformed (wrong region, empty id or address) are
 skipped: spill is an optimisation, never a reason to reject a table. The
-view is built once per table (cached on the table's identity).
+caller builds the view once per table it applies
+(:class:`dataplane.failover.Failover`).
 
 :func:`pick_remote`: power of two choices among a remote region's replicas
 on (queued + running in the table - ``counted`` + this proxy's in-flight to
@@ -59,16 +60,12 @@ class RemoteView:
 
 
 EMPTY = RemoteView()
-_cache: dict[int, tuple[Table, RemoteView]] = {}
 
 
 def remote_view(table: Table) -> RemoteView:
-    """The table's spill routes as a :class:`RemoteView` (cached per table; see the module docstring)."""
+    """The table's spill routes as a :class:`RemoteView` (see the module docstring)."""
     if not table.spill:
         return EMPTY
-    hit = _cache.get(id(table))
-    if hit is not None and hit[0] is table:
-        return hit[1]
     targets: list[SpillTarget] = []
     replicas: dict[tuple[str, str], tuple[Replica, ...]] = {}
     for route in table.spill:
@@ -85,10 +82,7 @@ def remote_view(table: Table) -> RemoteView:
                 for r in model.replicas
                 if r.replica_id and r.address and r.region == route.region
                 and (not model.default_version or r.version == model.default_version))
-    view = RemoteView(tuple(targets), replicas)
-    _cache.clear()  # one table at a time is current: keep only its view
-    _cache[id(table)] = (table, view)
-    return view
+    return RemoteView(tuple(targets), replicas)
 
 
 def pick_remote(replicas: tuple[Replica, ...], inflight: Mapping[str, int], rng: random.Random,

@@ -188,7 +188,8 @@ class Router:
         state.limited = self.tenant_limits.admit(state.tenant, valid.prompt_tokens + valid.max_tokens, self._clock())
         if not valid.version:  # step 3, the region: a spilled request skips this region's tier queues
             state.spilled = self.failover.spill(table, valid.model, valid.tier, self.picker.local,
-                                                self.admission.local_queue(valid.model), self.picker.local.counted,
+                                                functools.partial(self.admission.local_queue, valid.model),
+                                                self.picker.local.counted,
                                                 self.picker.local.trust)
         if state.spilled is None and self.admission.active(valid.model):
             state.ticket = Ticket(tenant=state.tenant.name, plan=state.tenant.plan, tier=valid.tier,

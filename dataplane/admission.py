@@ -32,7 +32,11 @@ so the pick answers for it as before. Metrics (:class:`TierMetrics`):
 :class:`ferry.metrics.BoundedLabel`), ``ferry_proxy_tenant_queued_total``
 (requests that entered a tier queue), ``_admitted_total``,
 ``_queue_wait_seconds_total`` (summed: over ``_admitted_total`` the mean
-wait), ``_shed_total{reason}`` and ``_preempted_total``.
+wait), ``_shed_total{reason}`` and ``_preempted_total``;
+``ferry_proxy_confined_tenants{model}`` and ``ferry_proxy_confined_replicas{model}``
+(heavy tenants held to shards of their own, :mod:`dataplane.sharding`, and the
+replicas those shards hold). A change of the shards logs ``tenant_confined``
+(model, each confined tenant with its replicas; none: released).
 
 Cost: O(1) per request besides the queue operations; one extra task per batch forward.
 """
@@ -42,20 +46,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.sharding import NONE, Shards
 from dataplane.shedding import EVICTED, TIMEOUT
 from dataplane.spill import LocalQueue, local_queue
 from dataplane.table import Table
 from ferry.config import TIERS
 from ferry.errors import FerryError
+from ferry.logs import event
 from ferry.metrics import LATENCY_BUCKETS, BoundedLabel, name
 
 R = TypeVar("R")
+log = logging.getLogger("ferry.proxy")
 ANSWER_MARGIN = 0.05  # seconds before the deadline a waiting request is refused, so the answer arrives in time
 
 
@@ -94,6 +102,10 @@ class TierMetrics:
                            registry=registry)
         self.lent = Gauge(name("proxy_tier_lent"), "Reserved slots of a tier lent to others.", ["model", "tier"],
                           registry=registry)
+        self.confined = Gauge(name("proxy_confined_tenants"), "Heavy tenants held to shards of their own.",
+                              ["model"], registry=registry)
+        self.confined_replicas = Gauge(name("proxy_confined_replicas"), "Replicas held by heavy tenants' shards.",
+                                       ["model"], registry=registry)
 
 
 class Admission:
@@ -109,6 +121,7 @@ class Admission:
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
         self._preempt: dict[Ticket, asyncio.Event] = {}
         self._started: dict[Ticket, float] = {}
+        self._shards: dict[str, Shards] = {}  # per model, the shards last reported
 
     def apply(self, table: Table) -> None:
         """Size each model's queues from ``table``'s routable replicas; take its reserved shares when it has them."""
@@ -124,12 +137,18 @@ class Admission:
             if queues is None:
                 queues = self.models[model] = TierQueues(self.params, capacity)
             queues.capacity = capacity
+            queues.set_replicas(replicas)
             self._pump(model)
 
     def active(self, model: str) -> bool:
         """Whether requests of ``model`` go through the queues (its capacity is known)."""
         queues = self.models.get(model)
         return queues is not None and queues.capacity > 0
+
+    def keep_off(self, model: str, tenant: str) -> frozenset[str]:
+        """Replicas ``tenant``'s request to ``model`` should avoid (a heavy tenant's shard, or all but its own)."""
+        queues = self.models.get(model)
+        return queues.keep_off(tenant) if queues is not None else frozenset()
 
     def local_queue(self, model: str) -> LocalQueue | None:
         """What a new interactive request of ``model`` would find here (the spill on queue's input), if queued."""
@@ -249,6 +268,12 @@ class Admission:
 
     def _gauges(self, model: str) -> None:
         queues = self.models[model]
+        if queues.shards is not self._shards.get(model, NONE):
+            self._shards[model] = shards = queues.shards
+            self.metrics.confined.labels(model).set(len(shards.shards))
+            self.metrics.confined_replicas.labels(model).set(len(shards.taken))
+            event(log, "tenant_confined", model=model,
+                  tenants={t: sorted(r) for t, r in sorted(shards.shards.items())})
         quotas = queues.quotas()
         for tier in TIERS:
             self.metrics.depth.labels(model, tier).set(queues.depth(tier))

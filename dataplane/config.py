@@ -34,7 +34,11 @@ table brings the control plane's, free plans limited to half a queue, DRR
 quantum 512 tokens; lower tiers leave the interactive dispatch rate x
 ``interactive_headroom_seconds`` (0.2 s) slots free, at most
 ``interactive_headroom_max_share`` (0.1) of them; a tenant runs at most
-``tenant_ceiling`` (1.0) x its weighted share of its tier; the proxy dispatches ``admission_capacity_share`` (1.0)
+``tenant_ceiling`` (1.0) x its weighted share of its tier; a tenant left at
+that ceiling with work waiting is confined to whole replicas of its own, the
+others kept off them, on at most ``tenant_shard_max_share`` (0.5; 0 turns it
+off) of the replicas, for ``tenant_shard_hold_seconds`` (1 s) after it was last
+seen heavy (:mod:`dataplane.sharding`); the proxy dispatches ``admission_capacity_share`` (1.0)
 of the replicas' concurrency; idempotency keys kept 300 s, 10,000 at most.
 
 Cold start (:mod:`dataplane.coldstart`): a replica is expected to warm up in
@@ -117,6 +121,8 @@ class ProxySettings:
     interactive_headroom_seconds: float = 0.2  # lower tiers leave interactive rate x this many slots free
     interactive_headroom_max_share: float = 0.1  # ... at most this share of the slots
     tenant_ceiling: float = 1.0  # a tenant runs at most this x its weighted share of its tier (0: no ceiling)
+    tenant_shard_max_share: float = 0.5  # heavy tenants' shards cover at most this share of the replicas (0: off)
+    tenant_shard_hold_seconds: float = 1.0  # a tenant stays confined this long after it was last seen heavy
     tenant_metric_labels: int = 100  # tenants named in the per-tenant admission metrics; the rest are "_other"
     idempotency_entries: int = 10_000
     idempotency_ttl_seconds: float = 300.0
@@ -131,6 +137,8 @@ class ProxySettings:
                            max_queued=self.queue_max_total, free_share=self.free_queue_share,
                            quantum=self.fair_quantum_tokens, headroom_seconds=self.interactive_headroom_seconds,
                            headroom_max_share=self.interactive_headroom_max_share, tenant_ceiling=self.tenant_ceiling,
+                           shard_max_share=self.tenant_shard_max_share,
+                           shard_hold_seconds=self.tenant_shard_hold_seconds,
                            reserved=dict(zip(TIERS, self.tier_reserved, strict=True)))
 
     def table_params(self) -> TableParams:
@@ -189,7 +197,9 @@ class ProxySettings:
                 raise ConfigError(f"proxy.{key}", f"must be {len(TIERS)} values >= 0 ({', '.join(TIERS)})")
         for key, share in (("interactive_headroom_seconds", self.interactive_headroom_seconds),
                            ("interactive_headroom_max_share", self.interactive_headroom_max_share),
-                           ("tenant_ceiling", self.tenant_ceiling)):
+                           ("tenant_ceiling", self.tenant_ceiling),
+                           ("tenant_shard_max_share", self.tenant_shard_max_share),
+                           ("tenant_shard_hold_seconds", self.tenant_shard_hold_seconds)):
             if not share >= 0 or (key.endswith("share") and share > 1):  # also rejects NaN
                 raise ConfigError(f"proxy.{key}", "must be >= 0" + (" and <= 1" if key.endswith("share") else ""))
         if not 0 < self.admission_capacity_share <= 1 or not 0 < self.free_queue_share <= 1:

@@ -1,7 +1,7 @@
 """Fair shares among tenants inside one tier: deficit round robin weighted by tokens.
 
 :class:`DeficitRoundRobin` keeps one FIFO per tenant and a ring of the
-tenants that have work. Algorithm (Shreedhar and Varghese's DRR): the tenant
+tenants that have work. Algorithm (deficit round robin): the tenant
 at the head of the ring may dispatch its head request when that request's
 cost (prompt tokens + max tokens, capped at ``max_cost``) fits its deficit;
 otherwise the tenant goes to the back of the ring and the next tenant's

@@ -141,13 +141,12 @@ class Picker:
         self.reuse.prompt(prompt_tokens)
         return Routing(served, pool, key, Need(prompt_tokens + max_tokens, prompt_tokens), bool(keys) and key is None)
 
-    def choose(self, table: Table, routing: Routing, now: float, *,
-               excluded: Collection[str] = (), avoid_nodes: Collection[str] = ()) -> Decision:
+    def choose(self, table: Table, routing: Routing, now: float, *, excluded: Collection[str] = (),
+               avoid_nodes: Collection[str] = (), avoid: Collection[str] = ()) -> Decision:
         """The replica for one attempt (``now`` on the clock that stamped ``table.applied_at``)."""
         return route(routing.pool, routing.need, routing.key, self.local, self.rng, spill=self.spill(),
-                     hot=routing.hot,
-                     table_age=now - table.applied_at, excluded=excluded, avoid_nodes=avoid_nodes,
-                     params=self.params)
+                     hot=routing.hot, table_age=now - table.applied_at, excluded=excluded,
+                     avoid_nodes=avoid_nodes, avoid=avoid, params=self.params)
 
     def spill(self) -> float:
         """The spill threshold as learned so far, in prompt tokens of backlog."""

@@ -31,6 +31,13 @@ caller's (:mod:`dataplane.admission`).
   tenants with work; alone, all of them), the DRR passing over a tenant at
   its ceiling, so one tenant's traffic cannot fill the replicas the others
   share (their step time grows with what runs).
+- :meth:`TierQueues.keep_off`: where a tenant's request should not go. A
+  tenant left at its ceiling with work waiting is heavy (for
+  ``shard_hold_seconds`` after it was last seen so); heavy tenants are
+  confined to shards of whole replicas and the others kept off them
+  (:mod:`dataplane.sharding`, up to ``shard_max_share`` of the replicas of
+  :meth:`TierQueues.set_replicas`), so a tenant held to its share does not
+  also slow every replica the others use. The pick applies it.
 - :meth:`TierQueues.make_room`: an interactive request the pick sent to a
   replica that is full (this proxy's in-flight count there above its
   concurrency target) preempts the newest lower-tier request on that same
@@ -44,7 +51,8 @@ Parameters (:class:`QueueParams`): per-tier bounds (interactive 256,
 standard 512, batch 4,096), per-tier queue timeouts (2 s, 10 s, 60 s),
 ``max_queued`` 8,192 per model, ``free_share`` 0.5, DRR quantum 512 tokens
 times the plan's weight (free 1, paid 4, enterprise 8), ``headroom_seconds``
-0.2, ``headroom_max_share`` 0.1, ``tenant_ceiling`` 1.0 (0 turns it off).
+0.2, ``headroom_max_share`` 0.1, ``tenant_ceiling`` 1.0 (0 turns it off),
+``shard_max_share`` 0.5 (0 turns confinement off), ``shard_hold_seconds`` 1.0.
 
 Cost: O(1) amortised per offer and finish; a dispatch round O(tenants with
 work) for the ceilings; eviction scans at most 64 waiting entries;
@@ -60,6 +68,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from dataplane.fairshare import DeficitRoundRobin, tenant_ceilings
+from dataplane.sharding import MAX_SHARE, NONE, Shards, plan
 from dataplane.shedding import PLAN_RANK, QUEUE_FULL, DrainRate, retry_after, shed_reason, victim_order
 from ferry.config import TIERS
 from ferry.errors import Overloaded
@@ -84,6 +93,8 @@ class QueueParams:
     headroom_seconds: float = 0.2
     headroom_max_share: float = 0.1
     tenant_ceiling: float = 1.0
+    shard_max_share: float = MAX_SHARE
+    shard_hold_seconds: float = 1.0
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -127,6 +138,12 @@ class TierQueues:
         self._running: dict[str, dict[Ticket, None]] = {t: {} for t in TIERS}
         self.drain = {t: DrainRate() for t in TIERS}
         self._tenants: dict[str, dict[str, list[float]]] = {t: {} for t in TIERS}  # tenant -> [running, weight]
+        self.replicas: Mapping[str, int] = {}  # replica id -> concurrency target, for the shards (set_replicas)
+        self._replicas_version = 0
+        self.shards: Shards = NONE
+        self._heavy: dict[str, dict[str, int]] = {t: {} for t in TIERS}  # tier -> tenant -> its ceiling there
+        self._seen: dict[str, tuple[int, float]] = {}  # heavy tenant -> (slots, last seen heavy)
+        self._plan_key: tuple[object, ...] = ()
 
     def depth(self, tier: str) -> int:
         """Requests of ``tier`` waiting."""
@@ -226,6 +243,8 @@ class TierQueues:
         """Start what fits now, highest tier first, each tier under its allowance, each tenant under its ceiling.
 
         Interactive may use every slot; lower tiers leave :meth:`headroom` free.
+        Tenants left at their ceiling with work waiting are heavy: the shards
+        (:mod:`dataplane.sharding`) are planned again when that set changes.
         """
         started: list[Ticket] = []
         total = sum(self.running(t) for t in TIERS)
@@ -233,12 +252,16 @@ class TierQueues:
         spare = self.headroom(now)
         for tier in TIERS:
             queue, running = self._queues[tier], self._running[tier]
+            if not len(queue):
+                self._heavy[tier] = {}
+                continue
             limit = allowance(quotas, tier)
             top = self.capacity if tier == TIERS[0] else self.capacity - spare
-            if not len(queue) or total >= top or len(running) >= limit:
+            if total >= top or len(running) >= limit:
                 continue
             room = top - sum(self.running(t) for t in TIERS[:TIERS.index(tier)])  # what this tier could hold
-            ceilings = self.ceilings(tier, room)
+            fair = self.ceilings(tier, room)
+            ceilings = {t: self.shards.ceiling(t, c) for t, c in fair.items()}
             held = self._tenants[tier]
             blocked = {t for t, cap in ceilings.items() if t in held and held[t][0] >= cap}
             while len(queue) and total < top and len(running) < limit:
@@ -253,10 +276,43 @@ class TierQueues:
                 self.drain[tier].add(now)
                 started.append(ticket)
                 total += 1
+            bounded = self.params.tenant_ceiling > 0 and len(fair) > 1
+            self._heavy[tier] = {t: fair[t] for t in blocked if bounded and queue.depth(t) > 0}
         for order in self._order.values():
             while order and order[0].state != "queued":
                 order.popleft()
+        self._replan(now)
         return started
+
+    def set_replicas(self, replicas: Mapping[str, int]) -> None:
+        """The model's replicas (id -> concurrency target) the shards are cut from."""
+        if replicas != self.replicas:
+            self.replicas = dict(replicas)
+            self._replicas_version += 1
+
+    def keep_off(self, tenant: str) -> frozenset[str]:
+        """Replicas ``tenant``'s next request should avoid (:meth:`dataplane.sharding.Shards.keep_off`)."""
+        return self.shards.keep_off(tenant)
+
+    def _replan(self, now: float) -> None:
+        """Plan the shards again when the heavy tenants (held ``shard_hold_seconds``) or the replicas changed."""
+        if self.params.shard_max_share <= 0 or not self.replicas:
+            self.shards, self._seen = NONE, {}
+            return
+        current: dict[str, int] = {}
+        for heavy in self._heavy.values():
+            for tenant, slots in heavy.items():
+                current[tenant] = current.get(tenant, 0) + slots
+        for tenant, slots in current.items():
+            self._seen[tenant] = (slots, now)
+        hold = self.params.shard_hold_seconds
+        for tenant in [t for t, (_, at) in self._seen.items() if now - at > hold]:
+            del self._seen[tenant]
+        heavy = {t: n for t, (n, _) in self._seen.items()}
+        key = (tuple(sorted(heavy.items())), self._replicas_version)
+        if key != self._plan_key:
+            self._plan_key = key
+            self.shards = plan(heavy, self.replicas, self.params.shard_max_share)
 
     def _hold(self, ticket: Ticket, delta: int) -> None:
         """Count ``ticket`` in (+1) or out (-1) of its tenant's running requests in its tier."""

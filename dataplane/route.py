@@ -14,7 +14,10 @@ request's prefix key (:mod:`dataplane.prefix`), or None.
      where it would queue behind a full cache;
    - *fresh*: its telemetry (pushed age + time since the table was applied)
      is younger than ``stale_seconds``: a replica gone quiet gets no
-     affinity traffic on the strength of an old, idle-looking report.
+     affinity traffic on the strength of an old, idle-looking report;
+   - *avoid*: replicas the tier queues keep this tenant off (a heavy
+     tenant's shard, or everything outside it: :mod:`dataplane.sharding`),
+     unless that leaves none.
 
 2. **Ring** (:mod:`dataplane.ring`): along the key's walk (at most
    ``walk_limit`` replicas, default 8), the first replica that passes the
@@ -73,14 +76,15 @@ class RouteParams:
 DEFAULT_ROUTE = RouteParams()
 
 
-def _takers(pool: Pool, need: Need, key: int, table_age: float, params: RouteParams) -> Iterator[tuple[int, bool]]:
+def _takers(pool: Pool, need: Need, key: int, table_age: float, params: RouteParams,
+            avoid: Collection[str] = ()) -> Iterator[tuple[int, bool]]:
     """(index, is home) of the replicas of the key's walk that would take the request, in walk order."""
     draw = key_draw(key)
     stale = params.score.stale_seconds
     home = True
     for i in itertools.islice(pool.ring.walk(key), params.walk_limit):
         replica = pool.replicas[i]
-        if need.tokens > context_limit(replica):
+        if need.tokens > context_limit(replica) or replica.replica_id in avoid:
             continue
         if draw < pool.shares[i] and fits(replica, need) and replica.telemetry_age + table_age < stale:
             yield i, home
@@ -114,6 +118,7 @@ def route(
     table_age: float = 0.0,
     excluded: Collection[str] = (),
     avoid_nodes: Collection[str] = (),
+    avoid: Collection[str] = (),
     params: RouteParams = DEFAULT_ROUTE,
 ) -> Decision:
     """Choose a replica of ``pool`` for a request needing ``need``; see the module docstring."""
@@ -123,13 +128,16 @@ def route(
     candidates: Sequence[Replica] = pool.replicas
     if need.tokens > pool.min_context:
         candidates = [r for r in candidates if need.tokens <= context_limit(r)]
+    if avoid:
+        kept = [r for r in candidates if r.replica_id not in avoid]
+        candidates, avoid = (kept, avoid) if kept else (candidates, ())
     if excluded or avoid_nodes or key is None or len(candidates) <= 1:
         decision = pick(candidates, need, local, rng, excluded, avoid_nodes=avoid_nodes, table_age=table_age,
                         params=params.score, counted=local.counted, trust=local.trust)
         if hot and decision.branch is Branch.P2C:
             return Decision(decision.replica, Branch.SPREAD)
         return decision
-    takers = _takers(pool, need, key, table_age, params)
+    takers = _takers(pool, need, key, table_age, params, avoid)
     first = next(takers, None)
     if first is None:
         decision = pick(candidates, need, local, rng, table_age=table_age, params=params.score,

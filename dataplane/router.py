@@ -236,12 +236,14 @@ class Router:
         assert state.request is not None and state.table is not None and state.routing is not None
         now = self._clock()
         ejected = self.failover.ejected()
+        avoid = (self.admission.keep_off(state.model_label, state.ticket.tenant) if state.ticket is not None
+                 else frozenset())
         decision = self.picker.choose(state.table, state.routing, now, excluded=excluded | ejected if ejected
-                                      else excluded, avoid_nodes=avoid_nodes)
+                                      else excluded, avoid_nodes=avoid_nodes, avoid=avoid)
         if decision.replica is None and ejected and decision.branch is not Branch.TOO_LONG:
             # Only ejected replicas are left: an ejected replica beats none.
             decision = self.picker.choose(state.table, state.routing, now, excluded=excluded,
-                                          avoid_nodes=avoid_nodes)
+                                          avoid_nodes=avoid_nodes, avoid=avoid)
         table_age = now - state.table.applied_at
         self._metrics.picks.labels(state.model_label, decision.branch.value).inc()
         if decision.branch is Branch.TOO_LONG:

@@ -1,4 +1,4 @@
-"""The batch runtime behind Ferry in real time: open-loop Poisson load through the proxy, real processes.
+"""The batch runtime behind Ferry in real time: open-loop random load through the proxy, real processes.
 
 ``python -m tools.bench_batch`` starts a control plane, a proxy and one node
 running the batch runtime (``ferry node --batch-runtime``) on ``--gpus``
@@ -7,7 +7,7 @@ batch, up to 100 inputs), each its own process on loopback. It then offers
 load to the proxy's ``Inference.Infer`` with API keys (a paid and a free
 tenant, alternating; tier standard, so the proxy retries nothing):
 
-- **open loop, Poisson**: arrival times drawn up front (seeded), each request
+- **open loop, exponential gaps**: arrival times drawn up front (seeded), each request
   sent at its time whatever the earlier ones are doing, bounded by
   ``--max-inflight`` (arrivals beyond it are counted, not sent); it stops by
   itself after ``--seconds`` plus the answers still due (``--timeout``);
@@ -120,7 +120,7 @@ async def kill_running_batch(address: str, attempts: int = 50) -> dict[str, Any]
 
 async def offer(stubs: list[Any], keys: list[str], rate: float, args: argparse.Namespace, tag: str,
                 kill_at: float | None, runtime_address: str) -> dict[str, Any]:
-    """One open-loop Poisson run; returns what the clients saw."""
+    """One open-loop run (exponential gaps); returns what the clients saw."""
     rng = random.Random(args.seed)
     times, t = [], 0.0
     while True:

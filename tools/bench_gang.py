@@ -1,6 +1,6 @@
 """Gang-scheduling bench: a one-GPU model and an all-GPU model sharing one eight-GPU node.
 
-``python -m tools.bench_gang`` runs the same seeded mixed load (Poisson
+``python -m tools.bench_gang`` runs the same seeded mixed load (exponential gaps:
 requests for a small model that needs one GPU per batch and a large model
 that needs all eight) through the real dispatcher and GPU scheduler in
 virtual time (:mod:`agent.batch.simulate`), under three policies:

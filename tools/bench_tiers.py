@@ -23,7 +23,9 @@ interactive and standard, 256 for batch, prompts of 256 tokens):
   steady p99 of the last 3 s; ``steady_p99_vs_no_batch``, that steady p99
   over the p99 of interactive at 80 % alone;
 - noisy: standard tier, five tenants at 120 % of capacity, one sending 60 %:
-  the worst ratio of another tenant's TTFT p99 with it to without it;
+  the worst ratio of another tenant's TTFT p99 with it to without it (the
+  heavy tenant held to its share and, on whole replicas, to a shard of its
+  own: :mod:`dataplane.sharding`), and how many of its requests were answered;
 - overload: five times capacity, a mix of plans and tiers: paid interactive
   TTFT p99, requests with no answer by their deadline, the process's peak RSS.
 
@@ -70,7 +72,7 @@ def p99(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def poisson(rate: float, start: float, end: float, seed: int) -> list[float]:
+def arrivals(rate: float, start: float, end: float, seed: int) -> list[float]:
     """Deterministic arrivals at ``rate``/s in [start, end) (golden-ratio jittered spacing)."""
     if rate <= 0:
         return []
@@ -108,7 +110,7 @@ def _ttft(sim: TierSim, pred: Any) -> list[float]:
 def sim_isolation() -> dict[str, Any]:
     cap = measured_capacity()
     ids = Ids()
-    inter = ids.reqs(poisson(0.4 * cap, 0.0, 30.0, 1), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
+    inter = ids.reqs(arrivals(0.4 * cap, 0.0, 30.0, 1), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
     alone = _sim(inter, 60.0)
     backlog = ids.reqs([0.0] * (3 * REPLICAS * ENGINE.max_running), tier="batch", tenant="bulk",
                        max_tokens=BATCH_TOKENS, deadline=120.0)
@@ -131,10 +133,10 @@ def sim_reclaim(step: float = 10.0) -> dict[str, Any]:
     cap = measured_capacity()
     slots = REPLICAS * ENGINE.max_running
     ids = Ids()
-    low = ids.reqs(poisson(0.2 * cap, 0.0, step, 2), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
-    high = ids.reqs(poisson(0.8 * cap, step, 2 * step, 3), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
+    low = ids.reqs(arrivals(0.2 * cap, 0.0, step, 2), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
+    high = ids.reqs(arrivals(0.8 * cap, step, 2 * step, 3), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
     batch = ids.reqs([0.0] * (4 * slots), tier="batch", tenant="bulk", max_tokens=BATCH_TOKENS, deadline=300.0)
-    base = _sim(ids.reqs(poisson(0.8 * cap, 0.0, step, 4), tier="interactive", max_tokens=INTERACTIVE_TOKENS),
+    base = _sim(ids.reqs(arrivals(0.8 * cap, 0.0, step, 4), tier="interactive", max_tokens=INTERACTIVE_TOKENS),
                 step + 5)
     target = 1.2 * p99(_ttft(base, lambda o: True))
     sim = _sim(low + high + batch, 2 * step + 1)
@@ -157,9 +159,9 @@ def sim_noisy() -> dict[str, Any]:
     cap = measured_capacity()
     total = 1.2 * cap
     ids = Ids()
-    others = [r for i in range(4) for r in ids.reqs(poisson(0.1 * total, 0.0, 20.0, 10 + i), tier="standard",
+    others = [r for i in range(4) for r in ids.reqs(arrivals(0.1 * total, 0.0, 20.0, 10 + i), tier="standard",
                                                      tenant=f"t{i}", max_tokens=INTERACTIVE_TOKENS)]
-    noisy = ids.reqs(poisson(0.6 * total, 0.0, 20.0, 20), tier="standard", tenant="noisy",
+    noisy = ids.reqs(arrivals(0.6 * total, 0.0, 20.0, 20), tier="standard", tenant="noisy",
                      max_tokens=INTERACTIVE_TOKENS)
     without = _sim(others, 60.0)
     mixed = _sim(others + noisy, 60.0)
@@ -170,7 +172,9 @@ def sim_noisy() -> dict[str, Any]:
         ratios[f"t{i}"] = round(p99(_ttft(mixed, mine)) / p99(_ttft(without, mine)), 3)
     shed_others = sum(1 for o in mixed.outcomes.values() if o.shed and o.req.tenant != "noisy")
     return {"max_other_p99_ratio": max(ratios.values()), "ratios": ratios, "others_shed": shed_others,
-            "noisy_shed": sum(1 for o in mixed.outcomes.values() if o.shed and o.req.tenant == "noisy")}
+            "noisy_shed": sum(1 for o in mixed.outcomes.values() if o.shed and o.req.tenant == "noisy"),
+            "noisy_answered": sum(1 for o in mixed.outcomes.values() if o.done is not None and o.req.tenant == "noisy"),
+            "noisy_requests": len(noisy)}
 
 
 OVERLOAD_MIX = (("interactive", "paid", 0.1, 5.0), ("interactive", "free", 0.1, 5.0),
@@ -184,7 +188,7 @@ def sim_overload(factor: float = 5.0, seconds: float = 10.0) -> dict[str, Any]:
     reqs: list[Req] = []
     for k, (tier, plan, share, deadline) in enumerate(OVERLOAD_MIX):
         for i in range(4):
-            reqs += ids.reqs(poisson(factor * cap * share / 4, 0.0, seconds, 30 + 4 * k + i), tier=tier,
+            reqs += ids.reqs(arrivals(factor * cap * share / 4, 0.0, seconds, 30 + 4 * k + i), tier=tier,
                              plan=plan, tenant=f"{plan}{i}", max_tokens=INTERACTIVE_TOKENS, deadline=deadline)
     sim = _sim(reqs, seconds + 40.0)
     paid = _ttft(sim, lambda o: o.req.tier == "interactive" and o.req.plan == "paid")
@@ -206,7 +210,7 @@ def measured_capacity(seconds: float = 10.0) -> float:
     """Requests/s the simulated fleet completes when saturated with interactive-sized requests (cached)."""
     if not _CAPACITY:
         offered = 2 * capacity_rps(REPLICAS, ENGINE, INTERACTIVE_TOKENS)
-        reqs = Ids().reqs(poisson(offered, 0.0, seconds, 9), tier="standard", max_tokens=INTERACTIVE_TOKENS,
+        reqs = Ids().reqs(arrivals(offered, 0.0, seconds, 9), tier="standard", max_tokens=INTERACTIVE_TOKENS,
                           deadline=1e6)
         sim = _sim(reqs, seconds, bounds={"interactive": 1, "standard": 100_000, "batch": 1},
                    timeouts={"interactive": 1.0, "standard": 1e6, "batch": 1.0}, max_queued=100_000)

@@ -11,7 +11,7 @@
 (c) a measured answer: the fewest GPUs that hold P95 ≤ the budget at the rate,
     found by running the real batcher, fill order, GPU scheduler and requeue
     (:mod:`agent.batch.simulate`) against simulated GPUs in virtual time with
-    seeded Poisson arrivals; then the same with one GPU killed mid-run (its
+    seeded random arrivals (exponential gaps); then the same with one GPU killed mid-run (its
     batch goes back to the head of the queue). A count holds when its P95 is
     within budget, no request is lost, answered twice, shed or failed, and the
     surviving GPUs carry the rate below their full-batch capacity (ρ < 1: a
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     best = search(args, floor, kill=False, max_wait_s=wait, network_s=budget.network_s, rows=rows)
     start = max(2, best["gpus"] if best else floor)
     best_fail = search(args, start, kill=True, max_wait_s=wait, network_s=budget.network_s, rows=rows)
-    print(f"(c) measured in virtual time (Poisson, seed {args.seed}; real batcher and scheduler)")
+    print(f"(c) measured in virtual time (exponential gaps, seed {args.seed}; real batcher and scheduler)")
     print(f"  {'gpus':>4} {'killed':>6} {'rho':>5} {'p50':>6} {'p95':>6} {'p99':>6} {'max':>6} {'fill':>5} "
           f"{'requeued':>8} {'rq max':>6} {'lost':>4} {'dup':>3}  verdict")
     for r in rows:

@@ -4,7 +4,7 @@ Starts one control plane (with ``region_rtt_ms``), a proxy per region
 (``simulate_region_rtt``: a spilled forward waits the configured round trip)
 and one node per replica (``--region``), on loopback ports 0, in a temporary
 folder; waits until every proxy routes to its region's replicas; then sends
-open-loop Poisson interactive requests to each region's proxy at
+open-loop random interactive requests to each region's proxy at
 ``load x capacity`` for ``seconds`` (40 s from :mod:`tools.bench_regions`,
 the first 40 % not measured: the spill weights converge meanwhile), and
 stops every process it started, by PID.
@@ -13,7 +13,7 @@ Fast replicas so that a 2-core machine can saturate a region: 16 batch
 slots, 8-token answers, 20 ms decode steps (about 170 ms a request).
 Region sizes: A 1 replica, B 2, C 1 (B twice A, as in the simulated run).
 Pools of 16 and 32 slots, not fewer: B ends at about 85 % of its capacity
-with A's excess, and the queueing tail of Poisson arrivals at that load on
+with A's excess, and the queueing tail of memoryless arrivals at that load on
 4 or 8 slots alone is near or past the budget, whatever the routing
 (measured: 8-slot replicas gave p99s of 390 to 1,300 ms from run to run). A replica's
 capacity is measured before the load (:func:`calibrate`), on the path the

@@ -1,6 +1,6 @@
 """Virtual-time simulation of one node's batch runtime: the real dispatcher, simulated GPUs.
 
-Discrete-event: a heap of (time, sequence, event). Events are Poisson
+Discrete-event: a heap of (time, sequence, event). Events are memoryless
 arrivals per stream (seeded), batch completions (``batch_s`` scaled by a
 uniform jitter of ±``batch_jitter``), timer wake-ups (the dispatcher's own
 :meth:`~agent.batch.dispatch.NodeDispatcher.next_wake`) and, optionally, one
@@ -38,7 +38,7 @@ _ARRIVE, _DONE, _WAKE, _KILL = 0, 1, 2, 3
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Stream:
-    """Poisson requests for one model, spread over tenants, a share of them on the free plan."""
+    """Random requests (exponential gaps) for one model, spread over tenants, a share of them on the free plan."""
 
     model: str
     rate: float

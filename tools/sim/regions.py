@@ -15,7 +15,7 @@ the spill on queue from :func:`dataplane.spill.local_queue`, within the
 :func:`dataplane.spill.room` of each target seen in that stale sample).
 
 Events, in time order: **arrival** of an interactive request at its home
-region (Poisson, rate ``load x capacity``), which chooses a region; a local
+region (exponential gaps, rate ``load x capacity``), which chooses a region; a local
 request joins its proxy's queue (or is shed) and is dispatched to an engine
 when a slot frees; a spilled request skips it (as in the proxy) and reaches
 the other region's engines half a round trip later (**enqueue**), its

@@ -4,7 +4,9 @@ What runs unchanged: :class:`agent.engine.Engine` replicas and the proxy's
 :class:`dataplane.queues.TierQueues` (bounded per-tier queues, DRR fair
 share, quotas with lending and reclaim, shedding with retry-after,
 preemption of batch). The proxy sends a dispatched request to the replica
-with the fewest requests it has outstanding there (the pick's local term);
+with the fewest requests it has outstanding there (the pick's local term),
+off the replicas :meth:`dataplane.queues.TierQueues.keep_off` names (a heavy
+tenant's shard, or everything outside it);
 a preempted batch request is cancelled on its engine and requeued at the
 head of its queue, and so is one on a full replica an interactive request
 was sent to (:meth:`dataplane.queues.TierQueues.make_room`, as the proxy
@@ -82,6 +84,7 @@ class TierSim:
         self.engines = [Engine(engine) for _ in range(replicas)]
         self.slots = engine.max_running
         self.queues = TierQueues(queues, replicas * engine.max_running)
+        self.queues.set_replicas({str(i): engine.max_running for i in range(replicas)})
         self.admission = admission
         self.sample_seconds = sample_seconds
         self._events: list[tuple[float, int, int, int]] = []
@@ -189,7 +192,9 @@ class TierSim:
 
     def _send(self, rid: int, ticket: Ticket, now: float) -> None:
         out = self.outcomes[rid]
-        i = min(range(len(self.engines)), key=lambda k: self._outstanding[k])
+        off = self.queues.keep_off(out.req.tenant)
+        allowed = [k for k in range(len(self.engines)) if str(k) not in off] or range(len(self.engines))
+        i = min(allowed, key=lambda k: self._outstanding[k])
         engine = self.engines[i]
         got = engine.submit(EngineRequest(request_id=str(rid), prompt_tokens=out.req.prompt_tokens,
                                           max_tokens=out.req.max_tokens), now)

@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -145,10 +145,10 @@ class Admission:
         queues = self.models.get(model)
         return queues is not None and queues.capacity > 0
 
-    def keep_off(self, model: str, tenant: str) -> frozenset[str]:
-        """Replicas ``tenant``'s request to ``model`` should avoid (a heavy tenant's shard, or all but its own)."""
+    def avoid(self, model: str, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
+        """Replicas the pick should keep ``ticket`` off (:meth:`TierQueues.avoid`; ``inflight``: this proxy's)."""
         queues = self.models.get(model)
-        return queues.keep_off(tenant) if queues is not None else frozenset()
+        return queues.avoid(ticket, inflight) if queues is not None else frozenset()
 
     def local_queue(self, model: str) -> LocalQueue | None:
         """What a new interactive request of ``model`` would find here (the spill on queue's input), if queued."""

@@ -38,6 +38,10 @@ caller's (:mod:`dataplane.admission`).
   (:mod:`dataplane.sharding`, up to ``shard_max_share`` of the replicas of
   :meth:`TierQueues.set_replicas`), so a tenant held to its share does not
   also slow every replica the others use. The pick applies it.
+- :meth:`TierQueues.avoid` adds :meth:`TierQueues.crowded`: replicas this
+  proxy has filled (for an interactive request, beyond the batch and
+  standard requests it could preempt there). Sent there, a request would
+  wait on the replica for another to finish while another replica has room.
 - :meth:`TierQueues.make_room`: an interactive request the pick sent to a
   replica that is full (this proxy's in-flight count there above its
   concurrency target) preempts the newest lower-tier request on that same
@@ -144,6 +148,8 @@ class TierQueues:
         self._heavy: dict[str, dict[str, int]] = {t: {} for t in TIERS}  # tier -> tenant -> its ceiling there
         self._seen: dict[str, tuple[int, float]] = {}  # heavy tenant -> (slots, last seen heavy)
         self._plan_key: tuple[object, ...] = ()
+        self._victims: dict[str, int] = {}  # replica -> running preemptible lower-tier tickets placed there
+        self._counted: set[Ticket] = set()
 
     def depth(self, tier: str) -> int:
         """Requests of ``tier`` waiting."""
@@ -294,6 +300,44 @@ class TierQueues:
         """Replicas ``tenant``'s next request should avoid (:meth:`dataplane.sharding.Shards.keep_off`)."""
         return self.shards.keep_off(tenant)
 
+    def avoid(self, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
+        """Replicas the pick should keep ``ticket`` off: :meth:`keep_off` and :meth:`crowded`."""
+        off = self.shards.keep_off(ticket.tenant)
+        crowded = self.crowded(inflight, preempt=ticket.tier == TIERS[0])
+        return off | crowded if off else crowded
+
+    def crowded(self, inflight: Mapping[str, int], *, preempt: bool = False) -> frozenset[str]:
+        """Replicas full by ``inflight`` (this proxy's count), for interactive (``preempt``) beyond its victims there.
+
+        The tier queues dispatch while the model has room, but the pick may
+        still choose a replica this proxy has filled (a prefix's home, by a
+        load bound from telemetry up to a push old): sent there, a request
+        waits on the replica for another to finish. An interactive request
+        sent to a replica full of preemptible batch makes room at once
+        (:meth:`make_room`), so only what is left after that counts.
+        O(replicas of the model).
+        """
+        victims = self._victims if preempt else {}
+        return frozenset(r for r, slots in self.replicas.items()
+                         if slots > 0 and inflight.get(r, 0) - victims.get(r, 0) >= slots)
+
+    def _place(self, ticket: Ticket, replica: str) -> None:
+        """``ticket`` was sent to ``replica``: a running preemptible lower-tier one counts as a victim there."""
+        self._uncount(ticket)
+        ticket.replica = replica
+        if ticket.tier != TIERS[0] and ticket.preemptible and ticket.state == "running" and replica:
+            self._counted.add(ticket)
+            self._victims[replica] = self._victims.get(replica, 0) + 1
+
+    def _uncount(self, ticket: Ticket) -> None:
+        if ticket in self._counted:
+            self._counted.discard(ticket)
+            left = self._victims[ticket.replica] - 1
+            if left > 0:
+                self._victims[ticket.replica] = left
+            else:
+                del self._victims[ticket.replica]
+
     def _replan(self, now: float) -> None:
         """Plan the shards again when the heavy tenants (held ``shard_hold_seconds``) or the replicas changed."""
         if self.params.shard_max_share <= 0 or not self.replicas:
@@ -346,6 +390,7 @@ class TierQueues:
             chosen = [t for t in reversed(self._running[tier]) if t.state == "running" and t.preemptible][:count]
             for ticket in chosen:
                 ticket.state = "preempting"
+                self._uncount(ticket)
             victims += chosen
         return victims
 
@@ -360,7 +405,7 @@ class TierQueues:
         tickets on that replica, batch before standard, never taking a tier
         below its reserved slots. Marked preempting, as :meth:`preemptions`.
         """
-        ticket.replica = replica
+        self._place(ticket, replica)
         excess = inflight - slots
         if ticket.tier != TIERS[0] or excess <= 0 or slots <= 0:
             return []
@@ -373,6 +418,7 @@ class TierQueues:
                     break
                 if held.replica == replica and held.state == "running" and held.preemptible:
                     held.state = "preempting"
+                    self._uncount(held)
                     victims.append(held)
                     spare -= 1
         return victims
@@ -381,12 +427,14 @@ class TierQueues:
         """A dispatched ticket ended (either way)."""
         if ticket.state in ("running", "preempting") and self._running[ticket.tier].pop(ticket, 0) is None:
             self._hold(ticket, -1)
+        self._uncount(ticket)
         ticket.state = "done"
 
     def requeue(self, ticket: Ticket, now: float) -> None:
         """A preempted ticket goes back to the head of its tier queue (never shed, never lost)."""
         if self._running[ticket.tier].pop(ticket, 0) is None:
             self._hold(ticket, -1)
+        self._uncount(ticket)
         ticket.state, ticket.preempted, ticket.replica = "queued", ticket.preempted + 1, ""
         self._queues[ticket.tier].push_front(ticket.tenant, ticket, ticket.cost)
         self._order[ticket.tier].appendleft(ticket)

@@ -15,9 +15,11 @@ request's prefix key (:mod:`dataplane.prefix`), or None.
    - *fresh*: its telemetry (pushed age + time since the table was applied)
      is younger than ``stale_seconds``: a replica gone quiet gets no
      affinity traffic on the strength of an old, idle-looking report;
-   - *avoid*: replicas the tier queues keep this tenant off (a heavy
-     tenant's shard, or everything outside it: :mod:`dataplane.sharding`),
-     unless that leaves none.
+   - *avoid*: replicas the tier queues keep this request off (a heavy
+     tenant's shard, or everything outside it: :mod:`dataplane.sharding`;
+     replicas this proxy has filled, for interactive beyond what it could
+     preempt there: :meth:`dataplane.queues.TierQueues.crowded`), unless
+     that leaves none.
 
 2. **Ring** (:mod:`dataplane.ring`): along the key's walk (at most
    ``walk_limit`` replicas, default 8), the first replica that passes the

@@ -236,7 +236,7 @@ class Router:
         assert state.request is not None and state.table is not None and state.routing is not None
         now = self._clock()
         ejected = self.failover.ejected()
-        avoid = (self.admission.keep_off(state.model_label, state.ticket.tenant) if state.ticket is not None
+        avoid = (self.admission.avoid(state.model_label, state.ticket, self.picker.local) if state.ticket is not None
                  else frozenset())
         decision = self.picker.choose(state.table, state.routing, now, excluded=excluded | ejected if ejected
                                       else excluded, avoid_nodes=avoid_nodes, avoid=avoid)

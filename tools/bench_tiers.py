@@ -1,6 +1,6 @@
 """Tier benchmarks: isolation, reclaim, noisy neighbour and overload, simulated and real.
 
-``python -m tools.bench_tiers [--mode sim|real|both] [--out bench-results/tiers.json]``
+``python -m tools.bench_tiers [--mode sim|real|both] [--trials N] [--out bench-results/tiers.json]``
 prints each figure and writes ``{"sim": {...}, "real": {...}}``, each with
 ``isolation`` (``interactive_p99_ratio``, ``utilisation``, ``drained``),
 ``reclaim`` (``seconds``, ``recovery_seconds``), ``noisy``
@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("sim", "real", "both"), default="both")
     parser.add_argument("--out", default="bench-results/tiers.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the real fleet's logs here")
+    parser.add_argument("--trials", type=int, default=3, help="real isolation and noisy-neighbour trials (median)")
     args = parser.parse_args(argv)
     path = Path(args.out)
     report: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"sim": report["sim"]}, indent=1))
     if args.mode in ("real", "both"):
         from tools.tiers_real import run_real
-        report["real"] = run_real(args.workdir)
+        report["real"] = run_real(args.workdir, max(1, args.trials))
         print(json.dumps({"real": report["real"]}, indent=1))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

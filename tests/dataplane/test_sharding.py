@@ -24,7 +24,7 @@ from dataplane.route import route
 from dataplane.sharding import NONE, plan, rendezvous
 from dataplane.table import build_table
 from ferry.v1 import common_pb2, inference_pb2
-from tests.dataplane.conftest import KEYS, Rig
+from tests.dataplane.conftest import KEYS, PAID, Rig, request
 from tests.dataplane.fakes import Behaviour, parse, snapshot
 from tests.dataplane.fakes import route as fake_route
 from tools.sim.tiers import Req, TierSim
@@ -218,3 +218,26 @@ async def test_proxy_keeps_a_heavy_tenant_on_its_shard_and_the_others_off_it(
     finally:
         await rig.stop()
 
+
+
+async def test_proxy_keeps_interactive_off_a_replica_it_cannot_make_room_on() -> None:
+    """Two replicas of one slot: a second interactive stream on the same prefix goes to the other replica.
+
+    The prefix ring sends both to the prefix's home; the home is full of an
+    interactive stream (nothing to preempt), so the pick walks on.
+    """
+    rig = Rig()
+    try:
+        await rig.start({rid: Behaviour(kind="stall") for rid in ("r0", "r1")},
+                        loads={rid: {"max_concurrency": 1} for rid in ("r0", "r1")})
+        prompt = " ".join(f"word{k}" for k in range(200))
+        calls = []
+        for _ in range(2):
+            call = rig.stub.InferStream(request(prompt=prompt), metadata=PAID, timeout=10)
+            await call.read()  # its first chunk: it runs, and holds the replica's one slot
+            calls.append(call)
+        assert rig.served() == {"r0": 1, "r1": 1}
+        for call in calls:
+            call.cancel()
+    finally:
+        await rig.stop()

@@ -165,6 +165,41 @@ def test_make_room_on_the_replica_the_pick_chose(tier: str, placed: dict[str, in
         assert v.replica == "" and v.state == "queued"
 
 
+@pytest.mark.parametrize(("batch", "streams", "inflight", "preempted", "finished", "expect"), [
+    ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 0, 0, {"r1"}),          # r1 full of interactive; r0 can make room
+    ({"r0": 2}, {}, {"r0": 6, "r1": 3}, 0, 0, {"r0"}),          # 6 - 2 victims: still full
+    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 1, 0, set()),           # one victim taken: 4 - 1 < 4
+    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 2, 0, {"r0"}),          # both taken: nothing left to preempt
+    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 0, 2, {"r0"}),          # finished: no longer victims
+    ({}, {"r0": 2}, {"r0": 4, "r1": 3}, 0, 0, {"r0"}),          # streams are never preempted
+    ({"r0": 2}, {}, {}, 0, 0, set()),                           # nothing in flight
+], ids=["interactive-full", "over-victims", "one-taken", "all-taken", "finished", "streams", "empty"])
+def test_crowded_replicas_for_the_pick(batch: dict[str, int], streams: dict[str, int],
+                                                  inflight: dict[str, int], preempted: int, finished: int,
+                                                  expect: set[str]) -> None:
+    q = TierQueues(QueueParams(max_queued=100, headroom_max_share=0.0, shard_max_share=0.0), capacity=8)
+    q.set_replicas({"r0": 4, "r1": 4})
+    placed: list[Ticket] = []
+    for replica, n in [*batch.items(), *streams.items()]:
+        for _ in range(n):
+            t = _ticket("batch", tenant="bulk")
+            t.preemptible = replica not in streams
+            q.offer(t, 0.0)
+            (started,) = q.dispatch(0.0)
+            q.make_room(started, replica, 1, 4)
+            placed.append(started)
+    if preempted:  # an interactive request placed on r0 over its slots takes victims there
+        newcomer = _ticket("interactive")
+        q.offer(newcomer, 0.1)
+        q.dispatch(0.1)
+        assert len(q.make_room(newcomer, "r0", 4 + preempted, 4)) == preempted
+    for t in placed[:finished]:
+        q.finish(t)
+    assert q.crowded(inflight, preempt=True) == q.avoid(_ticket("interactive"), inflight) == frozenset(expect)
+    full = {r for r, n in inflight.items() if n >= 4}  # a lower tier can preempt nothing: full is full
+    assert q.crowded(inflight) == q.avoid(_ticket("batch"), inflight) == frozenset(full)
+
+
 def test_make_room_keeps_the_lower_tier_reserve() -> None:
     q = TierQueues(QueueParams(max_queued=100, reserved={"interactive": 0.5, "standard": 0.3, "batch": 0.2},
                                headroom_max_share=0.0), capacity=10)

@@ -5,8 +5,9 @@ What runs unchanged: :class:`agent.engine.Engine` replicas and the proxy's
 share, quotas with lending and reclaim, shedding with retry-after,
 preemption of batch). The proxy sends a dispatched request to the replica
 with the fewest requests it has outstanding there (the pick's local term),
-off the replicas :meth:`dataplane.queues.TierQueues.keep_off` names (a heavy
-tenant's shard, or everything outside it);
+off the replicas :meth:`dataplane.queues.TierQueues.avoid` names (a heavy
+tenant's shard, or everything outside it; replicas it has filled, for
+interactive beyond what it could preempt there);
 a preempted batch request is cancelled on its engine and requeued at the
 head of its queue, and so is one on a full replica an interactive request
 was sent to (:meth:`dataplane.queues.TierQueues.make_room`, as the proxy
@@ -192,7 +193,7 @@ class TierSim:
 
     def _send(self, rid: int, ticket: Ticket, now: float) -> None:
         out = self.outcomes[rid]
-        off = self.queues.keep_off(out.req.tenant)
+        off = self.queues.avoid(ticket, {str(k): n for k, n in enumerate(self._outstanding)})
         allowed = [k for k in range(len(self.engines)) if str(k) not in off] or range(len(self.engines))
         i = min(allowed, key=lambda k: self._outstanding[k])
         engine = self.engines[i]

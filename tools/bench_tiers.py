@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("sim", "real", "both"), default="both")
     parser.add_argument("--out", default="bench-results/tiers.json")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the real fleet's logs here")
-    parser.add_argument("--trials", type=int, default=3, help="real isolation and noisy-neighbour trials (median)")
+    parser.add_argument("--trials", type=int, default=5, help="real isolation and noisy-neighbour trials (median)")
     args = parser.parse_args(argv)
     path = Path(args.out)
     report: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}

@@ -12,13 +12,15 @@ isolation and noisy neighbour are taken half before and half after the
 loaded window, so both sides of a ratio see the same background load on the
 shared cores; work that no figure reads (the capacity probe's queue, the
 rest of the reclaim backlog, the noisy tenant's queue) is cancelled rather
-than waited for. Isolation and noisy neighbour run ``trials`` times (3) and
+than waited for. Isolation and noisy neighbour run ``trials`` times (5) and
 report the trial with the median ratio, with every trial's ratio in
 ``trials``: each compares p99s of about 80 to 130 TTFTs (``samples``), close
-to the maximum, so one scheduling stall on the shared cores moves it. Each
-result also carries ``phase_seconds``.
+to the maximum, so one scheduling stall on the shared cores moves it.
+``baseline_halves_ratio`` is the same ratio between the two halves of the
+baseline (nothing changed between them): the noise floor of that trial.
+Each result also carries ``phase_seconds``.
 
-Cost: one fleet start (about 3 s) and about 55 s of load.
+Cost: one fleet start (about 3 s) and about 85 s of load.
 """
 
 from __future__ import annotations
@@ -227,6 +229,7 @@ async def _isolation(stub: list[Any], keys: dict[str, str], url: str, cap: float
     # isolation: the baseline is taken before and after the backlog, so both see the same background load
     alone = Load(stub, keys, url)
     await alone.rate("interactive", ["paid0"], 0.4 * cap, 1.5)
+    half = len(alone.rows)
     mixed = Load(stub, keys, url)
     stop = asyncio.Event()
     sampler = asyncio.ensure_future(mixed.sample(stop))
@@ -244,6 +247,7 @@ async def _isolation(stub: list[Any], keys: dict[str, str], url: str, cap: float
             "interactive_p99_ms": round(1000 * p99(with_batch), 1),
             "interactive_alone_p99_ms": round(1000 * p99(_ttfts(alone.rows)), 1),
             "samples": [len(with_batch), len(_ttfts(alone.rows))],
+            "baseline_halves_ratio": halves(alone.rows, half),
             "drained": all(r["status"] == "OK" for r in mixed.rows if r["tier"] == "batch")}
 
 
@@ -253,6 +257,7 @@ async def _noisy(stub: list[Any], keys: dict[str, str], url: str, cap: float) ->
     others = ["t0", "t1", "t2", "t3"]
     without = Load(stub, keys, url)
     await without.rate("standard", others, 0.4 * 1.2 * cap, 1.5)
+    half = len(without.rows)
     noisy = Load(stub, keys, url)
     heavy_tenant = asyncio.ensure_future(noisy.rate("standard", ["noisy"], 0.6 * 1.2 * cap, 3.0, cut=0.0))
     await noisy.rate("standard", others, 0.4 * 1.2 * cap, 3.0)
@@ -263,14 +268,24 @@ async def _noisy(stub: list[Any], keys: dict[str, str], url: str, cap: float) ->
             "others_p99_ms": round(1000 * p99(others_with), 1),
             "others_alone_p99_ms": round(1000 * p99(_ttfts(without.rows)), 1),
             "samples": [len(others_with), len(_ttfts(without.rows))],
+            "baseline_halves_ratio": halves(without.rows, half),
             "noisy_answered": sum(1 for r in noisy.rows if r["tenant"] == "noisy" and r["status"] == "OK"),
             "others_shed": sum(1 for r in noisy.rows if r["tenant"] != "noisy" and r["status"] != "OK")}
 
 
+def halves(rows: list[dict[str, Any]], half: int) -> float:
+    """p99 of the baseline taken after over the one taken before: the ratio's noise floor with nothing changed."""
+    return round(p99(_ttfts(rows[half:])) / p99(_ttfts(rows[:half])), 3)
+
+
 def median_trial(trials: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
-    """The trial whose ``key`` is the median (the lower middle of an even count), with every trial's ``key``."""
+    """The trial whose ``key`` is the median (the lower middle of an even count), with every trial's ``key``.
+
+    Also every trial's ``baseline_halves_ratio`` (its noise floor).
+    """
     ordered = sorted(trials, key=lambda t: t[key])
-    return {**ordered[(len(ordered) - 1) // 2], "trials": [t[key] for t in trials]}
+    return {**ordered[(len(ordered) - 1) // 2], "trials": [t[key] for t in trials],
+            "baseline_halves": [t.get("baseline_halves_ratio") for t in trials]}
 
 
 def _rss_mb(pid: int) -> float:
@@ -280,7 +295,7 @@ def _rss_mb(pid: int) -> float:
     return math.nan
 
 
-def run_real(workdir: Path | None = None, trials: int = 3) -> dict[str, Any]:
+def run_real(workdir: Path | None = None, trials: int = 5) -> dict[str, Any]:
     """Start the fleet, run every scenario (isolation and noisy ``trials`` times), stop it; the figures.
 
     Logs are kept in ``workdir`` when given.

@@ -31,17 +31,13 @@ caller's (:mod:`dataplane.admission`).
   tenants with work; alone, all of them), the DRR passing over a tenant at
   its ceiling, so one tenant's traffic cannot fill the replicas the others
   share (their step time grows with what runs).
-- :meth:`TierQueues.keep_off`: where a tenant's request should not go. A
-  tenant left at its ceiling with work waiting is heavy (for
-  ``shard_hold_seconds`` after it was last seen so); heavy tenants are
-  confined to shards of whole replicas and the others kept off them
-  (:mod:`dataplane.sharding`, up to ``shard_max_share`` of the replicas of
-  :meth:`TierQueues.set_replicas`), so a tenant held to its share does not
-  also slow every replica the others use. The pick applies it.
-- :meth:`TierQueues.avoid` adds :meth:`TierQueues.crowded`: replicas this
-  proxy has filled (for an interactive request, beyond the batch and
-  standard requests it could preempt there). Sent there, a request would
-  wait on the replica for another to finish while another replica has room.
+- :meth:`TierQueues.avoid`: where the pick should not send a request
+  (:mod:`dataplane.placement`): a tenant left at its ceiling with work
+  waiting is confined to a shard of whole replicas and the others kept off
+  it (:mod:`dataplane.sharding`), so a tenant held to its share does not also
+  slow every replica the others use; and no request goes to a replica this
+  proxy has filled (an interactive one: beyond the batch and standard
+  requests it could preempt there) while another has room.
 - :meth:`TierQueues.make_room`: an interactive request the pick sent to a
   replica that is full (this proxy's in-flight count there above its
   concurrency target) preempts the newest lower-tier request on that same
@@ -72,7 +68,8 @@ from collections import deque
 from collections.abc import Mapping
 
 from dataplane.fairshare import DeficitRoundRobin, tenant_ceilings
-from dataplane.sharding import MAX_SHARE, NONE, Shards, plan
+from dataplane.placement import Placement
+from dataplane.sharding import MAX_SHARE, Shards
 from dataplane.shedding import PLAN_RANK, QUEUE_FULL, DrainRate, retry_after, shed_reason, victim_order
 from ferry.config import TIERS
 from ferry.errors import Overloaded
@@ -142,14 +139,7 @@ class TierQueues:
         self._running: dict[str, dict[Ticket, None]] = {t: {} for t in TIERS}
         self.drain = {t: DrainRate() for t in TIERS}
         self._tenants: dict[str, dict[str, list[float]]] = {t: {} for t in TIERS}  # tenant -> [running, weight]
-        self.replicas: Mapping[str, int] = {}  # replica id -> concurrency target, for the shards (set_replicas)
-        self._replicas_version = 0
-        self.shards: Shards = NONE
-        self._heavy: dict[str, dict[str, int]] = {t: {} for t in TIERS}  # tier -> tenant -> its ceiling there
-        self._seen: dict[str, tuple[int, float]] = {}  # heavy tenant -> (slots, last seen heavy)
-        self._plan_key: tuple[object, ...] = ()
-        self._victims: dict[str, int] = {}  # replica -> running preemptible lower-tier tickets placed there
-        self._counted: set[Ticket] = set()
+        self.placement = Placement(params.shard_max_share, params.shard_hold_seconds)
 
     def depth(self, tier: str) -> int:
         """Requests of ``tier`` waiting."""
@@ -259,7 +249,7 @@ class TierQueues:
         for tier in TIERS:
             queue, running = self._queues[tier], self._running[tier]
             if not len(queue):
-                self._heavy[tier] = {}
+                self.placement.note_heavy(tier, {})
                 continue
             limit = allowance(quotas, tier)
             top = self.capacity if tier == TIERS[0] else self.capacity - spare
@@ -267,7 +257,7 @@ class TierQueues:
                 continue
             room = top - sum(self.running(t) for t in TIERS[:TIERS.index(tier)])  # what this tier could hold
             fair = self.ceilings(tier, room)
-            ceilings = {t: self.shards.ceiling(t, c) for t, c in fair.items()}
+            ceilings = {t: self.placement.shards.ceiling(t, c) for t, c in fair.items()}
             held = self._tenants[tier]
             blocked = {t for t, cap in ceilings.items() if t in held and held[t][0] >= cap}
             while len(queue) and total < top and len(running) < limit:
@@ -283,80 +273,31 @@ class TierQueues:
                 started.append(ticket)
                 total += 1
             bounded = self.params.tenant_ceiling > 0 and len(fair) > 1
-            self._heavy[tier] = {t: fair[t] for t in blocked if bounded and queue.depth(t) > 0}
+            self.placement.note_heavy(tier, {t: fair[t] for t in blocked if bounded and queue.depth(t) > 0})
         for order in self._order.values():
             while order and order[0].state != "queued":
                 order.popleft()
-        self._replan(now)
+        self.placement.replan(now)
         return started
 
-    def set_replicas(self, replicas: Mapping[str, int]) -> None:
-        """The model's replicas (id -> concurrency target) the shards are cut from."""
-        if replicas != self.replicas:
-            self.replicas = dict(replicas)
-            self._replicas_version += 1
+    @property
+    def shards(self) -> Shards:
+        """The heavy tenants' shards (:mod:`dataplane.sharding`)."""
+        return self.placement.shards
 
-    def keep_off(self, tenant: str) -> frozenset[str]:
-        """Replicas ``tenant``'s next request should avoid (:meth:`dataplane.sharding.Shards.keep_off`)."""
-        return self.shards.keep_off(tenant)
+    def set_replicas(self, replicas: Mapping[str, int]) -> None:
+        """The model's replicas (id -> concurrency target) the placement works over."""
+        self.placement.set_replicas(replicas)
 
     def avoid(self, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
-        """Replicas the pick should keep ``ticket`` off: :meth:`keep_off` and :meth:`crowded`."""
-        off = self.shards.keep_off(ticket.tenant)
-        crowded = self.crowded(inflight, preempt=ticket.tier == TIERS[0])
-        return off | crowded if off else crowded
-
-    def crowded(self, inflight: Mapping[str, int], *, preempt: bool = False) -> frozenset[str]:
-        """Replicas full by ``inflight`` (this proxy's count), for interactive (``preempt``) beyond its victims there.
-
-        The tier queues dispatch while the model has room, but the pick may
-        still choose a replica this proxy has filled (a prefix's home, by a
-        load bound from telemetry up to a push old): sent there, a request
-        waits on the replica for another to finish. An interactive request
-        sent to a replica full of preemptible batch makes room at once
-        (:meth:`make_room`), so only what is left after that counts.
-        O(replicas of the model).
-        """
-        victims = self._victims if preempt else {}
-        return frozenset(r for r, slots in self.replicas.items()
-                         if slots > 0 and inflight.get(r, 0) - victims.get(r, 0) >= slots)
+        """Replicas the pick should keep ``ticket`` off (:meth:`dataplane.placement.Placement.avoid`)."""
+        return self.placement.avoid(ticket.tenant, inflight, preempt=ticket.tier == TIERS[0])
 
     def _place(self, ticket: Ticket, replica: str) -> None:
-        """``ticket`` was sent to ``replica``: a running preemptible lower-tier one counts as a victim there."""
-        self._uncount(ticket)
+        """``ticket`` was sent to ``replica``: a running preemptible lower-tier one is a victim there."""
         ticket.replica = replica
-        if ticket.tier != TIERS[0] and ticket.preemptible and ticket.state == "running" and replica:
-            self._counted.add(ticket)
-            self._victims[replica] = self._victims.get(replica, 0) + 1
-
-    def _uncount(self, ticket: Ticket) -> None:
-        if ticket in self._counted:
-            self._counted.discard(ticket)
-            left = self._victims[ticket.replica] - 1
-            if left > 0:
-                self._victims[ticket.replica] = left
-            else:
-                del self._victims[ticket.replica]
-
-    def _replan(self, now: float) -> None:
-        """Plan the shards again when the heavy tenants (held ``shard_hold_seconds``) or the replicas changed."""
-        if self.params.shard_max_share <= 0 or not self.replicas:
-            self.shards, self._seen = NONE, {}
-            return
-        current: dict[str, int] = {}
-        for heavy in self._heavy.values():
-            for tenant, slots in heavy.items():
-                current[tenant] = current.get(tenant, 0) + slots
-        for tenant, slots in current.items():
-            self._seen[tenant] = (slots, now)
-        hold = self.params.shard_hold_seconds
-        for tenant in [t for t, (_, at) in self._seen.items() if now - at > hold]:
-            del self._seen[tenant]
-        heavy = {t: n for t, (n, _) in self._seen.items()}
-        key = (tuple(sorted(heavy.items())), self._replicas_version)
-        if key != self._plan_key:
-            self._plan_key = key
-            self.shards = plan(heavy, self.replicas, self.params.shard_max_share)
+        victim = ticket.tier != TIERS[0] and ticket.preemptible and ticket.state == "running"
+        self.placement.place(ticket, replica, victim=victim)
 
     def _hold(self, ticket: Ticket, delta: int) -> None:
         """Count ``ticket`` in (+1) or out (-1) of its tenant's running requests in its tier."""
@@ -390,7 +331,7 @@ class TierQueues:
             chosen = [t for t in reversed(self._running[tier]) if t.state == "running" and t.preemptible][:count]
             for ticket in chosen:
                 ticket.state = "preempting"
-                self._uncount(ticket)
+                self.placement.forget(ticket)
             victims += chosen
         return victims
 
@@ -418,7 +359,7 @@ class TierQueues:
                     break
                 if held.replica == replica and held.state == "running" and held.preemptible:
                     held.state = "preempting"
-                    self._uncount(held)
+                    self.placement.forget(held)
                     victims.append(held)
                     spare -= 1
         return victims
@@ -427,14 +368,14 @@ class TierQueues:
         """A dispatched ticket ended (either way)."""
         if ticket.state in ("running", "preempting") and self._running[ticket.tier].pop(ticket, 0) is None:
             self._hold(ticket, -1)
-        self._uncount(ticket)
+        self.placement.forget(ticket)
         ticket.state = "done"
 
     def requeue(self, ticket: Ticket, now: float) -> None:
         """A preempted ticket goes back to the head of its tier queue (never shed, never lost)."""
         if self._running[ticket.tier].pop(ticket, 0) is None:
             self._hold(ticket, -1)
-        self._uncount(ticket)
+        self.placement.forget(ticket)
         ticket.state, ticket.preempted, ticket.replica = "queued", ticket.preempted + 1, ""
         self._queues[ticket.tier].push_front(ticket.tenant, ticket, ticket.cost)
         self._order[ticket.tier].appendleft(ticket)

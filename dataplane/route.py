@@ -18,7 +18,7 @@ request's prefix key (:mod:`dataplane.prefix`), or None.
    - *avoid*: replicas the tier queues keep this request off (a heavy
      tenant's shard, or everything outside it: :mod:`dataplane.sharding`;
      replicas this proxy has filled, for interactive beyond what it could
-     preempt there: :meth:`dataplane.queues.TierQueues.crowded`), unless
+     preempt there: :mod:`dataplane.placement`), unless
      that leaves none.
 
 2. **Ring** (:mod:`dataplane.ring`): along the key's walk (at most

@@ -102,8 +102,8 @@ def test_tier_queues_confine_heavy_tenants(waiting: dict[str, int], kw: dict[str
     assert {t: len(s) for t, s in q.shards.shards.items()} == confined
     if confined:
         # the light tenant keeps off the shard, the heavy one off everything else
-        assert q.keep_off("t0") == q.shards.shards["noisy"]
-        assert len(q.keep_off("noisy")) == 7
+        assert q.placement.shards.keep_off("t0") == q.shards.shards["noisy"]
+        assert len(q.placement.shards.keep_off("noisy")) == 7
 
 
 def test_confined_ceiling_and_hold() -> None:

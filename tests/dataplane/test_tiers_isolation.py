@@ -195,9 +195,9 @@ def test_crowded_replicas_for_the_pick(batch: dict[str, int], streams: dict[str,
         assert len(q.make_room(newcomer, "r0", 4 + preempted, 4)) == preempted
     for t in placed[:finished]:
         q.finish(t)
-    assert q.crowded(inflight, preempt=True) == q.avoid(_ticket("interactive"), inflight) == frozenset(expect)
+    assert q.placement.crowded(inflight, preempt=True) == q.avoid(_ticket("interactive"), inflight) == frozenset(expect)
     full = {r for r, n in inflight.items() if n >= 4}  # a lower tier can preempt nothing: full is full
-    assert q.crowded(inflight) == q.avoid(_ticket("batch"), inflight) == frozenset(full)
+    assert q.placement.crowded(inflight) == q.avoid(_ticket("batch"), inflight) == frozenset(full)
 
 
 def test_make_room_keeps_the_lower_tier_reserve() -> None:

@@ -1,0 +1,112 @@
+"""Where the tier queues' requests should not go: heavy tenants' shards, and replicas this proxy has filled.
+
+:class:`Placement` (one per model, owned by :class:`dataplane.queues.TierQueues`)
+answers :meth:`Placement.avoid` for the pick, which treats it as a soft
+filter (:func:`dataplane.route.route`'s ``avoid``: ignored when nothing would
+be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
+
+- **Shards** (:mod:`dataplane.sharding`). Each dispatch round reports, per
+  tier, the tenants left at their fair-share ceiling with work waiting and
+  their ceilings (:meth:`Placement.note_heavy`). A tenant stays heavy
+  ``hold_seconds`` after it was last reported; :meth:`Placement.replan`
+  plans the shards again (:func:`dataplane.sharding.plan`, at most
+  ``max_share`` of the replicas) when the heavy tenants or the replicas
+  changed. A heavy tenant is kept off everything outside its shard, every
+  other tenant off the shards.
+- **Crowded replicas** (:meth:`Placement.crowded`). The queues dispatch
+  while the model has room, but the pick may still choose a replica this
+  proxy has filled (a prefix's home, under a load bound from telemetry up to
+  a push old): sent there, a request waits on the replica for another to
+  finish. An interactive request sent to a replica full of preemptible batch
+  or standard work makes room at once (:meth:`dataplane.queues.TierQueues.make_room`),
+  so for it only what is left after those victims counts. Victims are
+  counted per replica as the queues place and release tickets
+  (:meth:`Placement.place`, :meth:`Placement.forget`).
+
+Parameters: ``max_share`` (``[proxy] tenant_shard_max_share``, 0.5; 0: no
+shards), ``hold_seconds`` (``tenant_shard_hold_seconds``, 1 s).
+
+Cost: :meth:`Placement.avoid` O(replicas of the model) (the crowded scan);
+:meth:`Placement.replan` O(heavy tenants) unless it plans again;
+:meth:`Placement.place` and :meth:`Placement.forget` O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+
+from dataplane.sharding import MAX_SHARE, NONE, Shards, plan
+
+
+class Placement:
+    """The avoid sets of one model's requests; see the module docstring."""
+
+    def __init__(self, max_share: float = MAX_SHARE, hold_seconds: float = 1.0) -> None:
+        self.max_share = max_share
+        self.hold_seconds = hold_seconds
+        self.replicas: Mapping[str, int] = {}  # replica id -> concurrency target
+        self.shards: Shards = NONE
+        self._version = 0
+        self._heavy: dict[str, dict[str, int]] = {}  # tier -> tenant -> its ceiling there
+        self._seen: dict[str, tuple[int, float]] = {}  # heavy tenant -> (slots, last seen heavy)
+        self._plan_key: tuple[object, ...] = ()
+        self._victims: dict[str, int] = {}  # replica -> preemptible lower-tier requests running there
+        self._counted: dict[Hashable, str] = {}  # victim -> its replica
+
+    def set_replicas(self, replicas: Mapping[str, int]) -> None:
+        """The model's replicas (id -> concurrency target)."""
+        if replicas != self.replicas:
+            self.replicas = dict(replicas)
+            self._version += 1
+
+    def note_heavy(self, tier: str, heavy: Mapping[str, int]) -> None:
+        """The tenants of ``tier`` at their ceiling with work waiting (tenant -> ceiling); empty: none."""
+        self._heavy[tier] = dict(heavy)
+
+    def replan(self, now: float) -> None:
+        """Plan the shards again when the heavy tenants (held ``hold_seconds``) or the replicas changed."""
+        if self.max_share <= 0 or not self.replicas:
+            self.shards, self._seen = NONE, {}
+            return
+        current: dict[str, int] = {}
+        for heavy in self._heavy.values():
+            for tenant, slots in heavy.items():
+                current[tenant] = current.get(tenant, 0) + slots
+        for tenant, slots in current.items():
+            self._seen[tenant] = (slots, now)
+        for tenant in [t for t, (_, at) in self._seen.items() if now - at > self.hold_seconds]:
+            del self._seen[tenant]
+        heavy = {t: n for t, (n, _) in self._seen.items()}
+        key = (tuple(sorted(heavy.items())), self._version)
+        if key != self._plan_key:
+            self._plan_key = key
+            self.shards = plan(heavy, self.replicas, self.max_share)
+
+    def place(self, key: Hashable, replica: str, *, victim: bool) -> None:
+        """``key`` was sent to ``replica``; ``victim``: a running request an interactive one may preempt."""
+        self.forget(key)
+        if victim and replica:
+            self._counted[key] = replica
+            self._victims[replica] = self._victims.get(replica, 0) + 1
+
+    def forget(self, key: Hashable) -> None:
+        """``key`` is no longer a victim anywhere (preempting, requeued or finished)."""
+        replica = self._counted.pop(key, None)
+        if replica is not None:
+            left = self._victims[replica] - 1
+            if left > 0:
+                self._victims[replica] = left
+            else:
+                del self._victims[replica]
+
+    def crowded(self, inflight: Mapping[str, int], *, preempt: bool = False) -> frozenset[str]:
+        """Replicas full by ``inflight`` (this proxy's count); with ``preempt``, beyond the victims there."""
+        victims = self._victims if preempt else {}
+        return frozenset(r for r, slots in self.replicas.items()
+                         if slots > 0 and inflight.get(r, 0) - victims.get(r, 0) >= slots)
+
+    def avoid(self, tenant: str, inflight: Mapping[str, int], *, preempt: bool) -> frozenset[str]:
+        """Replicas a request of ``tenant`` should not go to: its shard's complement or the shards, and crowded ones."""
+        off = self.shards.keep_off(tenant)
+        crowded = self.crowded(inflight, preempt=preempt)
+        return off | crowded if off else crowded

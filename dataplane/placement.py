@@ -26,7 +26,7 @@ be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
 Parameters: ``max_share`` (``[proxy] tenant_shard_max_share``, 0.5; 0: no
 shards), ``hold_seconds`` (``tenant_shard_hold_seconds``, 1 s).
 
-Cost: :meth:`Placement.avoid` O(replicas of the model) (the crowded scan);
+Cost: :meth:`Placement.avoid` O(replicas with requests of this proxy in flight);
 :meth:`Placement.replan` O(heavy tenants) unless it plans again;
 :meth:`Placement.place` and :meth:`Placement.forget` O(1).
 """
@@ -102,8 +102,8 @@ class Placement:
     def crowded(self, inflight: Mapping[str, int], *, preempt: bool = False) -> frozenset[str]:
         """Replicas full by ``inflight`` (this proxy's count); with ``preempt``, beyond the victims there."""
         victims = self._victims if preempt else {}
-        return frozenset(r for r, slots in self.replicas.items()
-                         if slots > 0 and inflight.get(r, 0) - victims.get(r, 0) >= slots)
+        slots = self.replicas
+        return frozenset(r for r, n in inflight.items() if n - victims.get(r, 0) >= slots.get(r, 0) > 0)
 
     def avoid(self, tenant: str, inflight: Mapping[str, int], *, preempt: bool) -> frozenset[str]:
         """Replicas a request of ``tenant`` should not go to: its shard's complement or the shards, and crowded ones."""

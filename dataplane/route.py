@@ -18,8 +18,8 @@ request's prefix key (:mod:`dataplane.prefix`), or None.
    - *avoid*: replicas the tier queues keep this request off (a heavy
      tenant's shard, or everything outside it: :mod:`dataplane.sharding`;
      replicas this proxy has filled, for interactive beyond what it could
-     preempt there: :mod:`dataplane.placement`), unless
-     that leaves none.
+     preempt there: :mod:`dataplane.placement`), unless that leaves none
+     besides the replicas already tried.
 
 2. **Ring** (:mod:`dataplane.ring`): along the key's walk (at most
    ``walk_limit`` replicas, default 8), the first replica that passes the
@@ -130,8 +130,8 @@ def route(
     candidates: Sequence[Replica] = pool.replicas
     if need.tokens > pool.min_context:
         candidates = [r for r in candidates if need.tokens <= context_limit(r)]
-    if avoid:
-        kept = [r for r in candidates if r.replica_id not in avoid]
+    if avoid:  # soft: replicas already tried count as gone, so a retry still finds one
+        kept = [r for r in candidates if r.replica_id not in avoid and r.replica_id not in excluded]
         candidates, avoid = (kept, avoid) if kept else (candidates, ())
     if excluded or avoid_nodes or key is None or len(candidates) <= 1:
         decision = pick(candidates, need, local, rng, excluded, avoid_nodes=avoid_nodes, table_age=table_age,

@@ -130,23 +130,43 @@ def test_confined_ceiling_and_hold() -> None:
     assert q.shards is NONE
 
 
+def test_shard_moves_when_its_replica_leaves_the_table() -> None:
+    q = TierQueues(QueueParams(max_queued=1000, quantum=100, tenant_ceiling=0.25), capacity=32)
+    replicas = {f"r{i}": 4 for i in range(8)}
+    q.set_replicas(replicas)
+    for tenant, n in (("noisy", 60), ("t0", 2)):
+        for _ in range(n):
+            q.offer(_ticket(tenant), 0.0)
+    q.dispatch(0.0)
+    (gone,) = q.shards.shards["noisy"]
+    q.set_replicas({r: n for r, n in replicas.items() if r != gone})  # the table no longer lists it
+    q.dispatch(0.1)
+    (now,) = q.shards.shards["noisy"]
+    assert now != gone and now in replicas
+    assert gone not in q.placement.shards.keep_off("noisy")  # nor kept: it is not a candidate any more
+
+
 def _pool(n: int) -> Pool:
     snap = snapshot(1, [fake_route(f"r{i}", f"127.0.0.1:{1000 + i}", max_concurrency=4) for i in range(n)])
     return build_table(snap, region="local", applied_at=0.0).models["m"].default
 
 
-@pytest.mark.parametrize(("key", "avoid", "allowed"), [
-    (None, {"r0", "r1", "r2"}, {"r3"}),                # P2C among what is left
-    (None, {"r0"}, {"r1", "r2", "r3"}),
-    (12345, {"r0", "r1", "r2"}, {"r3"}),               # the ring walk skips avoided replicas
-    (None, {"r0", "r1", "r2", "r3"}, {"r0", "r1", "r2", "r3"}),  # nothing left: the filter is ignored
-], ids=["p2c-one-left", "p2c", "ring", "all-avoided"])
-def test_route_keeps_off_avoided_replicas(key: int | None, avoid: set[str], allowed: set[str]) -> None:
+@pytest.mark.parametrize(("key", "avoid", "allowed", "excluded"), [
+    (None, {"r0", "r1", "r2"}, {"r3"}, set()),                # P2C among what is left
+    (None, {"r0"}, {"r1", "r2", "r3"}, set()),
+    (12345, {"r0", "r1", "r2"}, {"r3"}, set()),               # the ring walk skips avoided replicas
+    (None, {"r0", "r1", "r2", "r3"}, {"r0", "r1", "r2", "r3"}, set()),  # nothing left: the filter is ignored
+    (None, {"r1", "r2", "r3"}, {"r1", "r2", "r3"}, {"r0"}),  # its shard failed: the retry goes outside it
+    (12345, {"r0", "r1"}, {"r2"}, {"r3"}),                  # a retry: what is left and not tried
+], ids=["p2c-one-left", "p2c", "ring", "all-avoided", "shard-failed", "retry"])
+def test_route_keeps_off_avoided_replicas(key: int | None, avoid: set[str], allowed: set[str],
+                                          excluded: set[str]) -> None:
     pool = _pool(4)
     rng = random.Random(3)
     chosen = set()
     for k in range(200):
-        decision = route(pool, Need(10, 5), None if key is None else key + k, LocalLoad(), rng, avoid=avoid)
+        decision = route(pool, Need(10, 5), None if key is None else key + k, LocalLoad(), rng, avoid=avoid,
+                         excluded=excluded)
         assert decision.replica is not None and decision.branch is not Branch.NONE
         chosen.add(decision.replica.replica_id)
     assert chosen <= allowed

@@ -122,6 +122,7 @@ class Admission:
         self._preempt: dict[Ticket, asyncio.Event] = {}
         self._started: dict[Ticket, float] = {}
         self._shards: dict[str, Shards] = {}  # per model, the shards last reported
+        self._shown: dict[str, tuple[tuple[int, int, int], ...]] = {}  # per model, the gauges' last values
 
     def apply(self, table: Table) -> None:
         """Size each model's queues from ``table``'s routable replicas; take its reserved shares when it has them."""
@@ -275,7 +276,11 @@ class Admission:
             event(log, "tenant_confined", model=model,
                   tenants={t: sorted(r) for t, r in sorted(shards.shards.items())})
         quotas = queues.quotas()
-        for tier in TIERS:
-            self.metrics.depth.labels(model, tier).set(queues.depth(tier))
-            self.metrics.quota.labels(model, tier).set(quotas.quota[tier])
-            self.metrics.lent.labels(model, tier).set(quotas.lent[tier])
+        shown = tuple((queues.depth(t), quotas.quota[t], quotas.lent[t]) for t in TIERS)
+        if shown == self._shown.get(model):  # per request: set the gauges only when a value moved
+            return
+        self._shown[model] = shown
+        for tier, (depth, quota, lent) in zip(TIERS, shown, strict=True):
+            self.metrics.depth.labels(model, tier).set(depth)
+            self.metrics.quota.labels(model, tier).set(quota)
+            self.metrics.lent.labels(model, tier).set(lent)

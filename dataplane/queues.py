@@ -140,6 +140,8 @@ class TierQueues:
         self.drain = {t: DrainRate() for t in TIERS}
         self._tenants: dict[str, dict[str, list[float]]] = {t: {} for t in TIERS}  # tenant -> [running, weight]
         self.placement = Placement(params.shard_max_share, params.shard_hold_seconds)
+        self._quotas_key: tuple[object, ...] = ()
+        self._quotas = compute_quotas(capacity, {}, self.reserved)
 
     def depth(self, tier: str) -> int:
         """Requests of ``tier`` waiting."""
@@ -154,9 +156,13 @@ class TierQueues:
         return sum(len(q) for q in self._queues.values())
 
     def quotas(self) -> Quotas:
-        """The quotas for the demand seen now (running + waiting per tier)."""
-        demand = {t: self.running(t) + self.depth(t) for t in TIERS}
-        return compute_quotas(self.capacity, demand, self.reserved)
+        """The quotas for the demand seen now (running + waiting per tier); kept until the demand changes."""
+        demand = tuple(self.running(t) + self.depth(t) for t in TIERS)
+        key = (self.capacity, demand, tuple(self.reserved.get(t, 0.0) for t in TIERS))
+        if key != self._quotas_key:
+            self._quotas_key = key
+            self._quotas = compute_quotas(self.capacity, dict(zip(TIERS, demand, strict=True)), self.reserved)
+        return self._quotas
 
     def retry_after(self, tier: str, now: float) -> float:
         """Seconds until ``tier``'s queue should have room."""
@@ -315,6 +321,8 @@ class TierQueues:
         preemptions already under way; never a tier below its allowance;
         only preemptible tickets (unary calls, not streams).
         """
+        if not any(self.depth(t) for t in TIERS[:-1]):  # nothing waits above the lowest tier: the common case
+            return []
         quotas = self.quotas()
         limits = {t: allowance(quotas, t) for t in TIERS}
         free = self.capacity - sum(self.running(t) for t in TIERS)

@@ -26,8 +26,9 @@ heavy tenants or the replicas change:
 4. :meth:`Shards.keep_off`: a confined tenant stays off every replica outside
    its shard; any other tenant stays off every shard. The pick treats it as
    a soft filter (:func:`dataplane.route.route`'s ``avoid``): ignored when
-   nothing would be left. A confined tenant's ceiling becomes its shard's
-   slots (:meth:`Shards.ceiling`), so no request waits inside a full replica.
+   nothing but replicas already tried would be left. A confined tenant's
+   ceiling becomes its shard's slots (:meth:`Shards.ceiling`), so no request
+   waits inside a full replica.
 
 Parameters: ``max_share`` (``[proxy] tenant_shard_max_share``, default 0.5;
 0 turns confinement off).
@@ -54,23 +55,22 @@ def rendezvous(tenant: str, replicas: Sequence[str]) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Shards:
-    """The confined tenants' shards and the replicas the others keep off; see the module docstring."""
+    """The confined tenants' shards and the replicas the others keep off; see the module docstring.
+
+    ``outside`` (each confined tenant's complement) and ``taken`` (every
+    shard's replica) are precomputed by :func:`plan`: :meth:`keep_off` runs
+    per request.
+    """
 
     shards: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
     slots: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    replicas: frozenset[str] = frozenset()
-
-    @property
-    def taken(self) -> frozenset[str]:
-        """Every replica in some shard."""
-        return frozenset().union(*self.shards.values()) if self.shards else frozenset()
+    outside: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    taken: frozenset[str] = frozenset()
 
     def keep_off(self, tenant: str) -> frozenset[str]:
-        """The replicas ``tenant``'s next request should avoid (empty: none)."""
-        mine = self.shards.get(tenant)
-        if mine is not None:
-            return self.replicas - mine
-        return self.taken
+        """The replicas ``tenant``'s next request should avoid (empty: none). O(1)."""
+        mine = self.outside.get(tenant)
+        return self.taken if mine is None else mine
 
     def ceiling(self, tenant: str, ceiling: int) -> int:
         """``tenant``'s concurrency ceiling: at most its shard's slots when confined."""
@@ -106,4 +106,5 @@ def plan(heavy: Mapping[str, int], replicas: Mapping[str, int], max_share: float
             taken.update(mine)
     if not shards:
         return NONE
-    return Shards(shards, slots, frozenset(ids))
+    every = frozenset(ids)
+    return Shards(shards, slots, {t: every - mine for t, mine in shards.items()}, frozenset(taken))

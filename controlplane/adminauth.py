@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import inspect
 import os
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from ferry.decodeguard import relay
 from ferry.errors import ConfigError
 from ferry.tls import peer_common_name
 
@@ -82,16 +82,22 @@ class AdminAuth:
         return None
 
 
+def read_token_file(flag: str, path: str) -> str:
+    """The stripped token in ``path`` (given by ``flag``); ConfigError naming ``flag`` when unreadable or empty."""
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(flag, f"cannot read {path}: {exc.strerror}") from exc
+    if not token:
+        raise ConfigError(flag, f"{path} is empty")
+    return token
+
+
 def load(config_sha256: str, token_file: str | None, env: Mapping[str, str] = os.environ) -> AdminAuth:
     """The token from the flag's file, the environment or the config (see the module doc)."""
     token: str | None = None
     if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError("--admin-token-file", f"cannot read {token_file}: {exc.strerror}") from exc
-        if not token:
-            raise ConfigError("--admin-token-file", f"{token_file} is empty")
+        token = read_token_file("--admin-token-file", token_file)
     elif env.get(ENV, "").strip():
         token = env[ENV].strip()
     wanted = config_sha256.strip().lower()
@@ -127,12 +133,8 @@ def _wrap(handler: grpc.RpcMethodHandler, auth: AdminAuth, refused: Callable[[],
 
         async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             await check(context)
-            result = inner_ss(requests, context)
-            if inspect.isasyncgen(result):
-                async for item in result:
-                    yield item
-            else:
-                await result
+            async for item in relay(inner_ss(requests, context)):
+                yield item
         return grpc.stream_stream_rpc_method_handler(stream_stream, request_deserializer=deser, response_serializer=ser)
     raise TypeError("the Admin service has only unary-unary and stream-stream methods")
 

@@ -22,8 +22,8 @@ import hmac
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from controlplane.adminauth import read_token_file
 from ferry.errors import ConfigError, Unauthenticated
 
 AGENT_CN = "agent"
@@ -65,16 +65,7 @@ def load(config_sha256: str, token_file: str | None, *, mutual_tls: bool,
     wanted = config_sha256.strip().lower()
     if wanted and (len(wanted) != 64 or any(c not in "0123456789abcdef" for c in wanted)):
         raise ConfigError("controlplane.join_token_sha256", "must be a sha256 in hex (64 characters)")
-    token = ""
-    if token_file:
-        try:
-            token = Path(token_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError("--join-token-file", f"cannot read {token_file}: {exc.strerror}") from exc
-        if not token:
-            raise ConfigError("--join-token-file", f"{token_file} is empty")
-    else:
-        token = env.get(ENV, "").strip()
+    token = read_token_file("--join-token-file", token_file) if token_file else env.get(ENV, "").strip()
     if token and wanted and sha256_hex(token) != wanted:
         raise ConfigError("controlplane.join_token_sha256", f"does not match the token of --join-token-file or {ENV}")
     return Admission(sha256_hex(token) if token else wanted, mutual_tls)

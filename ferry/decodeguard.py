@@ -25,6 +25,19 @@ class _Undecodable:
         self.reason = reason
 
 
+async def relay(result: Any) -> AsyncIterator[Any]:
+    """What a wrapped streaming handler returned, relayed: an async generator's items, or a coroutine awaited.
+
+    A servicer may stream by yielding or by writing on the context in a
+    coroutine; an interceptor's wrapper serves both through this.
+    """
+    if inspect.isasyncgen(result):
+        async for item in result:
+            yield item
+    else:
+        await result
+
+
 def _safe(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
@@ -62,12 +75,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             if isinstance(request, _Undecodable):
                 await _refuse(context, method, request)
-            result = inner_us(request, context)
-            if inspect.isasyncgen(result):
-                async for item in result:
-                    yield item
-            else:
-                await result
+            async for item in relay(inner_us(request, context)):
+                yield item
         return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=deser, response_serializer=ser)
     if handler.stream_unary:
         inner_su = handler.stream_unary
@@ -78,12 +87,8 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
     inner_ss = handler.stream_stream
 
     async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        result = inner_ss(_checked(requests, context, method), context)
-        if inspect.isasyncgen(result):
-            async for item in result:
-                yield item
-        else:
-            await result
+        async for item in relay(inner_ss(_checked(requests, context, method), context)):
+            yield item
     return grpc.stream_stream_rpc_method_handler(stream_stream, request_deserializer=deser, response_serializer=ser)
 
 

@@ -1,4 +1,4 @@
-"""Fixtures of the control plane tests: a fake clock and an in-process control plane on loopback."""
+"""Fixtures of the control plane tests: a fake clock, an in-process control plane on loopback, a pair of them."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.controlplane.fakes import FakeClock, Harness
+from tests.controlplane.fakes import FakeClock, Harness, Pair
 
 
 @pytest.fixture
@@ -21,3 +21,13 @@ async def harness(clock: FakeClock) -> AsyncIterator[Harness]:
         yield h
     finally:
         await h.stop()
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[Pair]:
+    """Two control planes on one shared embedded store (:class:`tests.controlplane.fakes.Pair`)."""
+    p = await Pair().start()
+    try:
+        yield p
+    finally:
+        await p.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -204,3 +205,44 @@ class FlakyStore:
             return await attr(*args, **kwargs)
 
         return call
+
+
+TICK = 0.25  # Pair's control-plane tick
+LEASE = 1.0  # ... and leader lease
+
+
+class Pair:
+    """cp1 (started first: the leader) and cp2 on one store, each with a channel and an Admin stub."""
+
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.links = [FlakyStore(self.store), FlakyStore(self.store)]
+        self.cps: list[ControlPlane] = []
+        self.channels: list[grpc.aio.Channel] = []
+
+    async def start(self) -> Pair:
+        for i, link in enumerate(self.links):
+            settings = ControlPlaneSettings(id=f"cp{i + 1}", tick_seconds=TICK, debounce_seconds=0.005,
+                                            grace_seconds=2.0, leader_lease_seconds=LEASE, store_timeout_seconds=1.0)
+            cp = ControlPlane(settings, catalog=(ModelConfig(name="chat"),), store=link, elect=True,  # type: ignore[arg-type]
+                              admin_auth=AdminAuth.with_token(TOKEN))
+            port = await cp.start("127.0.0.1:0")
+            self.cps.append(cp)
+            self.channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+        return self
+
+    def admin(self, i: int) -> Any:
+        return AdminClient(self.channels[i], TOKEN)
+
+    async def status(self, i: int) -> admin_pb2.GetStatusResponse:
+        return await self.admin(i).GetStatus(admin_pb2.GetStatusRequest(), timeout=WAIT)
+
+    async def stop(self) -> None:
+        for what, closing in [*((f"cp{i + 1}", cp.stop(grace=0.2)) for i, cp in enumerate(self.cps)),
+                              *((f"channel {i}", c.close()) for i, c in enumerate(self.channels))]:
+            try:
+                await asyncio.wait_for(closing, WAIT)
+            except TimeoutError:
+                for task in asyncio.all_tasks():
+                    task.print_stack(file=sys.stderr)
+                raise AssertionError(f"{what} did not stop within {WAIT} s (task stacks on stderr)") from None

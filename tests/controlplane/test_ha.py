@@ -8,71 +8,24 @@ and the clock is real, with short ticks and leases.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
-from controlplane.adminauth import AdminAuth
-from controlplane.config import ControlPlaneSettings
-from controlplane.memstore import MemoryStore
-from controlplane.server import ControlPlane
-from ferry.cli.ctl import AdminClient
-from ferry.config import ModelConfig
 from ferry.v1 import admin_pb2, fleet_pb2
-from tests.controlplane.fakes import TOKEN, WAIT, FakeAgent, FakeProxy, FlakyStore, load, register, replica, routed
-
-TICK = 0.25
-LEASE = 1.0
-
-
-class Pair:
-    """cp1 (started first: the leader) and cp2 on one store, each with a channel and an Admin stub."""
-
-    def __init__(self) -> None:
-        self.store = MemoryStore()
-        self.links = [FlakyStore(self.store), FlakyStore(self.store)]
-        self.cps: list[ControlPlane] = []
-        self.channels: list[grpc.aio.Channel] = []
-
-    async def start(self) -> Pair:
-        for i, link in enumerate(self.links):
-            settings = ControlPlaneSettings(id=f"cp{i + 1}", tick_seconds=TICK, debounce_seconds=0.005,
-                                            grace_seconds=2.0, leader_lease_seconds=LEASE, store_timeout_seconds=1.0)
-            cp = ControlPlane(settings, catalog=(ModelConfig(name="chat"),), store=link, elect=True,  # type: ignore[arg-type]
-                              admin_auth=AdminAuth.with_token(TOKEN))
-            port = await cp.start("127.0.0.1:0")
-            self.cps.append(cp)
-            self.channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
-        return self
-
-    def admin(self, i: int) -> Any:
-        return AdminClient(self.channels[i], TOKEN)
-
-    async def status(self, i: int) -> admin_pb2.GetStatusResponse:
-        return await self.admin(i).GetStatus(admin_pb2.GetStatusRequest(), timeout=WAIT)
-
-    async def stop(self) -> None:
-        for what, closing in [*((f"cp{i + 1}", cp.stop(grace=0.2)) for i, cp in enumerate(self.cps)),
-                              *((f"channel {i}", c.close()) for i, c in enumerate(self.channels))]:
-            try:
-                await asyncio.wait_for(closing, WAIT)
-            except TimeoutError:
-                for task in asyncio.all_tasks():
-                    task.print_stack(file=sys.stderr)
-                raise AssertionError(f"{what} did not stop within {WAIT} s (task stacks on stderr)") from None
-
-
-@pytest.fixture
-async def pair() -> AsyncIterator[Pair]:
-    p = await Pair().start()
-    try:
-        yield p
-    finally:
-        await p.stop()
+from tests.controlplane.fakes import (
+    TICK,
+    WAIT,
+    FakeAgent,
+    FakeProxy,
+    Pair,
+    load,
+    register,
+    replica,
+    routed,
+)
 
 
 async def until_async(predicate: Any, what: str, seconds: float = WAIT) -> Any:

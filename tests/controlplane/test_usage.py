@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -13,8 +13,7 @@ import pytest
 
 from controlplane.usage import Figures, ProxyUsage, merge, rollup, spill_views, tier_views, usage_rows
 from ferry.v1 import admin_pb2, tables_pb2
-from tests.controlplane.fakes import WAIT, FakeClock, FakeProxy, Harness
-from tests.controlplane.test_ha import Pair
+from tests.controlplane.fakes import WAIT, FakeClock, FakeProxy, Harness, Pair
 
 
 def sample(model: str = "chat", tier: str = "interactive", **fields: Any) -> tables_pb2.UsageSample:
@@ -301,15 +300,6 @@ async def test_watch_reports_reach_the_admin_views_and_metrics(clock: FakeClock)
         await until(lambda: nothing(h.admin), "the report dropped with its stream")  # only the proxy knew chat
     finally:
         await h.stop()
-
-
-@pytest.fixture
-async def pair() -> AsyncIterator[Pair]:
-    p = await Pair().start()
-    try:
-        yield p
-    finally:
-        await p.stop()
 
 
 async def test_a_followers_proxies_reach_the_leader(pair: Pair) -> None:

@@ -19,14 +19,19 @@ be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
   a push old): sent there, a request waits on the replica for another to
   finish. An interactive request sent to a replica full of preemptible batch
   or standard work makes room at once (:meth:`dataplane.queues.TierQueues.make_room`),
-  so for it only what is left after those victims counts. Victims are
+  so for it, once every replica it may use is full, only what is left after
+  those victims counts. While one of them has room, it goes there and
+  nothing is preempted: a global preemption (:meth:`dataplane.queues.TierQueues.preemptions`)
+  has just freed a slot on one replica, and a pick that chose another full
+  one would preempt a second request for the same arrival. Victims are
   counted per replica as the queues place and release tickets
   (:meth:`Placement.place`, :meth:`Placement.forget`).
 
 Parameters: ``max_share`` (``[proxy] tenant_shard_max_share``, 0.5; 0: no
 shards), ``hold_seconds`` (``tenant_shard_hold_seconds``, 1 s).
 
-Cost: :meth:`Placement.avoid` O(replicas with requests of this proxy in flight);
+Cost: :meth:`Placement.avoid` O(replicas with requests of this proxy in flight), for an
+interactive request O(replicas) at worst (finding one with room stops at the first);
 :meth:`Placement.replan` O(heavy tenants) unless it plans again;
 :meth:`Placement.place` and :meth:`Placement.forget` O(1).
 """
@@ -99,14 +104,22 @@ class Placement:
             else:
                 del self._victims[replica]
 
-    def crowded(self, inflight: Mapping[str, int], *, preempt: bool = False) -> frozenset[str]:
-        """Replicas full by ``inflight`` (this proxy's count); with ``preempt``, beyond the victims there."""
-        victims = self._victims if preempt else {}
+    def crowded(self, inflight: Mapping[str, int], *, preempt: bool = False,
+                off: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Replicas full by ``inflight`` (this proxy's count).
+
+        With ``preempt`` (an interactive request), when every replica outside
+        ``off`` is full: those full beyond the victims there.
+        """
         slots = self.replicas
-        return frozenset(r for r, n in inflight.items() if n - victims.get(r, 0) >= slots.get(r, 0) > 0)
+        full = frozenset(r for r, n in inflight.items() if n >= slots.get(r, 0) > 0)
+        if not preempt or any(n > 0 and r not in full and r not in off for r, n in slots.items()):
+            return full  # room somewhere it may go: nothing to preempt
+        victims = self._victims
+        return frozenset(r for r in full if inflight[r] - victims.get(r, 0) >= slots[r])
 
     def avoid(self, tenant: str, inflight: Mapping[str, int], *, preempt: bool) -> frozenset[str]:
         """Replicas a request of ``tenant`` should not go to: its shard's complement or the shards, and crowded ones."""
         off = self.shards.keep_off(tenant)
-        crowded = self.crowded(inflight, preempt=preempt)
+        crowded = self.crowded(inflight, preempt=preempt, off=off)
         return off | crowded if off else crowded

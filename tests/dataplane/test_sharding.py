@@ -17,6 +17,7 @@ import pytest
 
 from agent.engine import EngineParams
 from dataplane.pick import Branch, Need
+from dataplane.placement import Placement
 from dataplane.policy import LocalLoad
 from dataplane.pool import Pool
 from dataplane.queues import QueueParams, Ticket, TierQueues
@@ -259,5 +260,74 @@ async def test_proxy_keeps_interactive_off_a_replica_it_cannot_make_room_on() ->
         assert rig.served() == {"r0": 1, "r1": 1}
         for call in calls:
             call.cancel()
+    finally:
+        await rig.stop()
+
+
+@pytest.mark.parametrize(("inflight", "off", "expect"), [
+    ({"r0": 4, "r1": 4}, set(), {"r0", "r1"}),          # r2 has room: go there, preempt nothing
+    ({"r0": 4, "r1": 4}, {"r2"}, {"r1"}),               # kept off r2: r0 makes room (two victims there)
+    ({"r0": 4, "r1": 4, "r2": 4}, set(), {"r1", "r2"}),  # every replica full: only r0 can make room
+    ({"r0": 4, "r1": 3}, {"r2"}, {"r0"}),               # room on r1
+], ids=["room-elsewhere", "room-kept-off", "all-full", "room-allowed"])
+def test_interactive_preempts_only_when_every_replica_it_may_use_is_full(
+        inflight: dict[str, int], off: set[str], expect: set[str]) -> None:
+    placement = Placement()
+    placement.set_replicas({"r0": 4, "r1": 4, "r2": 4})
+    for k in range(2):
+        placement.place(("batch", k), "r0", victim=True)
+    assert placement.crowded(inflight, preempt=True, off=frozenset(off)) == frozenset(expect)
+    assert placement.crowded(inflight, off=frozenset(off)) == frozenset(r for r, n in inflight.items() if n >= 4)
+
+
+async def test_proxy_preempts_once_for_an_interactive_arrival_when_the_model_is_full() -> None:
+    """Two replicas of two slots full of batch: an interactive request preempts one batch request, not two.
+
+    The queues preempt the newest batch request (on one replica) to free a
+    slot; the interactive request's prefix home is the other replica, full of
+    batch it could also preempt. It must take the freed slot instead.
+    """
+    rig = Rig()
+    try:
+        await rig.start({rid: Behaviour(kind="hang") for rid in ("r0", "r1")},
+                        loads={rid: {"max_concurrency": 2} for rid in ("r0", "r1")})
+        assert rig.proxy is not None
+        metrics = rig.proxy.router.admission.metrics
+
+        def send(tier: int, prompt: str, prefix: str = "") -> asyncio.Future[object]:
+            req = request(prompt=prompt, tier=tier, prefix_key=prefix)
+            return asyncio.ensure_future(rig.stub.Infer(req, metadata=PAID, timeout=20))
+
+        async def arrival(before: dict[str, int]) -> str:
+            for _ in range(200):
+                now = rig.served()
+                moved = [rid for rid in now if now[rid] > before[rid]]
+                if moved:
+                    return moved[0]
+                await asyncio.sleep(0.01)
+            raise AssertionError("no replica received the request")
+
+        homes: dict[str, str] = {}
+        for k in range(8):  # each prefix's home on the ring, one request at a time on an idle fleet
+            before = rig.served()
+            call = send(common_pb2.TIER_INTERACTIVE, f"probe {k}", prefix=f"p{k}")
+            homes[f"p{k}"] = await arrival(before)
+            call.cancel()
+            await asyncio.sleep(0.05)
+        batch: list[asyncio.Future[object]] = []
+        for k in range(4):
+            before = rig.served()
+            batch.append(send(common_pb2.TIER_BATCH, f"batch {k}"))
+            newest = await arrival(before)
+        other = "r1" if newest == "r0" else "r0"
+        prefix = next(p for p, home in homes.items() if home == other)
+        before = rig.served()
+        interactive = send(common_pb2.TIER_INTERACTIVE, "interactive", prefix=prefix)
+        assert await arrival(before) == newest  # the slot the preemption freed, not its home
+        await asyncio.sleep(0.1)
+        assert metrics.preempted.labels("m", "reclaim")._value.get() == 1
+        for call in (*batch, interactive):
+            call.cancel()
+        await asyncio.gather(*batch, interactive, return_exceptions=True)
     finally:
         await rig.stop()

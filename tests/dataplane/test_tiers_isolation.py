@@ -167,13 +167,16 @@ def test_make_room_on_the_replica_the_pick_chose(tier: str, placed: dict[str, in
 
 @pytest.mark.parametrize(("batch", "streams", "inflight", "preempted", "finished", "expect"), [
     ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 0, 0, {"r1"}),          # r1 full of interactive; r0 can make room
-    ({"r0": 2}, {}, {"r0": 6, "r1": 3}, 0, 0, {"r0"}),          # 6 - 2 victims: still full
-    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 1, 0, set()),           # one victim taken: 4 - 1 < 4
-    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 2, 0, {"r0"}),          # both taken: nothing left to preempt
-    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 0, 2, {"r0"}),          # finished: no longer victims
-    ({}, {"r0": 2}, {"r0": 4, "r1": 3}, 0, 0, {"r0"}),          # streams are never preempted
+    ({"r0": 2}, {}, {"r0": 4, "r1": 3}, 0, 0, {"r0"}),          # room on r1: go there, preempt nothing
+    ({"r0": 2}, {}, {"r0": 4}, 0, 0, {"r0"}),                   # r1 has nothing in flight: room
+    ({"r0": 2}, {}, {"r0": 6, "r1": 4}, 0, 0, {"r0", "r1"}),    # 6 - 2 victims: still full
+    ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 1, 0, {"r1"}),          # one victim taken: 4 - 1 < 4
+    ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 2, 0, {"r0", "r1"}),    # both taken: nothing left to preempt
+    ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 0, 2, {"r0", "r1"}),    # finished: no longer victims
+    ({}, {"r0": 2}, {"r0": 4, "r1": 4}, 0, 0, {"r0", "r1"}),    # streams are never preempted
     ({"r0": 2}, {}, {}, 0, 0, set()),                           # nothing in flight
-], ids=["interactive-full", "over-victims", "one-taken", "all-taken", "finished", "streams", "empty"])
+], ids=["interactive-full", "room-elsewhere", "room-idle", "over-victims", "one-taken", "all-taken", "finished",
+        "streams", "empty"])
 def test_crowded_replicas_for_the_pick(batch: dict[str, int], streams: dict[str, int],
                                                   inflight: dict[str, int], preempted: int, finished: int,
                                                   expect: set[str]) -> None:

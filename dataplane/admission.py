@@ -27,7 +27,9 @@ so the pick answers for it as before. Metrics (:class:`TierMetrics`):
 ``ferry_proxy_queue_depth{model,tier}``, ``ferry_proxy_queue_wait_seconds``,
 ``ferry_proxy_admitted_total``, ``ferry_proxy_shed_total{model,tier,reason}``,
 ``ferry_proxy_preempted_total{model,reason}``, ``ferry_proxy_tier_quota`` and
-``ferry_proxy_tier_lent`` (slots, per model and tier); per tier and tenant
+``ferry_proxy_tier_lent`` (slots, per model and tier),
+``ferry_proxy_tier_reclaimed_total`` (slots of a tier's reserve it took back
+as its demand rose: the sum of the falls of ``_tier_lent``); per tier and tenant
 (the first ``tenant_labels`` tenants by name, the others as ``_other``:
 :class:`ferry.metrics.BoundedLabel`), ``ferry_proxy_tenant_queued_total``
 (requests that entered a tier queue), ``_admitted_total``,
@@ -102,6 +104,9 @@ class TierMetrics:
                            registry=registry)
         self.lent = Gauge(name("proxy_tier_lent"), "Reserved slots of a tier lent to others.", ["model", "tier"],
                           registry=registry)
+        self.reclaimed = Counter(name("proxy_tier_reclaimed_total"),
+                                 "Reserved slots a tier took back from the tiers it lent them to.", ["model", "tier"],
+                                 registry=registry)
         self.confined = Gauge(name("proxy_confined_tenants"), "Heavy tenants held to shards of their own.",
                               ["model"], registry=registry)
         self.confined_replicas = Gauge(name("proxy_confined_replicas"), "Replicas held by heavy tenants' shards.",
@@ -277,10 +282,13 @@ class Admission:
                   tenants={t: sorted(r) for t, r in sorted(shards.shards.items())})
         quotas = queues.quotas()
         shown = tuple((queues.depth(t), quotas.quota[t], quotas.lent[t]) for t in TIERS)
-        if shown == self._shown.get(model):  # per request: set the gauges only when a value moved
+        before = self._shown.get(model)
+        if shown == before:  # per request: set the gauges only when a value moved
             return
         self._shown[model] = shown
-        for tier, (depth, quota, lent) in zip(TIERS, shown, strict=True):
+        for i, (tier, (depth, quota, lent)) in enumerate(zip(TIERS, shown, strict=True)):
             self.metrics.depth.labels(model, tier).set(depth)
             self.metrics.quota.labels(model, tier).set(quota)
             self.metrics.lent.labels(model, tier).set(lent)
+            if before is not None and lent < before[i][2]:  # its demand rose: lent reserve taken back
+                self.metrics.reclaimed.labels(model, tier).inc(before[i][2] - lent)

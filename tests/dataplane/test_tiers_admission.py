@@ -204,3 +204,30 @@ async def test_admission_counts_per_tier_and_tenant_with_a_bounded_label() -> No
     assert value("queued_total", tier="standard", tenant="_other") == 1  # "zeta": past the bound of one name
     assert value("shed_total", tier="standard", tenant="_other", reason="timeout") == 1
     assert value("admitted_total", tier="standard", tenant="zeta") == 0
+
+
+async def test_reclaimed_counts_the_reserve_taken_back() -> None:
+    """Ten slots, interactive reserves 7: idle, all 7 are lent to batch; three interactive requests take 3 back."""
+    clock = Clock()
+    adm = _admission(10, clock, reserved={"interactive": 0.7, "standard": 0.2, "batch": 0.1}, headroom_max_share=0.0)
+    metrics = adm.metrics
+    batch = [_t("batch") for _ in range(10)]
+    for ticket in batch:
+        await adm.acquire("chat", ticket)
+    assert metrics.lent.labels("chat", "interactive")._value.get() == 7
+    assert metrics.reclaimed.labels("chat", "interactive")._value.get() == 0
+    interactive = [_t("interactive") for _ in range(3)]
+    waiting = [asyncio.ensure_future(adm.acquire("chat", ticket)) for ticket in interactive]
+    await asyncio.sleep(0)
+    assert metrics.lent.labels("chat", "interactive")._value.get() == 4
+    assert metrics.reclaimed.labels("chat", "interactive")._value.get() == 3
+    for ticket in batch[:3]:  # batch over its quota ends (it is not preemptible here: not forwarding)
+        adm.release("chat", ticket)
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    for ticket in batch[3:]:
+        adm.release("chat", ticket)
+    assert metrics.lent.labels("chat", "interactive")._value.get() == 4  # three interactive still run
+    for ticket in interactive:
+        adm.release("chat", ticket)
+    assert metrics.lent.labels("chat", "interactive")._value.get() == 7
+    assert metrics.reclaimed.labels("chat", "interactive")._value.get() == 3  # lending again is not a reclaim

@@ -26,7 +26,9 @@ A model whose table lists no concurrency (capacity 0) bypasses the queues,
 so the pick answers for it as before. Metrics (:class:`TierMetrics`):
 ``ferry_proxy_queue_depth{model,tier}``, ``ferry_proxy_queue_wait_seconds``,
 ``ferry_proxy_admitted_total``, ``ferry_proxy_shed_total{model,tier,reason}``,
-``ferry_proxy_preempted_total{model,reason}``, ``ferry_proxy_tier_quota`` and
+``ferry_proxy_preempted_total{model,reason}`` (``reclaim``: the model was full
+and a higher tier waited; ``room``: an interactive request was sent to a
+replica full of this proxy's requests), ``ferry_proxy_tier_quota`` and
 ``ferry_proxy_tier_lent`` (slots, per model and tier),
 ``ferry_proxy_tier_reclaimed_total`` (slots of a tier's reserve it took back
 as its demand rose: the sum of the falls of ``_tier_lent``); per tier and tenant
@@ -73,6 +75,16 @@ class Preempted(FerryError):
     """A batch request was preempted and requeued; the caller waits for dispatch again."""
 
 
+class _Preempt(asyncio.Event):
+    """Set to preempt a running ticket; ``reason`` labels the metric: ``reclaim`` or ``room``."""
+
+    reason = "reclaim"
+
+    def fire(self, reason: str) -> None:
+        self.reason = reason
+        self.set()
+
+
 class TierMetrics:
     """The admission metrics; see the module docstring."""
 
@@ -98,7 +110,8 @@ class TierMetrics:
                                 ["model", "tier"], registry=registry)
         self.shed = Counter(name("proxy_shed_total"), "Requests refused or evicted at admission, by reason.",
                             ["model", "tier", "reason"], registry=registry)
-        self.preempted = Counter(name("proxy_preempted_total"), "Batch requests preempted and requeued.",
+        self.preempted = Counter(name("proxy_preempted_total"),
+                                 "Batch and standard requests preempted and requeued, by reason (reclaim, room).",
                                  ["model", "reason"], registry=registry)
         self.quota = Gauge(name("proxy_tier_quota"), "Slots a tier may run now.", ["model", "tier"],
                            registry=registry)
@@ -124,7 +137,7 @@ class Admission:
         self.metrics = TierMetrics(registry, tenant_labels)
         self.models: dict[str, TierQueues] = {}
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
-        self._preempt: dict[Ticket, asyncio.Event] = {}
+        self._preempt: dict[Ticket, _Preempt] = {}
         self._started: dict[Ticket, float] = {}
         self._shards: dict[str, Shards] = {}  # per model, the shards last reported
         self._shown: dict[str, tuple[tuple[int, int, int], ...]] = {}  # per model, the gauges' last values
@@ -204,7 +217,7 @@ class Admission:
         """Run ``call()``; a lower-tier unary ticket may be preempted: cancelled, requeued, :class:`Preempted`."""
         if ticket.tier == TIERS[0] or not ticket.preemptible:
             return await call()
-        event = self._preempt[ticket] = asyncio.Event()
+        event = self._preempt[ticket] = _Preempt()
         task = asyncio.ensure_future(call())
         signal = asyncio.ensure_future(event.wait())
         try:
@@ -221,7 +234,7 @@ class Admission:
         with contextlib.suppress(asyncio.CancelledError, FerryError):
             await task
         self.models[model].requeue(ticket, self._clock())
-        self.metrics.preempted.labels(model, "reclaim").inc()
+        self.metrics.preempted.labels(model, event.reason).inc()
         self.metrics.tenant_preempted.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
         raise Preempted(f"{ticket.tier} request preempted on model {model!r}; requeued")
 
@@ -233,7 +246,7 @@ class Admission:
         for victim in queues.make_room(ticket, replica, inflight, slots):
             event = self._preempt.get(victim)
             if event is not None:
-                event.set()
+                event.fire("room")
             else:
                 victim.state = "running"
 
@@ -263,7 +276,7 @@ class Admission:
         for ticket in queues.preemptions():
             event = self._preempt.get(ticket)
             if event is not None:
-                event.set()
+                event.fire("reclaim")
             else:
                 ticket.state = "running"  # not preemptible (not yet forwarding): let it run
         self._gauges(model)

@@ -326,6 +326,7 @@ async def test_proxy_preempts_once_for_an_interactive_arrival_when_the_model_is_
         assert await arrival(before) == newest  # the slot the preemption freed, not its home
         await asyncio.sleep(0.1)
         assert metrics.preempted.labels("m", "reclaim")._value.get() == 1
+        assert metrics.preempted.labels("m", "room")._value.get() == 0
         for call in (*batch, interactive):
             call.cancel()
         await asyncio.gather(*batch, interactive, return_exceptions=True)

@@ -231,3 +231,33 @@ async def test_reclaimed_counts_the_reserve_taken_back() -> None:
         adm.release("chat", ticket)
     assert metrics.lent.labels("chat", "interactive")._value.get() == 7
     assert metrics.reclaimed.labels("chat", "interactive")._value.get() == 3  # lending again is not a reclaim
+
+
+async def test_preempted_to_make_room_on_the_chosen_replica_is_labelled_room() -> None:
+    """Four slots, two batch requests on r0 (its target: 2); an interactive one sent there preempts one."""
+    clock = Clock()
+    adm = _admission(4, clock, reserved={"interactive": 0.5, "standard": 0.5, "batch": 0.0}, headroom_max_share=0.0)
+    gate = asyncio.Event()
+
+    async def run(ticket: Ticket) -> str:
+        while True:
+            await adm.acquire("chat", ticket)
+            adm.placed("chat", ticket, "r0", 1, 2)
+            try:
+                return await adm.preemptible("chat", ticket, gate.wait)  # type: ignore[arg-type, return-value]
+            except Preempted:
+                await asyncio.sleep(1)  # stays requeued while the test looks
+
+    batch = [_t("batch") for _ in range(2)]
+    tasks = [asyncio.ensure_future(run(t)) for t in batch]
+    await asyncio.sleep(0.01)
+    interactive = _t("interactive")
+    await adm.acquire("chat", interactive)  # the model has room: no reclaim
+    adm.placed("chat", interactive, "r0", 3, 2)  # but r0 is full of ours
+    await asyncio.sleep(0.01)
+    assert [t.preempted for t in batch] == [0, 1]  # the newest, on r0
+    assert adm.metrics.preempted.labels("chat", "room")._value.get() == 1
+    assert adm.metrics.preempted.labels("chat", "reclaim")._value.get() == 0
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -37,6 +37,7 @@ as its demand rose: the sum of the falls of ``_tier_lent``); per tier and tenant
 (requests that entered a tier queue), ``_admitted_total``,
 ``_queue_wait_seconds_total`` (summed: over ``_admitted_total`` the mean
 wait), ``_shed_total{reason}`` and ``_preempted_total``;
+``ferry_proxy_interactive_replicas{model}`` (replicas kept for interactive work);
 ``ferry_proxy_confined_tenants{model}`` and ``ferry_proxy_confined_replicas{model}``
 (heavy tenants held to shards of their own, :mod:`dataplane.sharding`, and the
 replicas those shards hold). A change of the shards logs ``tenant_confined``
@@ -124,6 +125,9 @@ class TierMetrics:
                               ["model"], registry=registry)
         self.confined_replicas = Gauge(name("proxy_confined_replicas"), "Replicas held by heavy tenants' shards.",
                                        ["model"], registry=registry)
+        self.interactive_replicas = Gauge(name("proxy_interactive_replicas"),
+                                          "Replicas kept for interactive work ([proxy] interactive_replica_share).",
+                                          ["model"], registry=registry)
 
 
 class Admission:
@@ -157,6 +161,7 @@ class Admission:
                 queues = self.models[model] = TierQueues(self.params, capacity)
             queues.capacity = capacity
             queues.set_replicas(replicas)
+            self.metrics.interactive_replicas.labels(model).set(len(queues.placement.kept))
             self._pump(model)
 
     def active(self, model: str) -> bool:

@@ -38,7 +38,9 @@ quantum 512 tokens; lower tiers leave the interactive dispatch rate x
 that ceiling with work waiting is confined to whole replicas of its own, the
 others kept off them, on at most ``tenant_shard_max_share`` (0.5; 0 turns it
 off) of the replicas, for ``tenant_shard_hold_seconds`` (1 s) after it was last
-seen heavy (:mod:`dataplane.sharding`); the proxy dispatches ``admission_capacity_share`` (1.0)
+seen heavy (:mod:`dataplane.sharding`); ``interactive_replica_share`` (0: off) of each
+model's replicas (whole, rounded down, at least one left) run interactive work
+only (:mod:`dataplane.placement`; set it alike on every proxy); the proxy dispatches ``admission_capacity_share`` (1.0)
 of the replicas' concurrency; idempotency keys kept 300 s, 10,000 at most.
 
 Cold start (:mod:`dataplane.coldstart`): a replica is expected to warm up in
@@ -123,6 +125,7 @@ class ProxySettings:
     tenant_ceiling: float = 1.0  # a tenant runs at most this x its weighted share of its tier (0: no ceiling)
     tenant_shard_max_share: float = 0.5  # heavy tenants' shards cover at most this share of the replicas (0: off)
     tenant_shard_hold_seconds: float = 1.0  # a tenant stays confined this long after it was last seen heavy
+    interactive_replica_share: float = 0.0  # this share of each model's replicas runs interactive only (0: off)
     tenant_metric_labels: int = 100  # tenants named in the per-tenant admission metrics; the rest are "_other"
     idempotency_entries: int = 10_000
     idempotency_ttl_seconds: float = 300.0
@@ -139,6 +142,7 @@ class ProxySettings:
                            headroom_max_share=self.interactive_headroom_max_share, tenant_ceiling=self.tenant_ceiling,
                            shard_max_share=self.tenant_shard_max_share,
                            shard_hold_seconds=self.tenant_shard_hold_seconds,
+                           interactive_replica_share=self.interactive_replica_share,
                            reserved=dict(zip(TIERS, self.tier_reserved, strict=True)))
 
     def table_params(self) -> TableParams:
@@ -199,7 +203,8 @@ class ProxySettings:
                            ("interactive_headroom_max_share", self.interactive_headroom_max_share),
                            ("tenant_ceiling", self.tenant_ceiling),
                            ("tenant_shard_max_share", self.tenant_shard_max_share),
-                           ("tenant_shard_hold_seconds", self.tenant_shard_hold_seconds)):
+                           ("tenant_shard_hold_seconds", self.tenant_shard_hold_seconds),
+                           ("interactive_replica_share", self.interactive_replica_share)):
             if not share >= 0 or (key.endswith("share") and share > 1):  # also rejects NaN
                 raise ConfigError(f"proxy.{key}", "must be >= 0" + (" and <= 1" if key.endswith("share") else ""))
         if not 0 < self.admission_capacity_share <= 1 or not 0 < self.free_queue_share <= 1:

@@ -1,10 +1,20 @@
-"""Where the tier queues' requests should not go: heavy tenants' shards, and replicas this proxy has filled.
+"""Where the tier queues' requests should not go: replicas kept for interactive, shards, replicas this proxy filled.
 
 :class:`Placement` (one per model, owned by :class:`dataplane.queues.TierQueues`)
 answers :meth:`Placement.avoid` for the pick, which treats it as a soft
 filter (:func:`dataplane.route.route`'s ``avoid``: ignored when nothing would
 be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
 
+- **Replicas kept for interactive** (``interactive_share``, 0: none). The
+  floor of ``interactive_share`` x the model's replicas (those with slots;
+  at least one is left to the others), chosen by rendezvous order (the same
+  replicas at every proxy, and only a departing kept replica changes the
+  set), run no batch or standard work: those tiers are kept off them, and
+  the tier queues dispatch them only into the other replicas' slots
+  (:attr:`Placement.kept_slots`). Interactive requests may go anywhere. On
+  a continuous-batching engine a request's steps grow with everything the
+  replica runs, so this buys interactive latency with utilisation: the
+  kept replicas run only interactive work even when it is light.
 - **Shards** (:mod:`dataplane.sharding`). Each dispatch round reports, per
   tier, the tenants left at their fair-share ceiling with work waiting and
   their ceilings (:meth:`Placement.note_heavy`). A tenant stays heavy
@@ -12,7 +22,8 @@ be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
   plans the shards again (:func:`dataplane.sharding.plan`, at most
   ``max_share`` of the replicas) when the heavy tenants or the replicas
   changed. A heavy tenant is kept off everything outside its shard, every
-  other tenant off the shards.
+  other tenant off the shards. Shards are cut from the replicas not kept for
+  interactive.
 - **Crowded replicas** (:meth:`Placement.crowded`). The queues dispatch
   while the model has room, but the pick may still choose a replica this
   proxy has filled (a prefix's home, under a load bound from telemetry up to
@@ -28,7 +39,8 @@ be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
   (:meth:`Placement.place`, :meth:`Placement.forget`).
 
 Parameters: ``max_share`` (``[proxy] tenant_shard_max_share``, 0.5; 0: no
-shards), ``hold_seconds`` (``tenant_shard_hold_seconds``, 1 s).
+shards), ``hold_seconds`` (``tenant_shard_hold_seconds``, 1 s),
+``interactive_share`` (``interactive_replica_share``, 0: off).
 
 Cost: :meth:`Placement.avoid` O(replicas with requests of this proxy in flight), for an
 interactive request O(replicas) at worst (finding one with room stops at the first);
@@ -38,18 +50,28 @@ interactive request O(replicas) at worst (finding one with room stops at the fir
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping
 
-from dataplane.sharding import MAX_SHARE, NONE, Shards, plan
+from dataplane.sharding import MAX_SHARE, NONE, Shards, plan, rendezvous
+
+KEPT_KEY = "interactive"  # the rendezvous key of the replicas kept for interactive
 
 
 class Placement:
     """The avoid sets of one model's requests; see the module docstring."""
 
-    def __init__(self, max_share: float = MAX_SHARE, hold_seconds: float = 1.0) -> None:
+    def __init__(self, max_share: float = MAX_SHARE, hold_seconds: float = 1.0,
+                 interactive_share: float = 0.0) -> None:
         self.max_share = max_share
         self.hold_seconds = hold_seconds
+        self.interactive_share = interactive_share
         self.replicas: Mapping[str, int] = {}  # replica id -> concurrency target
+        self.kept: frozenset[str] = frozenset()  # replicas kept for interactive
+        self.kept_slots = 0
+        self.total_slots = 0
+        self._shared: Mapping[str, int] = {}  # the replicas not kept: where shards are cut
+        self._lower: dict[frozenset[str], frozenset[str]] = {}  # a keep-off set -> it and the kept replicas
         self.shards: Shards = NONE
         self._version = 0
         self._heavy: dict[str, dict[str, int]] = {}  # tier -> tenant -> its ceiling there
@@ -63,6 +85,11 @@ class Placement:
         if replicas != self.replicas:
             self.replicas = dict(replicas)
             self._version += 1
+            self.kept = kept_for_interactive(self.replicas, self.interactive_share)
+            self.kept_slots = sum(max(self.replicas[r], 0) for r in self.kept)
+            self.total_slots = sum(max(n, 0) for n in self.replicas.values())
+            self._shared = {r: n for r, n in self.replicas.items() if r not in self.kept}
+            self._lower = {}
 
     def note_heavy(self, tier: str, heavy: Mapping[str, int]) -> None:
         """The tenants of ``tier`` at their ceiling with work waiting (tenant -> ceiling); empty: none."""
@@ -71,7 +98,9 @@ class Placement:
     def replan(self, now: float) -> None:
         """Plan the shards again when the heavy tenants (held ``hold_seconds``) or the replicas changed."""
         if self.max_share <= 0 or not self.replicas:
-            self.shards, self._seen = NONE, {}
+            if self.shards is not NONE:
+                self.shards, self._lower = NONE, {}
+            self._seen = {}
             return
         current: dict[str, int] = {}
         for heavy in self._heavy.values():
@@ -85,7 +114,7 @@ class Placement:
         key = (tuple(sorted(heavy.items())), self._version)
         if key != self._plan_key:
             self._plan_key = key
-            self.shards = plan(heavy, self.replicas, self.max_share)
+            self.shards, self._lower = plan(heavy, self._shared, self.max_share), {}
 
     def place(self, key: Hashable, replica: str, *, victim: bool) -> None:
         """``key`` was sent to ``replica``; ``victim``: a running request an interactive one may preempt."""
@@ -118,8 +147,24 @@ class Placement:
         victims = self._victims
         return frozenset(r for r in full if inflight[r] - victims.get(r, 0) >= slots[r])
 
-    def avoid(self, tenant: str, inflight: Mapping[str, int], *, preempt: bool) -> frozenset[str]:
-        """Replicas a request of ``tenant`` should not go to: its shard's complement or the shards, and crowded ones."""
+    def avoid(self, tenant: str, inflight: Mapping[str, int], *, interactive: bool) -> frozenset[str]:
+        """Replicas a request of ``tenant`` should not go to.
+
+        Those kept for interactive (a lower tier's request), its shard's
+        complement or the shards, and crowded ones.
+        """
         off = self.shards.keep_off(tenant)
-        crowded = self.crowded(inflight, preempt=preempt, off=off)
+        if not interactive and self.kept:
+            lower = self._lower.get(off)
+            if lower is None:  # one per keep-off set of the current shards: O(1) per request after the first
+                lower = self._lower[off] = off | self.kept
+            off = lower
+        crowded = self.crowded(inflight, preempt=interactive, off=off)
         return off | crowded if off else crowded
+
+
+def kept_for_interactive(replicas: Mapping[str, int], share: float) -> frozenset[str]:
+    """The first floor(``share`` x n) of the n replicas with slots in rendezvous order, leaving at least one."""
+    ids = sorted(r for r, n in replicas.items() if n > 0)
+    count = min(math.floor(share * len(ids) + 1e-9), len(ids) - 1)
+    return frozenset(rendezvous(KEPT_KEY, ids)[:count]) if count > 0 else frozenset()

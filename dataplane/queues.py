@@ -32,7 +32,9 @@ caller's (:mod:`dataplane.admission`).
   its ceiling, so one tenant's traffic cannot fill the replicas the others
   share (their step time grows with what runs).
 - :meth:`TierQueues.avoid`: where the pick should not send a request
-  (:mod:`dataplane.placement`): a tenant left at its ceiling with work
+  (:mod:`dataplane.placement`): a batch or standard request, the replicas
+  kept for interactive (``interactive_replica_share``, whose slots the
+  lower tiers also leave free); a tenant left at its ceiling with work
   waiting is confined to a shard of whole replicas and the others kept off
   it (:mod:`dataplane.sharding`), so a tenant held to its share does not also
   slow every replica the others use; and no request goes to a replica this
@@ -52,7 +54,8 @@ standard 512, batch 4,096), per-tier queue timeouts (2 s, 10 s, 60 s),
 ``max_queued`` 8,192 per model, ``free_share`` 0.5, DRR quantum 512 tokens
 times the plan's weight (free 1, paid 4, enterprise 8), ``headroom_seconds``
 0.2, ``headroom_max_share`` 0.1, ``tenant_ceiling`` 1.0 (0 turns it off),
-``shard_max_share`` 0.5 (0 turns confinement off), ``shard_hold_seconds`` 1.0.
+``shard_max_share`` 0.5 (0 turns confinement off), ``shard_hold_seconds`` 1.0,
+``interactive_replica_share`` 0 (no replica kept for interactive).
 
 Cost: O(1) amortised per offer and finish; a dispatch round O(tenants with
 work) for the ceilings; eviction scans at most 64 waiting entries;
@@ -96,6 +99,7 @@ class QueueParams:
     tenant_ceiling: float = 1.0
     shard_max_share: float = MAX_SHARE
     shard_hold_seconds: float = 1.0
+    interactive_replica_share: float = 0.0
 
 
 @dataclasses.dataclass(eq=False, kw_only=True)
@@ -139,7 +143,8 @@ class TierQueues:
         self._running: dict[str, dict[Ticket, None]] = {t: {} for t in TIERS}
         self.drain = {t: DrainRate() for t in TIERS}
         self._tenants: dict[str, dict[str, list[float]]] = {t: {} for t in TIERS}  # tenant -> [running, weight]
-        self.placement = Placement(params.shard_max_share, params.shard_hold_seconds)
+        self.placement = Placement(params.shard_max_share, params.shard_hold_seconds,
+                                   params.interactive_replica_share)
         self._quotas_key: tuple[object, ...] = ()
         self._quotas = compute_quotas(capacity, {}, self.reserved)
 
@@ -230,6 +235,13 @@ class TierQueues:
             self._queues[ticket.tier].remove(ticket)
             ticket.state = "done"
 
+    def kept_slots(self) -> int:
+        """This proxy's share of the slots of the replicas kept for interactive: lower tiers leave them free."""
+        placement = self.placement
+        if not placement.kept_slots:
+            return 0
+        return min(self.capacity, math.ceil(self.capacity * placement.kept_slots / placement.total_slots - 1e-9))
+
     def headroom(self, now: float) -> int:
         """Slots kept free for interactive arrivals (:func:`ferry.quotas.interactive_headroom`)."""
         return interactive_headroom(self.capacity, self.drain[TIERS[0]].rate(now), self.params.headroom_seconds,
@@ -244,14 +256,15 @@ class TierQueues:
     def dispatch(self, now: float) -> list[Ticket]:
         """Start what fits now, highest tier first, each tier under its allowance, each tenant under its ceiling.
 
-        Interactive may use every slot; lower tiers leave :meth:`headroom` free.
+        Interactive may use every slot; lower tiers leave :meth:`headroom` free,
+        and the slots of the replicas kept for interactive (:meth:`kept_slots`).
         Tenants left at their ceiling with work waiting are heavy: the shards
         (:mod:`dataplane.sharding`) are planned again when that set changes.
         """
         started: list[Ticket] = []
         total = sum(self.running(t) for t in TIERS)
         quotas = self.quotas()
-        spare = self.headroom(now)
+        spare = max(self.headroom(now), self.kept_slots())
         for tier in TIERS:
             queue, running = self._queues[tier], self._running[tier]
             if not len(queue):
@@ -297,7 +310,7 @@ class TierQueues:
 
     def avoid(self, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
         """Replicas the pick should keep ``ticket`` off (:meth:`dataplane.placement.Placement.avoid`)."""
-        return self.placement.avoid(ticket.tenant, inflight, preempt=ticket.tier == TIERS[0])
+        return self.placement.avoid(ticket.tenant, inflight, interactive=ticket.tier == TIERS[0])
 
     def _place(self, ticket: Ticket, replica: str) -> None:
         """``ticket`` was sent to ``replica``: a running preemptible lower-tier one is a victim there."""

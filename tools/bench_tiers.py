@@ -14,6 +14,10 @@ interactive and standard, 256 for batch, prompts of 256 tokens):
 - isolation: interactive at 40 % of capacity alone, then with a batch backlog
   of three times the fleet's slots queued at t=0: interactive TTFT p99 ratio,
   mean slot utilisation while the backlog lasts, whether it drained;
+  ``isolation_frontier`` (simulated only) repeats it with 2 to 6 of the 8
+  replicas kept for interactive (``interactive_replica_share`` 0.25 to
+  0.75), against the same baseline (the default proxy with no batch): what
+  isolation costs in utilisation;
 - reclaim: interactive at 20 % for ``step`` seconds then 80 %, batch filling
   the rest: ``seconds``, from the step until batch runs within its quota (as
   the proxy computes it from demand) in every later sample;
@@ -107,14 +111,15 @@ def _ttft(sim: TierSim, pred: Any) -> list[float]:
     return [o.ttft for o in sim.outcomes.values() if pred(o) and o.ttft is not None]
 
 
-def sim_isolation() -> dict[str, Any]:
+def sim_isolation(share: float = 0.0) -> dict[str, Any]:
+    """Isolation with ``share`` of the replicas kept for interactive; the baseline is always the default proxy's."""
     cap = measured_capacity()
     ids = Ids()
     inter = ids.reqs(arrivals(0.4 * cap, 0.0, 30.0, 1), tier="interactive", max_tokens=INTERACTIVE_TOKENS)
     alone = _sim(inter, 60.0)
     backlog = ids.reqs([0.0] * (3 * REPLICAS * ENGINE.max_running), tier="batch", tenant="bulk",
                        max_tokens=BATCH_TOKENS, deadline=120.0)
-    mixed = _sim(inter + backlog, 120.0)
+    mixed = _sim(inter + backlog, 120.0, **({"interactive_replica_share": share} if share else {}))
     def is_inter(o: Outcome) -> bool:  # after 1 s: the first prefill of the whole backlog is a start-up transient
         return o.req.tier == "interactive" and o.req.arrival >= 1.0
     busy = [s for s in mixed.samples if s.waiting["batch"] > 0 and 1.0 <= s.at <= 30.0]
@@ -127,6 +132,16 @@ def sim_isolation() -> dict[str, Any]:
             "interactive_alone_p99_ms": round(1000 * p99(_ttft(alone, is_inter)), 1),
             "utilisation": round(util, 3), "drained": drained, "drained_at_seconds": round(last, 2),
             "preempted": mixed.preempted}
+
+
+FRONTIER_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75)
+
+
+def sim_isolation_frontier() -> list[dict[str, Any]]:
+    """Isolation against utilisation as replicas are kept for interactive (``[proxy] interactive_replica_share``)."""
+    keys = ("interactive_p99_ratio", "interactive_p99_ms", "utilisation", "drained", "drained_at_seconds")
+    return [{"interactive_replica_share": share, **{k: v for k, v in sim_isolation(share).items() if k in keys}}
+            for share in FRONTIER_SHARES]
 
 
 def sim_reclaim(step: float = 10.0) -> dict[str, Any]:
@@ -221,8 +236,9 @@ def measured_capacity(seconds: float = 10.0) -> float:
 
 def run_sim() -> dict[str, Any]:
     """Every scenario in the simulator."""
-    return {"capacity_rps": round(measured_capacity(), 1), "isolation": sim_isolation(), "reclaim": sim_reclaim(),
-            "noisy": sim_noisy(), "overload": sim_overload()}
+    return {"capacity_rps": round(measured_capacity(), 1), "isolation": sim_isolation(),
+            "isolation_frontier": sim_isolation_frontier(), "reclaim": sim_reclaim(), "noisy": sim_noisy(),
+            "overload": sim_overload()}
 
 
 def main(argv: list[str] | None = None) -> int:

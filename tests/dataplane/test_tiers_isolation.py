@@ -281,9 +281,12 @@ def test_noisy_tenant_in_the_simulator(ceiling: float, max_ratio: float | None) 
     ({"interactive_headroom_seconds": float("nan")}, "proxy.interactive_headroom_seconds"),
     ({"tenant_shard_max_share": 1.5}, "proxy.tenant_shard_max_share"),
     ({"tenant_shard_hold_seconds": -1.0}, "proxy.tenant_shard_hold_seconds"),
+    ({"interactive_replica_share": 1.5}, "proxy.interactive_replica_share"),
+    ({"interactive_replica_share": -0.1}, "proxy.interactive_replica_share"),
     ({"tenant_ceiling": 0.0, "interactive_headroom_seconds": 0.5, "tenant_shard_max_share": 0.25,
-      "tenant_shard_hold_seconds": 3.0}, None),
-], ids=["negative-ceiling", "share-above-one", "nan-seconds", "shard-share-above-one", "negative-hold", "valid"])
+      "tenant_shard_hold_seconds": 3.0, "interactive_replica_share": 0.5}, None),
+], ids=["negative-ceiling", "share-above-one", "nan-seconds", "shard-share-above-one", "negative-hold",
+        "kept-share-above-one", "kept-share-negative", "valid"])
 def test_settings_carry_the_isolation_parameters(kw: dict[str, float], field: str | None) -> None:
     if field is not None:
         with pytest.raises(ConfigError) as info:
@@ -293,3 +296,4 @@ def test_settings_carry_the_isolation_parameters(kw: dict[str, float], field: st
     params = ProxySettings(**kw).queue_params()  # type: ignore[arg-type]
     assert (params.tenant_ceiling, params.headroom_seconds, params.headroom_max_share) == (0.0, 0.5, 0.1)
     assert (params.shard_max_share, params.shard_hold_seconds) == (0.25, 3.0)
+    assert params.interactive_replica_share == 0.5

@@ -11,7 +11,8 @@ be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
   replicas at every proxy, and only a departing kept replica changes the
   set), run no batch or standard work: those tiers are kept off them, and
   the tier queues dispatch them only into the other replicas' slots
-  (:attr:`Placement.kept_slots`). Interactive requests may go anywhere. On
+  (:attr:`Placement.kept_slots`, less :attr:`Placement.on_kept`, the
+  requests placed on kept replicas). Interactive requests may go anywhere. On
   a continuous-batching engine a request's steps grow with everything the
   replica runs, so this buys interactive latency with utilisation: the
   kept replicas run only interactive work even when it is light.
@@ -79,6 +80,8 @@ class Placement:
         self._plan_key: tuple[object, ...] = ()
         self._victims: dict[str, int] = {}  # replica -> preemptible lower-tier requests running there
         self._counted: dict[Hashable, str] = {}  # victim -> its replica
+        self._placed: dict[Hashable, str] = {}  # every request placed and not forgotten -> its replica
+        self.on_kept = 0  # of those, on a replica kept for interactive
 
     def set_replicas(self, replicas: Mapping[str, int]) -> None:
         """The model's replicas (id -> concurrency target)."""
@@ -90,6 +93,7 @@ class Placement:
             self.total_slots = sum(max(n, 0) for n in self.replicas.values())
             self._shared = {r: n for r, n in self.replicas.items() if r not in self.kept}
             self._lower = {}
+            self.on_kept = sum(1 for r in self._placed.values() if r in self.kept)
 
     def note_heavy(self, tier: str, heavy: Mapping[str, int]) -> None:
         """The tenants of ``tier`` at their ceiling with work waiting (tenant -> ceiling); empty: none."""
@@ -119,12 +123,17 @@ class Placement:
     def place(self, key: Hashable, replica: str, *, victim: bool) -> None:
         """``key`` was sent to ``replica``; ``victim``: a running request an interactive one may preempt."""
         self.forget(key)
+        self._placed[key] = replica
+        if replica in self.kept:
+            self.on_kept += 1
         if victim and replica:
             self._counted[key] = replica
             self._victims[replica] = self._victims.get(replica, 0) + 1
 
     def forget(self, key: Hashable) -> None:
-        """``key`` is no longer a victim anywhere (preempting, requeued or finished)."""
+        """``key`` no longer counts where it was placed (preempting, requeued or finished)."""
+        if self._placed.pop(key, None) in self.kept:
+            self.on_kept -= 1
         replica = self._counted.pop(key, None)
         if replica is not None:
             left = self._victims[replica] - 1

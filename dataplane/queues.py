@@ -257,14 +257,16 @@ class TierQueues:
         """Start what fits now, highest tier first, each tier under its allowance, each tenant under its ceiling.
 
         Interactive may use every slot; lower tiers leave :meth:`headroom` free,
-        and the slots of the replicas kept for interactive (:meth:`kept_slots`).
+        and the slots of the replicas kept for interactive (:meth:`kept_slots`)
+        that interactive does not fill.
         Tenants left at their ceiling with work waiting are heavy: the shards
         (:mod:`dataplane.sharding`) are planned again when that set changes.
         """
         started: list[Ticket] = []
         total = sum(self.running(t) for t in TIERS)
         quotas = self.quotas()
-        spare = max(self.headroom(now), self.kept_slots())
+        kept = self.kept_slots()
+        spare = max(self.headroom(now), kept - min(self.placement.on_kept, kept))  # the kept slots not in use
         for tier in TIERS:
             queue, running = self._queues[tier], self._running[tier]
             if not len(queue):

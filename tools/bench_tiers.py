@@ -14,9 +14,9 @@ interactive and standard, 256 for batch, prompts of 256 tokens):
 - isolation: interactive at 40 % of capacity alone, then with a batch backlog
   of three times the fleet's slots queued at t=0: interactive TTFT p99 ratio,
   mean slot utilisation while the backlog lasts, whether it drained;
-  ``isolation_frontier`` (simulated only) repeats it with 2 to 6 of the 8
+  ``isolation_frontier`` (simulated only) repeats it with 2 to 7 of the 8
   replicas kept for interactive (``interactive_replica_share`` 0.25 to
-  0.75), against the same baseline (the default proxy with no batch): what
+  0.875), against the same baseline (the default proxy with no batch): what
   isolation costs in utilisation;
 - reclaim: interactive at 20 % for ``step`` seconds then 80 %, batch filling
   the rest: ``seconds``, from the step until batch runs within its quota (as
@@ -134,7 +134,7 @@ def sim_isolation(share: float = 0.0) -> dict[str, Any]:
             "preempted": mixed.preempted}
 
 
-FRONTIER_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75)
+FRONTIER_SHARES = (0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
 
 
 def sim_isolation_frontier() -> list[dict[str, Any]]:

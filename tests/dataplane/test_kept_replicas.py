@@ -129,3 +129,45 @@ async def test_proxy_sends_batch_only_to_replicas_not_kept() -> None:
         assert sum(rig.served().values()) == 5
     finally:
         await rig.stop()
+
+
+@pytest.mark.parametrize(("on_kept", "on_shared", "batch_runs"), [
+    (0, 0, 8),      # the kept replicas idle: batch still only on the other 8 slots
+    (6, 0, 8),      # interactive on the kept replicas takes none of the others' slots
+    (6, 2, 6),      # two interactive on the other replicas take two of their slots
+    (0, 3, 5),
+], ids=["idle", "interactive-kept", "interactive-both", "interactive-shared"])
+def test_batch_fills_exactly_the_slots_interactive_leaves_on_the_other_replicas(
+        on_kept: int, on_shared: int, batch_runs: int) -> None:
+    q = TierQueues(QueueParams(headroom_max_share=0.0, interactive_replica_share=0.5, max_queued=100,
+                               reserved={"interactive": 0.0, "standard": 0.0, "batch": 1.0}), 16)
+    q.set_replicas({f"r{i}": 4 for i in range(4)})
+    kept = sorted(q.placement.kept)
+    shared = sorted(set(q.placement.replicas) - q.placement.kept)
+    for k in range(on_kept + on_shared):
+        q.offer(_ticket("interactive"), 0.0)
+        (started,) = q.dispatch(0.0)
+        where = kept[k % 2] if k < on_kept else shared[k % 2]
+        q.make_room(started, where, 1, 4)
+    assert q.placement.on_kept == on_kept
+    for _ in range(20):
+        q.offer(_ticket("batch"), 0.0)
+    assert len(q.dispatch(0.0)) == batch_runs
+
+
+def test_requests_on_kept_replicas_are_counted_until_they_end_or_the_set_changes() -> None:
+    placement = Placement(interactive_share=0.5)
+    placement.set_replicas({f"r{i}": 4 for i in range(4)})
+    (first, second) = sorted(placement.kept)
+    other = next(r for r in placement.replicas if r not in placement.kept)
+    placement.place("a", first, victim=False)
+    placement.place("b", second, victim=False)
+    placement.place("c", other, victim=True)
+    assert placement.on_kept == 2
+    placement.place("a", other, victim=False)  # placed again elsewhere (a retry): counted once, where it is
+    assert placement.on_kept == 1
+    placement.forget("b")
+    assert placement.on_kept == 0
+    placement.place("b", second, victim=False)
+    placement.set_replicas({r: 4 for r in placement.replicas if r != second})  # b's replica left: counted again
+    assert placement.on_kept == (2 if other in placement.kept else 0)  # a and c, if their replica is kept now

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ferry.cli import ctl
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "--minutes", args.minutes, "--speedup", args.speedup,
                                 "--json-out", str(ROOT / "bench-results" / "demo.json"),
                                 "--plots", str(ROOT / "bench-results" / "demo")])
+            time.sleep(1.0)  # one telemetry interval: the table shows the fleet settled, not the last steps
             print("\nreplicas after the run (ferryctl replicas):")
             ctl.main(["--ready-file", str(up.ready_path), "replicas"])
             print(f"\nreport written to {ROOT / 'bench-results' / 'demo.json'}")

@@ -11,8 +11,9 @@ be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
   replicas at every proxy, and only a departing kept replica changes the
   set), run no batch or standard work: those tiers are kept off them, and
   the tier queues dispatch them only into the other replicas' slots
-  (:attr:`Placement.kept_slots`, less :attr:`Placement.on_kept`, the
-  requests placed on kept replicas). Interactive requests may go anywhere. On
+  (:meth:`Placement.idle_kept_slots`: the kept slots less
+  :attr:`Placement.on_kept`, the requests placed on kept replicas).
+  Interactive requests may go anywhere. On
   a continuous-batching engine a request's steps grow with everything the
   replica runs, so this buys interactive latency with utilisation: the
   kept replicas run only interactive work even when it is light.
@@ -94,6 +95,13 @@ class Placement:
             self._shared = {r: n for r, n in self.replicas.items() if r not in self.kept}
             self._lower = {}
             self.on_kept = sum(1 for r in self._placed.values() if r in self.kept)
+
+    def idle_kept_slots(self, capacity: int) -> int:
+        """Of ``capacity`` (this proxy's share of the slots), those on kept replicas no request placed here fills."""
+        if not self.kept_slots:
+            return 0
+        kept = min(capacity, math.ceil(capacity * self.kept_slots / self.total_slots - 1e-9))
+        return kept - min(self.on_kept, kept)
 
     def note_heavy(self, tier: str, heavy: Mapping[str, int]) -> None:
         """The tenants of ``tier`` at their ceiling with work waiting (tenant -> ceiling); empty: none."""

@@ -235,13 +235,6 @@ class TierQueues:
             self._queues[ticket.tier].remove(ticket)
             ticket.state = "done"
 
-    def kept_slots(self) -> int:
-        """This proxy's share of the slots of the replicas kept for interactive: lower tiers leave them free."""
-        placement = self.placement
-        if not placement.kept_slots:
-            return 0
-        return min(self.capacity, math.ceil(self.capacity * placement.kept_slots / placement.total_slots - 1e-9))
-
     def headroom(self, now: float) -> int:
         """Slots kept free for interactive arrivals (:func:`ferry.quotas.interactive_headroom`)."""
         return interactive_headroom(self.capacity, self.drain[TIERS[0]].rate(now), self.params.headroom_seconds,
@@ -257,16 +250,15 @@ class TierQueues:
         """Start what fits now, highest tier first, each tier under its allowance, each tenant under its ceiling.
 
         Interactive may use every slot; lower tiers leave :meth:`headroom` free,
-        and the slots of the replicas kept for interactive (:meth:`kept_slots`)
-        that interactive does not fill.
+        and the slots of the replicas kept for interactive that interactive
+        does not fill (:meth:`dataplane.placement.Placement.idle_kept_slots`).
         Tenants left at their ceiling with work waiting are heavy: the shards
         (:mod:`dataplane.sharding`) are planned again when that set changes.
         """
         started: list[Ticket] = []
         total = sum(self.running(t) for t in TIERS)
         quotas = self.quotas()
-        kept = self.kept_slots()
-        spare = max(self.headroom(now), kept - min(self.placement.on_kept, kept))  # the kept slots not in use
+        spare = max(self.headroom(now), self.placement.idle_kept_slots(self.capacity))
         for tier in TIERS:
             queue, running = self._queues[tier], self._running[tier]
             if not len(queue):

@@ -119,7 +119,7 @@ def sim_isolation(share: float = 0.0) -> dict[str, Any]:
     alone = _sim(inter, 60.0)
     backlog = ids.reqs([0.0] * (3 * REPLICAS * ENGINE.max_running), tier="batch", tenant="bulk",
                        max_tokens=BATCH_TOKENS, deadline=120.0)
-    mixed = _sim(inter + backlog, 120.0, **({"interactive_replica_share": share} if share else {}))
+    mixed = _sim(inter + backlog, 120.0, interactive_replica_share=share)
     def is_inter(o: Outcome) -> bool:  # after 1 s: the first prefill of the whole backlog is a start-up transient
         return o.req.tier == "interactive" and o.req.arrival >= 1.0
     busy = [s for s in mixed.samples if s.waiting["batch"] > 0 and 1.0 <= s.at <= 30.0]

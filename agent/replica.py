@@ -19,7 +19,11 @@ parameters of docs/CONTRACTS.md:
 
 :class:`SimulatedReplica` runs one replica: the gRPC server, the engine task
 (:class:`agent.runner.EngineRunner`) and a Prometheus text endpoint
-(:mod:`agent.replica_metrics`) at ``/metrics``.
+(:mod:`agent.replica_metrics`) at ``/metrics``; with ``http=True`` also an
+HTTP face (:mod:`agent.httpface`: SGLang's ``/generate``, OpenAI's
+``/v1/completions``) on the same runner. Both faces admit prompts with
+:func:`agent.httpface.submit_prompt`, so a request's text, cached tokens and
+the prefix-cache counters do not depend on the face it came through.
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ from tritonclient.grpc import service_pb2_grpc
 
 from agent import replica_metrics, tensors
 from agent.engine import Engine, EngineParams, Finished
+from agent.httpface import HttpFace, submit_prompt
 from agent.httptext import serve_text
 from agent.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, NotFound, Unavailable
 from ferry.grpcutil import start_server, status_for
 from ferry.tls import TLSConfig
-from ferry.tokens import chain_hashes, tokenize
 
 SERVICE = "inference.GRPCInferenceService"
 PLATFORM = "ferry_simulated_llm"
@@ -201,9 +205,8 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 raise Unavailable(f"model {self.model}/{self.version} is loading "
                                   f"({self.ready_at - self._clock():.1f} s left)")
             parsed = tensors.parse_request(request)
-            words = tokenize(parsed.prompt)
-            hashes = tuple(chain_hashes(words, self.runner.engine.params.kv_block_tokens))
-            return self.runner.submit(len(words), parsed.max_tokens, hashes), parsed
+            ticket, _ = submit_prompt(self.runner, parsed.prompt, parsed.max_tokens)
+            return ticket, parsed
         except FerryError as exc:
             await context.abort(status_for(exc), str(exc))
             raise  # not reached: abort raises
@@ -244,12 +247,13 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
 
 
 class SimulatedReplica:
-    """One simulated replica: gRPC server, engine task and metrics endpoint, all on ``host``."""
+    """One simulated replica: gRPC server, engine task, metrics endpoint and (``http``) HTTP face, all on ``host``."""
 
     def __init__(self, model: str, version: str = "v1", *, params: EngineParams | None = None,
                  host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None,
-                 warmup_seconds: float = 0.0) -> None:
+                 warmup_seconds: float = 0.0, http: bool = False) -> None:
         self.model, self.version, self.host = model, version, host
+        self.http = http  # also serve the HTTP face (agent.httpface) on the same runner
         self.warmup_seconds = warmup_seconds  # ModelReady says false (inference UNAVAILABLE) this long after start
         self.tls = tls  # mutual TLS with the node's certificate (None: plain text)
         self.params = params or EngineParams()
@@ -258,7 +262,8 @@ class SimulatedReplica:
         self._server: grpc.aio.Server | None = None
         self._http: asyncio.Server | None = None
         self._task: asyncio.Task[None] | None = None
-        self.port = self.metrics_port = 0
+        self._face: HttpFace | None = None
+        self.port = self.metrics_port = self.http_port = 0
 
     @property
     def address(self) -> str:
@@ -275,12 +280,22 @@ class SimulatedReplica:
         """``http://host:port/metrics``."""
         return f"http://{self.metrics_address}/metrics"
 
+    @property
+    def http_url(self) -> str:
+        """``http://host:port`` of the HTTP face (raises when it is off)."""
+        if not self.http:
+            raise RuntimeError(f"replica {self.replica_id}: the HTTP face is off (http=False)")
+        return f"http://{self.host}:{self.http_port}"
+
     async def start(self) -> SimulatedReplica:
-        """Start the engine task, the gRPC server and the metrics endpoint (ports chosen by the system)."""
+        """Start the engine task, the gRPC server, the metrics endpoint and the HTTP face (ports the system picks)."""
         runner = self.runner = EngineRunner(Engine(self.params))
         self._task = asyncio.create_task(runner.run(), name=f"engine-{self.replica_id}")
-        servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner,
-                                   ready_at=time.monotonic() + self.warmup_seconds)
+        ready_at = time.monotonic() + self.warmup_seconds
+        servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner, ready_at=ready_at)
+        if self.http:
+            self._face = HttpFace(model=self.model, runner=runner, loaded=lambda: time.monotonic() >= ready_at)
+            self.http_port = await self._face.start(self.host)
         add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         creds = self.tls.server_credentials(require_client_cert=True) if self.tls else None
         self._server, self.port = await start_server([(add, servicer, SERVICE)], f"{self.host}:0", credentials=creds)
@@ -295,7 +310,11 @@ class SimulatedReplica:
             utilization=self.runner.utilization(), gpu_uuid=f"GPU-sim-{self.replica_id}")
 
     async def stop(self, grace: float = 0.5) -> None:
-        """Stop serving (in-flight calls get ``grace`` seconds), then the engine task and the metrics endpoint."""
+        """Stop serving (in-flight gRPC calls get ``grace`` seconds; HTTP requests are cancelled), then the engine
+        task and the metrics endpoint."""
+        if self._face is not None:
+            await self._face.stop()
+            self._face = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

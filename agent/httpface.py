@@ -408,6 +408,8 @@ class HttpFace:
             await conn.linger()
         except (ClientGone, ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            pass  # stop() ends connections; a cancelled handler task would be logged as an error by asyncio
         finally:
             self._tasks.discard(task)
             writer.close()

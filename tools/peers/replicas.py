@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tools.simulate import engine_params  # the fleet simulator's KEY=VALUE parser (imports its plotting)
 
+    for item in args.engine:  # one at a time first, so that a bad value is named
+        try:
+            engine_params([item])
+        except (ConfigError, ValueError) as exc:
+            raise SystemExit(f"--engine {item}: {exc}") from None
     try:
         params = engine_params(args.engine)
     except (ConfigError, ValueError) as exc:

@@ -11,18 +11,19 @@ at most 4096 requests in flight per proxy (then RESOURCE_EXHAUSTED with a
 retry-after of 1 s); two attempts (one retry) for the interactive tier only,
 retries within a budget of 10 % of requests plus 10 a second (10 s window), a
 stream cut mid-way continued on another replica at most twice; outlier
-ejection after 5 failures in a row or 5x the peers' latency, for 2 s
+ejection after 5 failures in a row or 5x the peers' decode or prefill rate, for 2 s
 doubling to 60 s, at most 10 % of a model's replicas (at least one);
 a warning when the table has not been refreshed for 10 s; telemetry older
 than 1 s starts to cost score and counts as saturated at 6 s; reconnects to
 the control plane back off from 0.1 s, doubling, to 5 s, with jitter.
 
-The pick (:mod:`dataplane.route`): prefix keys at depths 1, 2, 4, 8 and 16
+The decision (:mod:`dataplane.decide`): prefix keys at depths 1, 2, 4, 8 and 16
 blocks of 512 tokens (``prefix_depths``); a hot-prefix sketch of 256 keys
 decayed every 1,024 requests; a ring with load factor 1.25 and 128 points
 per replica (the table's ring parameters override both), its key shares
-from loads smoothed over 10 s; a walk of at most 8 replicas; a spill factor
-of 12 (:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
+from loads smoothed over 10 s; a walk of at most 8 replicas; 65,536 keys
+remembered with their replica (``placements``); a detour factor of 12
+(:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
 interactive request the weights keep home spills on queue when it would
 wait here more than ``spill_queue_ms`` (100 ms) and the round trip; no
 spill on queue fills more than ``spill_headroom`` (1.25) times the target's slots.
@@ -90,7 +91,10 @@ class ProxySettings:
     spill_headroom: float = 1.25  # a spill target's slots x this: what spills may fill there (as this proxy sees)
     max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.continuation)
     outlier_consecutive_failures: int = 5  # outlier ejection (dataplane.outlier): failures in a row …
-    outlier_latency_factor: float = 5.0  # … or seconds per token above this many times the peers' median
+    outlier_latency_factor: float = 5.0  # … or a decode or prefill rate above this many times the peers' median
+    outlier_window_seconds: float = 10.0  # the rates' time constant
+    outlier_min_decode_tokens: int = 4  # tokens after the first that make a decode sample
+    outlier_min_prefill_tokens: int = 4096  # uncached prompt tokens that make a prefill sample
     outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
     outlier_max_ejection_seconds: float = 60.0
     outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
@@ -107,7 +111,8 @@ class ProxySettings:
     ring_vnodes: int = DEFAULT_VNODES
     load_smoothing_seconds: float = 10.0
     walk_limit: int = 8
-    spill_factor: float = 12.0
+    detour_factor: float = 12.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
+    placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.decide.Placements)
     hot_keys: int = 256
     hot_window: int = 1024
     # admission (dataplane.queues, dataplane.admission, dataplane.idempotency): per tier in the order
@@ -209,8 +214,10 @@ class ProxySettings:
                 raise ConfigError(f"proxy.{key}", "must be >= 0" + (" and <= 1" if key.endswith("share") else ""))
         if not 0 < self.admission_capacity_share <= 1 or not 0 < self.free_queue_share <= 1:
             raise ConfigError("proxy.admission_capacity_share", "shares must be in (0, 1]")
-        if not self.spill_factor >= 0:
-            raise ConfigError("proxy.spill_factor", "must be >= 0")
+        if not self.detour_factor >= 0:
+            raise ConfigError("proxy.detour_factor", "must be >= 0")
+        if not self.placements >= 0:
+            raise ConfigError("proxy.placements", "must be >= 0")
         if not self.spill_queue_ms >= 0 or not 0 < self.spill_headroom <= 4:
             raise ConfigError("proxy.spill_queue_ms", "need spill_queue_ms >= 0 and 0 < spill_headroom <= 4")
         if not 0 <= self.usage_report_seconds <= 60:

@@ -1,15 +1,36 @@
-"""Outlier ejection at the proxy: keep traffic off a replica that fails or is far slower than its peers.
+"""Outlier ejection at the proxy: keep traffic off a replica that fails, or that is far slower than its peers
+at what it controls.
 
-Algorithm (after the outlier detection of service meshes), per replica of a
-pool (``group``: the model):
+Algorithm (the outlier detection of service meshes, with a latency test fit
+for LLM traffic), per replica of a pool (``group``: the model):
 
 - **Consecutive failures**: ``consecutive_failures`` (default 5) replica
   failures in a row eject it. A success resets the count.
-- **Latency**: an exponentially weighted mean (weight ``alpha``, default
-  0.3) of the seconds per output token of each answered request. Once a
-  replica has ``min_samples`` (default 5) and so has at least one peer, it is
-  ejected when its mean exceeds ``latency_factor`` (default 5) times the
-  median of its peers' means.
+- **Latency, split by phase.** A request's time says little by itself: a
+  10 k-token prompt with a 3-token answer takes long on a healthy replica,
+  and so does a request queued behind other prompts. Two rates are kept per
+  replica, each a ratio of decayed sums (time constant ``window_seconds``,
+  default 10 s; weighted by work, so one stalled request among many moves
+  it little):
+
+  - *decode*: seconds per output token after the first, ``(end - first) /
+    (tokens - 1)``, from requests with at least ``min_decode_tokens``
+    (default 4) tokens after the first. A unary call gives no first-token
+    time: it counts as decode only when its prompt is short (under
+    ``min_prefill_tokens``), so its time is nearly all decode.
+  - *prefill*: seconds to the first token per prompt token of prefill work,
+    ``(first - sent) / (uncached prompt tokens + prompt tokens this proxy
+    had already sent there without a first token)``: the work ahead of the
+    request counts, so a replica is not judged slow for being busy, nor for
+    long prompts. Only requests with at least ``min_prefill_tokens`` (default
+    4,096) uncached prompt tokens count: a shorter prompt's time to first
+    token is mostly the engine's step granularity (a decode step of a full
+    batch, 20 ms or so, against 20 µs a prompt token), not its speed.
+
+  Once a replica's rate has ``min_samples`` (default 5) requests in it and a
+  peer's has too, it is ejected when the rate exceeds ``latency_factor``
+  (default 5) times the median of its admitted peers' rates, for either
+  phase (metric reason ``latency``; the log says which phase).
 - **Ejection period**: ``base_ejection_seconds`` (default 2 s) times 2^(n-1)
   for its n-th ejection in a row, at most ``max_ejection_seconds`` (60 s);
   n falls back to 0 once a replica stayed admitted for
@@ -20,6 +41,10 @@ pool (``group``: the model):
   are ejected at once, but at least one (a pool of two may lose one, never
   both); an outlier over the cap stays in.
 
+An ejected replica leaves the pick as any filtered replica does
+(:func:`dataplane.decide.decide`): a key whose home it is goes to the next
+replica of its walk; nobody else's affinity changes.
+
 Pure: the clock is an argument. Cost: :meth:`OutlierDetector.record` O(1),
 plus O(peers) for the latency test (a median over the pool's replicas);
 :meth:`OutlierDetector.ejected` O(1) until an ejection ends (then O(ejected)).
@@ -29,9 +54,13 @@ Memory: one small entry per replica seen, dropped by :meth:`forget`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
+from collections import deque
 
 from ferry.errors import ConfigError
+
+DECODE, PREFILL = "decode", "prefill"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,8 +68,10 @@ class OutlierParams:
     """See the module docstring for the meaning and defaults."""
 
     consecutive_failures: int = 5
-    alpha: float = 0.3
+    window_seconds: float = 10.0
     min_samples: int = 5
+    min_decode_tokens: int = 4
+    min_prefill_tokens: int = 4096
     latency_factor: float = 5.0
     base_ejection_seconds: float = 2.0
     max_ejection_seconds: float = 60.0
@@ -49,23 +80,78 @@ class OutlierParams:
     def __post_init__(self) -> None:
         if self.consecutive_failures < 1 or self.min_samples < 1:
             raise ConfigError("proxy.outlier", "consecutive_failures and min_samples must be >= 1")
-        if not 0 < self.alpha <= 1 or not self.latency_factor > 1:
-            raise ConfigError("proxy.outlier", "alpha must be in (0, 1] and latency_factor above 1")
+        if not self.window_seconds > 0 or not self.latency_factor > 1:
+            raise ConfigError("proxy.outlier", "window_seconds must be above 0 and latency_factor above 1")
+        if self.min_decode_tokens < 1 or self.min_prefill_tokens < 1:
+            raise ConfigError("proxy.outlier", "min_decode_tokens and min_prefill_tokens must be >= 1")
         if not 0 < self.base_ejection_seconds <= self.max_ejection_seconds:
             raise ConfigError("proxy.outlier", "need 0 < base_ejection_seconds <= max_ejection_seconds")
         if not 0 <= self.max_ejected_share <= 1:
             raise ConfigError("proxy.outlier", "max_ejected_share must be in [0, 1]")
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """One answered attempt as the proxy saw it (seconds on one clock; ``first`` None: no first-token time)."""
+
+    sent: float
+    first: float | None
+    ended: float
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0   # prompt tokens the replica served from cache (0 when it does not say)
+    ahead_tokens: int = 0    # prompt tokens this proxy had sent there without a first token, at send time
+
+
+@dataclasses.dataclass(slots=True)
+class _Rate:
+    """Decayed sums of seconds and work; the rate is their ratio."""
+
+    seconds: float = 0.0
+    work: float = 0.0
+    samples: int = 0
+    at: float = 0.0
+
+    def add(self, seconds: float, work: float, now: float, window: float) -> None:
+        keep = math.exp(-max(0.0, now - self.at) / window) if self.samples else 0.0
+        self.seconds = self.seconds * keep + seconds
+        self.work = self.work * keep + work
+        self.samples += 1
+        self.at = now
+
+    @property
+    def value(self) -> float:
+        return self.seconds / self.work if self.work > 0 else 0.0
+
+
 @dataclasses.dataclass(slots=True)
 class _Health:
     group: str
     failures: int = 0
-    mean: float = 0.0
-    samples: int = 0
+    decode: _Rate = dataclasses.field(default_factory=_Rate)
+    prefill: _Rate = dataclasses.field(default_factory=_Rate)
     ejections: int = 0
     until: float = 0.0  # ejected while now < until
     admitted_at: float = 0.0
+
+    def rate(self, phase: str) -> _Rate:
+        return self.decode if phase == DECODE else self.prefill
+
+
+def samples(timing: Timing, p: OutlierParams) -> list[tuple[str, float, float]]:
+    """The (phase, seconds, work) samples one answered attempt gives; see the module docstring."""
+    out: list[tuple[str, float, float]] = []
+    uncached = max(0, timing.prompt_tokens - timing.cached_tokens)
+    if timing.first is None:
+        if timing.prompt_tokens < p.min_prefill_tokens and timing.completion_tokens >= p.min_decode_tokens:
+            out.append((DECODE, timing.ended - timing.sent, float(timing.completion_tokens)))
+        return out
+    after = timing.completion_tokens - 1
+    if after >= p.min_decode_tokens:
+        out.append((DECODE, max(0.0, timing.ended - timing.first), float(after)))
+    if uncached >= p.min_prefill_tokens:
+        out.append((PREFILL, max(0.0, timing.first - timing.sent), float(uncached + timing.ahead_tokens)))
+    return out
 
 
 class OutlierDetector:
@@ -77,6 +163,8 @@ class OutlierDetector:
         self._ejected: dict[str, float] = {}  # replica id -> until
         self._next_end = float("inf")
         self._view: frozenset[str] = frozenset()
+        self.last_phase = ""  # the phase of the last latency ejection (for the log)
+        self.history: deque[tuple[float, str, str]] = deque(maxlen=256)  # (when, replica id, reason), latest last
 
     def ejected(self, now: float) -> frozenset[str]:
         """Replica ids ejected at ``now`` (readmits those whose period ended)."""
@@ -85,38 +173,48 @@ class OutlierDetector:
                 del self._ejected[rid]
                 health = self._health.get(rid)
                 if health is not None:
-                    health.failures, health.mean, health.samples, health.admitted_at = 0, 0.0, 0, now
+                    health.failures, health.admitted_at = 0, now
+                    health.decode, health.prefill = _Rate(), _Rate()
             self._next_end = min(self._ejected.values(), default=float("inf"))
             self._view = frozenset(self._ejected)
         return self._view
 
-    def record(self, replica_id: str, group: str, *, ok: bool, seconds_per_token: float | None, now: float,
-               pool_size: int) -> str | None:
-        """One request's result on ``replica_id``; returns the ejection reason when it ejects the replica."""
+    def _entry(self, replica_id: str, group: str, now: float) -> _Health:
         health = self._health.get(replica_id)
         if health is None:
             health = self._health[replica_id] = _Health(group=group, admitted_at=now)
+        return health
+
+    def failed(self, replica_id: str, group: str, *, now: float, pool_size: int) -> str | None:
+        """A replica failure on ``replica_id``; returns ``failures`` when it ejects the replica."""
+        health = self._entry(replica_id, group, now)
         if replica_id in self.ejected(now):
             return None  # a request sent before the ejection: the verdict is in
-        p = self.params
-        if not ok:
-            health.failures += 1
-            if health.failures >= p.consecutive_failures:
-                return self._eject(replica_id, health, now, pool_size, "failures")
+        health.failures += 1
+        if health.failures >= self.params.consecutive_failures:
+            return self._eject(replica_id, health, now, pool_size, "failures")
+        return None
+
+    def answered(self, replica_id: str, group: str, timing: Timing, *, now: float, pool_size: int) -> str | None:
+        """An answered attempt on ``replica_id``; returns ``latency`` when it ejects the replica."""
+        health = self._entry(replica_id, group, now)
+        if replica_id in self.ejected(now):
             return None
         health.failures = 0
-        if seconds_per_token is None:
-            return None
-        health.mean = seconds_per_token if not health.samples else (
-            p.alpha * seconds_per_token + (1 - p.alpha) * health.mean)
-        health.samples += 1
-        if health.samples < p.min_samples:
-            return None
-        peers = [h.mean for rid, h in self._health.items()
-                 if h.group == group and rid != replica_id and h.samples >= p.min_samples
-                 and rid not in self._ejected]
-        if peers and health.mean > p.latency_factor * statistics.median(peers):
-            return self._eject(replica_id, health, now, pool_size, "latency")
+        p = self.params
+        for phase, seconds, work in samples(timing, p):
+            rate = health.rate(phase)
+            rate.add(seconds, work, now, p.window_seconds)
+            if rate.samples < p.min_samples:
+                continue
+            peers = [h.rate(phase).value for rid, h in self._health.items()
+                     if h.group == group and rid != replica_id and h.rate(phase).samples >= p.min_samples
+                     and rid not in self._ejected]
+            if peers and rate.value > p.latency_factor * statistics.median(peers):
+                reason = self._eject(replica_id, health, now, pool_size, "latency")
+                if reason is not None:
+                    self.last_phase = phase
+                    return reason
         return None
 
     def _eject(self, replica_id: str, health: _Health, now: float, pool_size: int, reason: str) -> str | None:
@@ -132,6 +230,7 @@ class OutlierDetector:
         self._ejected[replica_id] = health.until
         self._next_end = min(self._next_end, health.until)
         self._view = frozenset(self._ejected)
+        self.history.append((now, replica_id, reason))
         return reason
 
     def forget(self, keep: set[str]) -> None:

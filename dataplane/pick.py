@@ -1,4 +1,4 @@
-"""Power of two choices on a load score: the pick without a prefix key, the last step of :mod:`dataplane.route`.
+"""Power of two choices on a load score: the pick without a prefix key, the last step of the decision.
 
 ``pick(candidates, need, inflight, rng, excluded) -> Decision(replica | None, branch)``
 is pure: no I/O, no clock (the table's age is passed in), the random
@@ -40,8 +40,8 @@ scorers:
    ``stale`` = 6 s counts as one full replica of load), fresh 1 s.
 3. **Picker** (:func:`better`): of the drawn pair the lower score wins, an
    exact tie is settled by the rng (never list order). Only the two drawn
-   replicas are scored. A caller may pass another ``cost`` (the spill of
-   :mod:`dataplane.route` compares prefill backlogs).
+   replicas are scored. A caller may pass another ``cost`` (the detour of
+   :mod:`dataplane.decide` compares prefill backlogs).
 
 Branches (a metric label and a test assertion): ``p2c`` (a pair compared),
 ``single`` (one replica left, or the only one with room), ``none``
@@ -62,11 +62,13 @@ from dataplane.pool import Replica
 
 
 class Branch(enum.StrEnum):
-    """Which way the pick went (a metric label); :mod:`dataplane.route` documents each."""
+    """Which way the decision went (a metric label); :mod:`dataplane.decide` documents each."""
 
     AFFINITY = "affinity"
     OVERFLOW = "overflow"
-    SPILL = "spill"
+    PLACED = "placed"
+    DETOUR = "detour"
+    REGION = "region"
     SPREAD = "spread"
     P2C = "p2c"
     FALLBACK = "fallback"
@@ -104,11 +106,13 @@ DEFAULT_PARAMS = ScoreParams()
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Decision:
-    """The replica chosen (None when nothing is eligible) and the branch taken."""
+    """The replica chosen (None when nothing is eligible), the branch taken, and the region when not this one."""
 
     replica: Replica | None
     branch: Branch
     reason: str = ""
+    region: str = ""     # another region's name (branch ``region``), else ""
+    rtt_ms: float = 0.0  # the round trip to that region
 
 
 def fits(replica: Replica, need: Need) -> bool:

@@ -1,88 +1,92 @@
-"""One proxy's pick: its state and the calls of the per-request path, shared with the fleet simulator.
+"""One proxy's decision state and the calls around :func:`dataplane.decide.decide`, shared with the simulator.
 
-:class:`Picker` owns what a proxy keeps between requests for the pick: its
-in-flight load and prefill backlog (:class:`dataplane.policy.LocalLoad`), its
+:class:`Picker` owns what a proxy keeps between requests for its decision:
+its in-flight load and prefill backlog (:class:`dataplane.policy.LocalLoad`),
+where it sent each prefix key (:class:`dataplane.decide.Placements`), its
 hot-prefix sketch (:class:`dataplane.prefix.HotKeys`), what it learned of
-prefix reuse (:class:`Reuse`) and its random generator. The router calls it
-per request; the fleet simulator (``tools/sim``) drives the very same object
-in virtual time.
+prefix reuse (:class:`Reuse`), its outlier detector
+(:class:`dataplane.outlier.OutlierDetector`), its retry budget
+(:class:`dataplane.retrybudget.RetryBudget`) and its random generator. The
+router calls it per request; the fleet simulator (``tools/sim``) drives the
+very same object in virtual time, so both run one decision with everything
+it weighs.
 
+- :meth:`Picker.apply_table`, once per table: the frozen
+  :class:`dataplane.decide.View`, the in-flight counts the table's loads
+  include (:meth:`LocalLoad.mark`), the outlier state of departed replicas
+  dropped.
 - :meth:`Picker.prepare`, once per request: the prefix keys (the explicit
   ``prefix_key``'s, else one per depth of the prompt's block hashes), the
   first that is not hot (threshold: ``load_factor`` / replicas of the model,
   the share one replica may take); when all are hot, none: the request is
-  spread over the whole pool (every replica ends up caching a prefix that
-  popular); the version (a canary split drawn from the key, so a
-  conversation keeps its version; from the rng without one) and its pool.
-  It counts the request in the sketch. Raises NotFound.
-- :meth:`Picker.choose`, per attempt: :func:`dataplane.route.route` with the
-  table's age at ``now`` and the spill threshold.
+  spread over the whole pool; the version (a canary split drawn from the
+  key, so a conversation keeps its version; from the rng without one) and
+  its pool. It counts the request in the sketch. Raises NotFound.
+- :meth:`Picker.decide`, per attempt: :func:`dataplane.decide.decide` with
+  this proxy's :class:`dataplane.decide.Local` at ``now``.
 - :meth:`Picker.sent`, :meth:`Picker.first` (the first token came back; a
-  unary call never says, and counts as prefilling until it ends) and
-  :meth:`Picker.done` (with the cached prompt tokens the replica reported,
-  if it did) around each forward.
+  unary call never says, and counts as prefilling until it ends),
+  :meth:`Picker.done` (with the cached prompt tokens the replica reported, if
+  it did), and :meth:`Picker.answered` / :meth:`Picker.failed` (the outlier
+  detector's feed) around each forward.
 
 **Reuse** learns, from the cached tokens replicas report, the share of a
-prompt served from cache when the request went to its prefix's replica
-(``affinity``, ``overflow``) and when it went to any replica (``p2c``,
-``fallback``, ``single``), as exponential moving averages (weight
-``learn_rate`` = 0.01 per request, prompt-token weighted), and the mean
-prompt. Its *advantage* is the difference of the two shares: what the
-prefix's replica saves (a rough measure: the two groups of requests differ;
-when those that go to any replica are short prompts wholly in a shared
-prefix, it comes out 0 and requests leave a busy replica readily). The spill threshold of :func:`dataplane.route.route`,
-in prompt tokens of backlog, is what leaving it costs::
+prompt served from cache when a request of a known key went back to its
+replica (``affinity``, ``overflow``) and when a request went to any replica
+(``p2c``, ``fallback``, ``single``, ``spread``), as exponential moving
+averages (weight ``learn_rate`` = 0.01 per request, prompt-token weighted),
+and the mean prompt. Its *advantage* is the difference of the two shares:
+what the prefix's replica saves. The detour threshold of
+:func:`dataplane.decide.decide`, in prompt tokens of backlog, is what
+leaving it costs::
 
-    threshold = advantage x spill_factor x mean prompt
+    threshold = advantage x detour_factor x mean prompt
 
-``spill_factor`` (default 12) is large because the backlog a proxy sees is
-only its own share of the replica's, and a spill costs the conversation's
-next turns their cache too (they find neither replica up to date); it was
-chosen with the fleet simulator (docs/evaluation.md). On a workload where
-the prefix's replica saves little, requests leave a busy one readily; where
-it saves much, only for a deep backlog. Before any report (a server that
-reports no cached tokens), the advantage is taken as 0.5. Spilled requests
-are left out of the averages: they land on a replica that holds part of
-their prefix, neither home nor any replica.
+``detour_factor`` (default 12) is large because the backlog a proxy sees is
+only its own share of the replica's, and a detour costs the conversation's
+next turns their cache too; it was chosen with the fleet simulator
+(docs/evaluation.md). Before any report (a server that reports no cached
+tokens), the advantage is taken as 0.5. Detoured requests and keys new to
+the proxy are left out of the averages.
 
-Cost: O(depths) hashing and sketch updates per request, then the route's.
+Cost: O(depths) hashing and sketch updates per request, then the decision's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Sequence
 
-from dataplane.pick import Branch, Decision, Need
+from dataplane.config import ProxySettings
+from dataplane.decide import DEFAULT_DECIDE, Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
+from dataplane.outlier import OutlierDetector, OutlierParams, Timing
+from dataplane.pick import Branch, Decision, Need, ScoreParams
 from dataplane.policy import LocalLoad
-from dataplane.pool import Pool
 from dataplane.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
-from dataplane.route import DEFAULT_ROUTE, RouteParams, route
+from dataplane.retrybudget import RetryBudget
+from dataplane.spill import LocalQueue
 from dataplane.table import Table
 
 HOME_BRANCHES = frozenset({Branch.AFFINITY, Branch.OVERFLOW})
+ANY_BRANCHES = frozenset({Branch.P2C, Branch.FALLBACK, Branch.SINGLE, Branch.SPREAD})
+REMEMBERED = frozenset({Branch.AFFINITY, Branch.OVERFLOW, Branch.PLACED, Branch.DETOUR, Branch.FALLBACK})
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Routing:
-    """What :meth:`Picker.prepare` found for a request: version, pool, prefix key (None: none usable), need."""
-
-    version: str
-    pool: Pool
-    key: int | None
-    need: Need
-    hot: bool = False  # no key because every key of the request is hot
+__all__ = ["Attempt", "Picker", "Reuse", "Routing"]
 
 
 @dataclasses.dataclass(slots=True)
 class Attempt:
-    """One forward of a request: where it went, by which branch, whether its first token came back."""
+    """One forward of a request: where it went, by which branch, when, and whether its first token came back."""
 
     replica_id: str
     routing: Routing
     branch: Branch
+    sent_at: float = 0.0
+    ahead: int = 0          # prompt tokens already waiting for a first token there (this proxy's), at send
+    known: bool = False     # the key was remembered at send (a conversation going back)
     prefilled: bool = False
+    first_at: float | None = None
 
 
 class Reuse:
@@ -110,17 +114,59 @@ class Reuse:
 
 
 class Picker:
-    """The pick state of one proxy; see the module docstring."""
+    """The decision state of one proxy; see the module docstring."""
 
-    def __init__(self, rng: random.Random, *, params: RouteParams = DEFAULT_ROUTE, depths: Sequence[int] = DEPTHS,
-                 hot: HotKeys | None = None, spill_factor: float = 12.0, learn_rate: float = 0.01) -> None:
+    def __init__(self, rng: random.Random, *, params: DecideParams = DEFAULT_DECIDE, depths: Sequence[int] = DEPTHS,
+                 hot: HotKeys | None = None, detour_factor: float = 12.0, learn_rate: float = 0.01,
+                 placements: int = 65_536, outliers: OutlierDetector | None = None,
+                 budget: RetryBudget | None = None) -> None:
         self.rng = rng
         self.params = params
         self.depths = tuple(depths)
-        self.spill_factor = spill_factor
+        self.detour_factor = detour_factor
         self.local = LocalLoad()
+        self.placements = Placements(placements)
         self.hot = hot if hot is not None else HotKeys()
         self.reuse = Reuse(learn_rate)
+        self.outliers = outliers if outliers is not None else OutlierDetector()
+        self.budget = budget if budget is not None else RetryBudget()
+        self.view: View | None = None
+
+    @classmethod
+    def from_settings(cls, settings: ProxySettings, rng: random.Random) -> Picker:
+        """A proxy's picker as its ``[proxy]`` settings describe it (the router's, and the simulator's)."""
+        params = DecideParams(
+            walk_limit=settings.walk_limit, region=settings.region, spill_queue_ms=settings.spill_queue_ms,
+            spill_headroom=settings.spill_headroom, capacity_share=settings.admission_capacity_share,
+            score=ScoreParams(fresh_seconds=settings.telemetry_fresh_seconds,
+                              stale_seconds=settings.telemetry_stale_seconds))
+        outliers = OutlierDetector(OutlierParams(
+            consecutive_failures=settings.outlier_consecutive_failures, latency_factor=settings.outlier_latency_factor,
+            window_seconds=settings.outlier_window_seconds, min_decode_tokens=settings.outlier_min_decode_tokens,
+            min_prefill_tokens=settings.outlier_min_prefill_tokens,
+            base_ejection_seconds=settings.outlier_base_ejection_seconds,
+            max_ejection_seconds=settings.outlier_max_ejection_seconds,
+            max_ejected_share=settings.outlier_max_ejected_share))
+        budget = RetryBudget(ratio=settings.retry_budget_ratio, min_per_second=settings.retry_budget_min_per_second,
+                             window_seconds=settings.retry_budget_window_seconds)
+        return cls(rng, params=params, depths=settings.prefix_depths, detour_factor=settings.detour_factor,
+                   hot=HotKeys(capacity=settings.hot_keys, window=settings.hot_window),
+                   placements=settings.placements, outliers=outliers, budget=budget)
+
+    def apply_table(self, table: Table) -> View:
+        """A table was applied: its frozen view; the in-flight counts its loads include; departed replicas forgotten."""
+        self.local.mark()
+        self.outliers.forget({r.replica_id for entry in table.models.values()
+                              for pool in (entry.default, *entry.by_version.values()) for r in pool})
+        self.view = make_view(table, self.params)
+        return self.view
+
+    def view_of(self, table: Table) -> View:
+        """The view of ``table``: the applied one when it is, else built (a table a request started under)."""
+        view = self.view
+        if view is not None and view.table is table:
+            return view
+        return make_view(table, self.params)
 
     def keys(self, tenant: str, prefix_key: str, hashes: Sequence[int]) -> tuple[int, ...]:
         """The request's keys, shallowest first."""
@@ -141,26 +187,31 @@ class Picker:
         self.reuse.prompt(prompt_tokens)
         return Routing(served, pool, key, Need(prompt_tokens + max_tokens, prompt_tokens), bool(keys) and key is None)
 
-    def choose(self, table: Table, routing: Routing, now: float, *, excluded: Collection[str] = (),
-               avoid_nodes: Collection[str] = (), avoid: Collection[str] = ()) -> Decision:
-        """The replica for one attempt (``now`` on the clock that stamped ``table.applied_at``)."""
-        return route(routing.pool, routing.need, routing.key, self.local, self.rng, spill=self.spill(),
-                     hot=routing.hot, table_age=now - table.applied_at, excluded=excluded,
-                     avoid_nodes=avoid_nodes, avoid=avoid, params=self.params)
+    def decide(self, view: View, ask: Ask, now: float, *,
+               queue: Callable[[], LocalQueue | None] | None = None) -> Decision:
+        """The region and replica for one attempt (``now`` on the clock that stamped the table's ``applied_at``)."""
+        local = Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue)
+        return decide(view, ask, local, self.rng, now)
 
-    def spill(self) -> float:
-        """The spill threshold as learned so far, in prompt tokens of backlog."""
-        return self.reuse.advantage() * self.spill_factor * self.reuse.mean_prompt
+    def detour(self) -> float:
+        """The detour threshold as learned so far, in prompt tokens of backlog."""
+        return self.reuse.advantage() * self.detour_factor * self.reuse.mean_prompt
 
-    def sent(self, replica_id: str, routing: Routing, branch: Branch) -> Attempt:
+    def sent(self, replica_id: str, routing: Routing, branch: Branch, now: float = 0.0) -> Attempt:
         """A request was forwarded to ``replica_id``; the attempt to hand back to :meth:`first` and :meth:`done`."""
+        key = routing.key
+        known = key is not None and self.placements.get(key) is not None
+        if key is not None and branch in REMEMBERED:
+            self.placements.put(key, replica_id)
+        ahead = self.local.prefill(replica_id)
         self.local.add(replica_id, routing.need.prompt_tokens)
-        return Attempt(replica_id, routing, branch)
+        return Attempt(replica_id, routing, branch, sent_at=now, ahead=ahead, known=known)
 
-    def first(self, attempt: Attempt) -> None:
-        """The attempt's first token came back: its prefill is done."""
+    def first(self, attempt: Attempt, now: float | None = None) -> None:
+        """The attempt's first token came back (at ``now``, when known): its prefill is done."""
         if not attempt.prefilled:
             attempt.prefilled = True
+            attempt.first_at = now
             self.local.first(attempt.replica_id, attempt.routing.need.prompt_tokens)
 
     def done(self, attempt: Attempt, cached_tokens: int | None = None) -> None:
@@ -168,5 +219,21 @@ class Picker:
         prompt = attempt.routing.need.prompt_tokens
         self.local.done(attempt.replica_id, 0 if attempt.prefilled else prompt)
         attempt.prefilled = True
-        if cached_tokens is not None and prompt > 0 and attempt.branch is not Branch.SPILL:
-            self.reuse.learn(attempt.branch in HOME_BRANCHES, cached_tokens, prompt)
+        if cached_tokens is None or prompt <= 0:
+            return
+        if attempt.known and attempt.branch in HOME_BRANCHES:
+            self.reuse.learn(True, cached_tokens, prompt)
+        elif attempt.branch in ANY_BRANCHES:
+            self.reuse.learn(False, cached_tokens, prompt)
+
+    def answered(self, attempt: Attempt, group: str, *, now: float, completion_tokens: int, cached_tokens: int,
+                 pool_size: int) -> str | None:
+        """Feed an answered attempt to the outlier detector; the ejection reason when it ejects the replica."""
+        timing = Timing(sent=attempt.sent_at, first=attempt.first_at, ended=now,
+                        prompt_tokens=attempt.routing.need.prompt_tokens, completion_tokens=completion_tokens,
+                        cached_tokens=cached_tokens, ahead_tokens=attempt.ahead)
+        return self.outliers.answered(attempt.replica_id, group, timing, now=now, pool_size=pool_size)
+
+    def failed(self, attempt: Attempt, group: str, *, now: float, pool_size: int) -> str | None:
+        """Feed a replica failure to the outlier detector; the ejection reason when it ejects the replica."""
+        return self.outliers.failed(attempt.replica_id, group, now=now, pool_size=pool_size)

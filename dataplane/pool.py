@@ -67,6 +67,7 @@ class Pool:
     shares: tuple[float, ...]       # per replica, the share of its ring keys it keeps (1 under the bound)
     min_context: int                # smallest context limit (UNLIMITED: a replica reports none)
     max_context: int                # largest context limit
+    index: Mapping[str, int] = dataclasses.field(default_factory=dict)  # replica id -> position
 
     def __iter__(self) -> Iterator[Replica]:
         return iter(self.replicas)
@@ -87,7 +88,8 @@ def make_pool(group: str, replicas: Sequence[Replica], *, vnodes: int, load_fact
         ring = rings[(ids, vnodes)] = Ring(ids, vnodes)
     contexts = [context_limit(r) for r in replicas] or [UNLIMITED]
     shares = key_shares([r.smoothed for r in replicas], [r.max_concurrency for r in replicas], load_factor)
-    return Pool(group, tuple(replicas), ring, shares, min(contexts), max(contexts))
+    index = {rid: i for i, rid in enumerate(ids)}
+    return Pool(group, tuple(replicas), ring, shares, min(contexts), max(contexts), index)
 
 
 def smoothed_loads(loads: Mapping[str, int], before: Mapping[str, float], elapsed: float,

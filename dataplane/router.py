@@ -1,38 +1,41 @@
-"""The request path of the proxy, between the servicer (wire) and the forwarder (replicas).
+"""The request path of the proxy: admit, then a loop of decide, forward, record.
 
 Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.auth`),
 validates (:mod:`dataplane.validate`), checks the tier against the plan,
 resolves the model, version and prefix keys in the current table
 (:meth:`dataplane.picker.Picker.prepare`), and takes an in-flight slot
 (:class:`dataplane.policy.InflightLimit`), in that order, so the first
-problem found is the one reported. Then :meth:`Router.infer` or
-:meth:`Router.stream` picks (:meth:`dataplane.picker.Picker.choose`) and forwards with
-the remaining deadline, counting the request in the proxy's per-replica
-in-flight load while it runs; a failure before any output is retried when
-:func:`dataplane.policy.retry_reason` says so, on a replica not yet tried
-and, when there is one, on another node than the failed ones (a node that
-dies takes all its replicas with it), while the retry budget allows
-(:mod:`dataplane.retrybudget`); a stream cut after output is continued on
-another replica (:mod:`dataplane.continuation`) or ends UNAVAILABLE saying
-how many tokens were delivered. Before the tier queue, an interactive
-request may be sent to another region by the table's spill weights; it then
-skips this region's queues. A request whose version has no ready replica
-but replicas warming waits for one, before the tier queue, as long as its
-tier and deadline allow, or ends UNAVAILABLE with a retry-after sized to the
-warm-up (:mod:`dataplane.coldstart`, :mod:`dataplane.coldwait`). Budget, ejected replicas (kept out of the pick
-unless nothing else is left), continuation and spill are
-:class:`dataplane.failover.Failover`'s.
-:meth:`Router.end` gives the slot back. Every error is a
-:class:`ferry.errors.FerryError`; the servicer chooses the status.
+problem found is the one reported. When the table has spill routes, the
+decision's region step runs once here: a request sent to another region
+skips this region's tier queues. Then :meth:`Router.infer` or
+:meth:`Router.stream` loop: **decide** (:func:`dataplane.decide.decide`
+through :meth:`dataplane.picker.Picker.decide`: filters, ejected replicas,
+the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
+prefill detour, P2C), **forward** with the remaining deadline, **record**
+(the proxy's in-flight load, prefill backlog and placements; the outlier
+detector's feed). A failure before any output is retried when
+:func:`dataplane.policy.retry_reason` says so and the retry budget allows
+(:class:`dataplane.failover.Failover`); a stream cut after output is
+continued on another replica (:mod:`dataplane.continuation`) or ends
+UNAVAILABLE saying how many tokens were delivered. A request whose version
+has no ready replica but replicas warming waits for one, before the tier
+queue, as long as its tier and deadline allow, or ends UNAVAILABLE with a
+retry-after sized to the warm-up (:mod:`dataplane.coldstart`,
+:mod:`dataplane.coldwait`). :meth:`Router.end` gives the slot back. Every
+error is a :class:`ferry.errors.FerryError`; the servicer chooses the status.
+
+One listener on the table holder, :meth:`Router.apply_table`, updates the
+decision's view and the tier queues when a table is applied.
 
 State: the holder's current table (read once per request) and the picker
-(local load, hot-key sketch); nothing else survives a request.
+(its decision state: :mod:`dataplane.picker`); nothing else survives a request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import random
 from collections.abc import AsyncGenerator, Callable, Iterable
 
@@ -41,24 +44,26 @@ from dataplane.auth import Authenticator
 from dataplane.coldwait import ColdStarts
 from dataplane.config import ProxySettings
 from dataplane.continuation import Delivered, cut_error
-from dataplane.failover import Failover, Spilled
+from dataplane.decide import Ask
+from dataplane.failover import Failover
 from dataplane.forward import Call, Forwarder, Outcome, Piece
 from dataplane.idempotency import Idempotency
 from dataplane.limits import TenantInflight
 from dataplane.metrics import UNKNOWN, ProxyMetrics
-from dataplane.pick import Branch, Decision, ScoreParams
+from dataplane.pick import Branch, Decision
 from dataplane.picker import Attempt, Picker, Routing
 from dataplane.policy import InflightLimit, LocalLoad, retry_reason
-from dataplane.prefix import HotKeys
 from dataplane.queues import Ticket
-from dataplane.route import RouteParams
 from dataplane.table import Replica, Table, TableHolder
 from dataplane.tenantlimits import TenantLimits
 from dataplane.usage import UsageWindow
 from dataplane.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
 from ferry.config import Limits, TenantConfig
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, NoReplica, ReplicaFailed, Unavailable
+from ferry.logs import event
 from ferry.v1 import inference_pb2
+
+log = logging.getLogger("ferry.proxy")
 
 
 @dataclasses.dataclass(slots=True)
@@ -83,7 +88,7 @@ class RequestState:
     admitted: bool = False
     region: str = ""  # the region of the replica that answered, when it is not the proxy's (spilled)
     rtt_ms: float = 0.0  # the round trip to that region
-    spilled: Spilled | None = None  # step 3 chose another region (dataplane.failover)
+    spilled: Decision | None = None  # the region step chose another region (dataplane.decide)
     limited: bool = False  # counted in the tenant's concurrency cap (dataplane.tenantlimits)
     ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission), when queued
     cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.coldstart)
@@ -113,13 +118,8 @@ class Router:
         self._clock = clock
         self._admission = InflightLimit(settings.max_inflight, settings.retry_after_seconds)
         self._tenants = TenantInflight(limits.max_inflight_per_tenant, settings.retry_after_seconds)
-        self.failover = Failover(settings, metrics, holder, rng=rng, clock=clock)  # budget, outliers, spill
-        params = RouteParams(walk_limit=settings.walk_limit, score=ScoreParams(
-            fresh_seconds=settings.telemetry_fresh_seconds, stale_seconds=settings.telemetry_stale_seconds
-        ))
-        self.picker = Picker(rng, params=params, depths=settings.prefix_depths, spill_factor=settings.spill_factor,
-                             hot=HotKeys(capacity=settings.hot_keys, window=settings.hot_window))
-        holder.on_applied(lambda _table: self.picker.local.mark())  # the pushed loads count what runs now
+        self.picker = Picker.from_settings(settings, rng)  # the decision and its state (dataplane.picker)
+        self.failover = Failover(settings, metrics, self.picker.budget, clock=clock)  # retries, continuation
         self.tenant_limits = TenantLimits()
         self.usage = UsageWindow(start=clock(), max_rows=settings.usage_max_rows)  # reported on the table watch
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
@@ -128,10 +128,15 @@ class Router:
                                    capacity_share=settings.admission_capacity_share,
                                    tenant_labels=settings.tenant_metric_labels)
         self.cold = ColdStarts(settings, holder, clock)  # versions warming up (dataplane.coldwait)
-        if settings.admission:
-            holder.on_applied(self.admission.apply)
-            if holder.table is not None:
-                self.admission.apply(holder.table)
+        holder.on_applied(self.apply_table)
+        if holder.table is not None:
+            self.apply_table(holder.table)
+
+    def apply_table(self, table: Table) -> None:
+        """A table was applied: the decision's view and state, then the tier queues' capacities."""
+        self.picker.apply_table(table)
+        if self._settings.admission:
+            self.admission.apply(table)
 
     @property
     def local_load(self) -> LocalLoad:
@@ -186,11 +191,14 @@ class Router:
         state.admitted = True
         # dataplane.tenantlimits: the tenant's own rate limits and concurrency cap (end() undoes the above)
         state.limited = self.tenant_limits.admit(state.tenant, valid.prompt_tokens + valid.max_tokens, self._clock())
-        if not valid.version:  # step 3, the region: a spilled request skips this region's tier queues
-            state.spilled = self.failover.spill(table, valid.model, valid.tier, self.picker.local,
-                                                functools.partial(self.admission.local_queue, valid.model),
-                                                self.picker.local.counted,
-                                                self.picker.local.trust)
+        if not valid.version:  # the region step: a request sent to another region skips this region's queues
+            view = self.picker.view_of(table)
+            if view.remote.targets:
+                first = self.picker.decide(view, self._ask(state, (), region_step=True), self._clock(),
+                                           queue=functools.partial(self.admission.local_queue, valid.model))
+                if first.branch is Branch.REGION:
+                    state.spilled = first
+                    self._metrics.spilled.labels(self._settings.region, first.region).inc()
         if state.spilled is None and self.admission.active(valid.model):
             state.ticket = Ticket(tenant=state.tenant.name, plan=state.tenant.plan, tier=valid.tier,
                                   cost=valid.prompt_tokens + valid.max_tokens, deadline=state.deadline)
@@ -232,34 +240,49 @@ class Router:
                 self._tenants.leave(state.tenant.name)
             self._metrics.inflight.set(self._admission.count)
 
-    def _pick(self, state: RequestState, excluded: set[str], avoid_nodes: set[str]) -> Decision:
-        assert state.request is not None and state.table is not None and state.routing is not None
+    def _ask(self, state: RequestState, failed: list[Replica] | tuple[()], *, region_step: bool = False) -> Ask:
+        """The next attempt as the decision reads it: routing, tier, tried replicas and nodes, avoid set."""
+        assert state.routing is not None
+        model = state.model_label
+        return Ask(routing=state.routing, tier=state.tier_label, model=model,
+                   tried=frozenset(r.replica_id for r in failed),
+                   tried_nodes=frozenset(r.node for r in failed if r.node),
+                   avoid=(self.admission.avoid(model, state.ticket, self.picker.local) if state.ticket is not None
+                          else frozenset()),
+                   region_step=region_step)
+
+    def _decide(self, state: RequestState, failed: list[Replica]) -> Decision:
+        """The decision for the next attempt (dataplane.decide), off the replicas and nodes that failed."""
+        assert state.request is not None and state.table is not None
         now = self._clock()
-        ejected = self.failover.ejected()
-        avoid = (self.admission.avoid(state.model_label, state.ticket, self.picker.local) if state.ticket is not None
-                 else frozenset())
-        decision = self.picker.choose(state.table, state.routing, now, excluded=excluded | ejected if ejected
-                                      else excluded, avoid_nodes=avoid_nodes, avoid=avoid)
-        if decision.replica is None and ejected and decision.branch is not Branch.TOO_LONG:
-            # Only ejected replicas are left: an ejected replica beats none.
-            decision = self.picker.choose(state.table, state.routing, now, excluded=excluded,
-                                          avoid_nodes=avoid_nodes, avoid=avoid)
-        table_age = now - state.table.applied_at
-        self._metrics.picks.labels(state.model_label, decision.branch.value).inc()
+        model = state.model_label
+        decision = self.picker.decide(self.picker.view_of(state.table), self._ask(state, failed), now,
+                                      queue=functools.partial(self.admission.local_queue, model))
+        self._metrics.picks.labels(model, decision.branch.value).inc()
         if decision.branch is Branch.TOO_LONG:
             raise InvalidArgument("max_tokens", decision.reason)
         if decision.replica is None:
             raise NoReplica(state.request.model, decision.reason)
-        assert decision.branch is not Branch.NONE
-        self._metrics.telemetry_age.observe(decision.replica.telemetry_age + table_age)
+        self._metrics.telemetry_age.observe(decision.replica.telemetry_age + now - state.table.applied_at)
         return decision
 
-    def _result(self, state: RequestState, replica: Replica, *, ok: bool, tokens: int) -> None:
+    def _result(self, state: RequestState, attempt: Attempt, *, ok: bool, outcome: Outcome | None = None) -> None:
+        """Feed one attempt's result to the outlier detector (ejections counted and logged)."""
         assert state.routing is not None
-        self.failover.result(replica.replica_id, state.model_label, ok=ok, started=state.forwarded_at, tokens=tokens,
-                             pool_size=len(state.routing.pool.replicas))
-        if ok and not state.region:  # how long a local request lasts: the age at which pushed loads go stale
-            self.picker.local.observe(self._clock() - state.forwarded_at)
+        now = self._clock()
+        pool_size = len(state.routing.pool.replicas)
+        if ok and outcome is not None:
+            reason = self.picker.answered(attempt, state.model_label, now=now, pool_size=pool_size,
+                                          completion_tokens=outcome.completion_tokens,
+                                          cached_tokens=outcome.cached_tokens if outcome.cached_reported else 0)
+            if not state.region:  # how long a local request lasts: the age at which pushed loads go stale
+                self.picker.local.observe(now - state.forwarded_at)
+        else:
+            reason = self.picker.failed(attempt, state.model_label, now=now, pool_size=pool_size)
+        if reason is not None:
+            self._metrics.ejections.labels(state.model_label, reason).inc()
+            event(log, "replica_ejected", logging.WARNING, replica_id=attempt.replica_id, model=state.model_label,
+                  reason=reason, phase=self.picker.outliers.last_phase if reason == "latency" else "")
 
     def _remaining(self, state: RequestState) -> float:
         remaining = state.deadline - self._clock()
@@ -283,29 +306,29 @@ class Router:
         return True
 
     def _next(self, state: RequestState, failed: list[Replica], last: FerryError | None) -> tuple[Replica, Attempt]:
-        """Pick for the next attempt, off the replicas (and nodes) that failed; none left: the failure stands."""
+        """Decide the next attempt, off the replicas (and nodes) that failed; none left: the failure stands."""
         assert state.routing is not None
         spilled = state.spilled if state.attempts == 0 else None
-        if spilled is not None:  # step 3: another region (dataplane.failover); a retry stays home
-            state.attempts, state.replica_id, state.forwarded_at = 1, spilled.replica.replica_id, self._clock()
-            state.region, state.rtt_ms, state.version = spilled.region, spilled.rtt_ms, spilled.replica.version
-            return spilled.replica, self.picker.sent(spilled.replica.replica_id, state.routing, Branch.SPILL)
-        state.region, state.rtt_ms = "", 0.0
-        try:
-            decision = self._pick(state, {r.replica_id for r in failed}, {r.node for r in failed if r.node})
-        except NoReplica:
-            if last is not None:
-                raise last from None
-            raise
+        if spilled is not None:  # the region step chose another region; a retry stays home
+            assert spilled.replica is not None
+            decision = spilled
+        else:
+            try:
+                decision = self._decide(state, failed)
+            except NoReplica:
+                if last is not None:
+                    raise last from None
+                raise
         replica = decision.replica
-        assert replica is not None and state.routing is not None
+        assert replica is not None
+        state.region, state.rtt_ms = decision.region, decision.rtt_ms
         state.attempts += 1
         state.replica_id = replica.replica_id
         state.version = replica.version  # the default may span versions when the table names none
         state.forwarded_at = self._clock()
-        attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch)
-        if state.ticket is not None:  # an interactive request sent to a full replica makes room there
-            self.admission.placed(state.model_label, state.ticket, replica.replica_id,
+        attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch, state.forwarded_at)
+        if state.ticket is not None and not decision.region:  # an interactive request sent to a full replica
+            self.admission.placed(state.model_label, state.ticket, replica.replica_id,  # makes room there
                                   self.picker.local.get(replica.replica_id), replica.max_concurrency)
         return replica, attempt
 
@@ -335,11 +358,11 @@ class Router:
                 await self.failover.cross_region(state.rtt_ms)
                 state.outcome = await self._forwarder.infer(replica, state.call, self._remaining(state))
                 cached = state.outcome.cached_tokens if state.outcome.cached_reported else None
-                self._result(state, replica, ok=True, tokens=state.outcome.completion_tokens)
+                self._result(state, attempt, ok=True, outcome=state.outcome)
                 return state.outcome
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
-                    self._result(state, replica, ok=False, tokens=0)
+                    self._result(state, attempt, ok=False)
                 if not self._retry(state, error):
                     raise
                 failed.append(replica)
@@ -368,18 +391,19 @@ class Router:
                 pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome)
                 try:
                     async for piece in pieces:
-                        self.picker.first(attempt)
+                        if not attempt.prefilled:
+                            self.picker.first(attempt, self._clock())
                         delivered.add(piece)
                         yield piece
                 finally:
                     await pieces.aclose()
                 state.outcome = delivered.merge(outcome, state.call)
                 cached = outcome.cached_tokens if outcome.cached_reported else None
-                self._result(state, replica, ok=True, tokens=outcome.completion_tokens)
+                self._result(state, attempt, ok=True, outcome=outcome)
                 return
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
-                    self._result(state, replica, ok=False, tokens=0)
+                    self._result(state, attempt, ok=False)
                 if not delivered.tokens and not delivered.texts:
                     if not self._retry(state, error):
                         raise
@@ -393,3 +417,4 @@ class Router:
         # The cut stream had already delivered max_tokens: it is complete.
         state.outcome = Outcome(text=delivered.text, prompt_tokens=state.call.prompt_tokens,
                                 completion_tokens=delivered.tokens)
+

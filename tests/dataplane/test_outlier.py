@@ -1,10 +1,10 @@
-"""Outlier ejection: consecutive failures or far-above-peers latency eject a replica for a growing period."""
+"""Outlier ejection: consecutive failures, or a decode or prefill rate far above the peers', eject a replica."""
 
 from __future__ import annotations
 
 import pytest
 
-from dataplane.outlier import OutlierDetector, OutlierParams
+from dataplane.outlier import DECODE, PREFILL, OutlierDetector, OutlierParams, Timing, samples
 from ferry.errors import ConfigError
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour
@@ -12,11 +12,21 @@ from tests.dataplane.fakes import Behaviour
 FAST, SLOW = 0.01, 0.1
 
 
+def _decode(per_token: float, now: float, tokens: int = 20) -> Timing:
+    """A streamed request with a short prompt: ``tokens`` tokens, ``per_token`` seconds each after the first."""
+    return Timing(sent=now - per_token * tokens, first=now - per_token * (tokens - 1), ended=now, prompt_tokens=10,
+                  completion_tokens=tokens)
+
+
 def _feed(d: OutlierDetector, rid: str, per_token: float, n: int, now: float, pool: int = 4) -> str | None:
     reason = None
     for _ in range(n):
-        reason = d.record(rid, "m", ok=True, seconds_per_token=per_token, now=now, pool_size=pool) or reason
+        reason = d.answered(rid, "m", _decode(per_token, now), now=now, pool_size=pool) or reason
     return reason
+
+
+def _fail(d: OutlierDetector, rid: str, now: float, pool: int) -> None:
+    d.failed(rid, "m", now=now, pool_size=pool)
 
 
 @pytest.mark.parametrize(
@@ -27,14 +37,17 @@ def _feed(d: OutlierDetector, rid: str, per_token: float, n: int, now: float, po
 def test_consecutive_failures_eject(failures: int, ejected: bool) -> None:
     d = OutlierDetector()
     for _ in range(failures):
-        d.record("r1", "m", ok=False, seconds_per_token=None, now=1.0, pool_size=10)
+        _fail(d, "r1", 1.0, 10)
     assert ("r1" in d.ejected(1.0)) is ejected
 
 
 def test_a_success_resets_the_failure_count() -> None:
     d = OutlierDetector()
     for ok in (False, False, False, False, True, False, False, False, False):
-        d.record("r1", "m", ok=ok, seconds_per_token=0.01 if ok else None, now=1.0, pool_size=10)
+        if ok:
+            d.answered("r1", "m", _decode(0.01, 1.0), now=1.0, pool_size=10)
+        else:
+            _fail(d, "r1", 1.0, 10)
     assert d.ejected(1.0) == frozenset()
 
 
@@ -70,22 +83,23 @@ def test_never_more_than_the_share_of_a_pool_at_once(pool: int, share: float, mo
     d = OutlierDetector(OutlierParams(max_ejected_share=share))
     for i in range(pool):
         for _ in range(5):
-            d.record(f"r{i}", "m", ok=False, seconds_per_token=None, now=1.0, pool_size=pool)
+            _fail(d, f"r{i}", 1.0, pool)
     assert len(d.ejected(1.0)) == most
 
 
 def test_forget_drops_replicas_that_left_the_table() -> None:
     d = OutlierDetector()
     for _ in range(5):
-        d.record("gone", "m", ok=False, seconds_per_token=None, now=1.0, pool_size=10)
+        _fail(d, "gone", 1.0, 10)
     assert d.ejected(1.0) == {"gone"}
     d.forget({"other"})
     assert d.ejected(1.0) == frozenset()
 
 
 @pytest.mark.parametrize("kwargs", [{"consecutive_failures": 0}, {"latency_factor": 1.0},
-                                    {"base_ejection_seconds": 100.0}, {"max_ejected_share": 1.5}],
-                         ids=["failures", "factor", "base-over-max", "share"])
+                                    {"base_ejection_seconds": 100.0}, {"max_ejected_share": 1.5},
+                                    {"window_seconds": 0.0}, {"min_prefill_tokens": 0}],
+                         ids=["failures", "factor", "base-over-max", "share", "window", "min-prefill"])
 def test_bad_params_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         OutlierParams(**kwargs)  # type: ignore[arg-type]
@@ -98,3 +112,61 @@ async def test_a_failing_replica_is_ejected_and_costs_no_more_retries(rig) -> No
     assert r.served()["bad"] == 5  # five failures in a row, each retried elsewhere; then ejected
     assert r.proxy is not None
     assert r.proxy.metrics.value("proxy_outlier_ejections_total", model="m", reason="failures") == 1
+
+
+SAMPLES = [
+    # id, timing, expected (phase, seconds, work) samples
+    ("stream-long-answer", Timing(sent=0.0, first=0.1, ended=2.1, prompt_tokens=10, completion_tokens=101),
+     [(DECODE, 2.0, 100.0)]),
+    ("stream-long-prompt-short-answer", Timing(sent=0.0, first=0.5, ended=0.52, prompt_tokens=10_000,
+                                               completion_tokens=2, cached_tokens=2_000, ahead_tokens=2_000),
+     [(PREFILL, 0.5, 10_000.0)]),
+    ("stream-both", Timing(sent=0.0, first=0.2, ended=1.2, prompt_tokens=1_000, completion_tokens=51),
+     [(DECODE, 1.0, 50.0), (PREFILL, 0.2, 1_000.0)]),
+    ("too-short-to-say-anything", Timing(sent=0.0, first=0.01, ended=0.02, prompt_tokens=50, completion_tokens=3),
+     []),
+    ("prompt-all-cached", Timing(sent=0.0, first=0.01, ended=0.02, prompt_tokens=5_000, completion_tokens=2,
+                                 cached_tokens=4_900), []),
+    ("unary-short-prompt-is-decode", Timing(sent=0.0, first=None, ended=1.0, prompt_tokens=10, completion_tokens=20),
+     [(DECODE, 1.0, 20.0)]),
+    ("unary-long-prompt-says-nothing", Timing(sent=0.0, first=None, ended=1.0, prompt_tokens=5_000,
+                                              completion_tokens=20), []),
+]
+
+
+@pytest.mark.parametrize(("timing", "expected"), [c[1:] for c in SAMPLES], ids=[c[0] for c in SAMPLES])
+def test_what_an_attempt_says_about_its_replica(timing: Timing, expected: list[tuple[str, float, float]]) -> None:
+    got = samples(timing, OutlierParams(min_prefill_tokens=256))
+    assert [phase for phase, _, _ in got] == [phase for phase, _, _ in expected]
+    assert [x for _, s, w in got for x in (s, w)] == pytest.approx([x for _, s, w in expected for x in (s, w)])
+
+
+def test_long_prompts_and_queueing_do_not_make_a_replica_look_slow() -> None:
+    """One replica gets every long prompt (10 k tokens, 2 tokens out), queued behind each other; the others short
+    prompts with long answers. Prefill is judged per token of work including what waited ahead: no ejection."""
+    d = OutlierDetector()
+    now = 0.0
+    for step in range(200):
+        now = step * 0.1
+        ahead = (step % 5) * 10_000  # up to four long prompts ahead of this one
+        d.answered("long", "m", Timing(sent=now - 0.2 * (1 + step % 5), first=now - 0.01, ended=now,
+                                       prompt_tokens=10_000, completion_tokens=2, ahead_tokens=ahead),
+                   now=now, pool_size=4)
+        for rid in ("a", "b", "c"):
+            d.answered(rid, "m", Timing(sent=now - 2.1, first=now - 2.0, ended=now, prompt_tokens=300,
+                                        completion_tokens=101), now=now, pool_size=4)
+    assert not d.history and d.ejected(now) == frozenset()
+
+
+def test_a_ten_times_slower_prefill_is_ejected() -> None:
+    d = OutlierDetector()
+    for step in range(40):
+        now = step * 0.1
+        for rid, per_token in (("a", 20e-6), ("b", 20e-6), ("c", 20e-6), ("slow", 200e-6)):
+            reason = d.answered(rid, "m", Timing(sent=now - per_token * 8_000, first=now - 0.02, ended=now,
+                                                 prompt_tokens=8_000, completion_tokens=2), now=now, pool_size=4)
+            if reason:
+                assert (rid, reason, d.last_phase) == ("slow", "latency", PREFILL)
+                assert now < 10.0
+                return
+    raise AssertionError("the slow replica was never ejected")

@@ -87,15 +87,26 @@ def test_reuse_learns_what_the_prefix_replica_saves() -> None:
     assert reuse.mean_prompt == pytest.approx(1000)
 
 
-def test_spill_threshold_follows_the_learned_advantage() -> None:
-    picker = Picker(random.Random(1), spill_factor=12.0)
+def test_detour_threshold_follows_the_learned_advantage() -> None:
+    picker = Picker(random.Random(1), detour_factor=12.0)
     table = build_table(snapshot(1, [route("r1", "h:1")]), region="local", applied_at=0.0)
     for _ in range(300):
         routing = prepare(picker, table, [1, 2])
-        attempt = picker.sent("r1", routing, Branch.AFFINITY)
-        picker.done(attempt, 50)                      # half of each 100-token prompt cached at home
+        attempt = picker.sent("r1", routing, Branch.AFFINITY)  # the key is remembered from here on
+        picker.done(attempt, 50)                      # half of each 100-token prompt cached back home
         other = picker.sent("r1", routing, Branch.P2C)
         picker.done(other, 0)                          # nothing elsewhere
-        spilled = picker.sent("r1", routing, Branch.SPILL)
-        picker.done(spilled, 100)                      # spills are not counted either way
-    assert picker.spill() == pytest.approx(0.5 * 12 * 100, rel=0.05)
+        detoured = picker.sent("r1", routing, Branch.DETOUR)
+        picker.done(detoured, 100)                     # detours are not counted either way
+    assert picker.detour() == pytest.approx(0.5 * 12 * 100, rel=0.05)
+
+
+def test_a_new_key_is_not_learned_as_going_home() -> None:
+    picker = Picker(random.Random(1))
+    table = build_table(snapshot(1, [route("r1", "h:1")]), region="local", applied_at=0.0)
+    before = picker.reuse.advantage()
+    for conv in range(50):
+        attempt = picker.sent("r1", prepare(picker, table, [1000 + conv]), Branch.AFFINITY)  # each key new
+        assert not attempt.known
+        picker.done(attempt, 0)
+    assert picker.reuse.advantage() == before

@@ -16,12 +16,12 @@ import grpc
 import pytest
 
 from agent.engine import EngineParams
+from dataplane.decide import Ask, Local, Routing, decide, make_view
 from dataplane.pick import Branch, Need
 from dataplane.placement import Placement
 from dataplane.policy import LocalLoad
 from dataplane.pool import Pool
 from dataplane.queues import QueueParams, Ticket, TierQueues
-from dataplane.route import route
 from dataplane.sharding import NONE, plan, rendezvous
 from dataplane.table import build_table
 from ferry.v1 import common_pb2, inference_pb2
@@ -147,6 +147,9 @@ def test_shard_moves_when_its_replica_leaves_the_table() -> None:
     assert gone not in q.placement.shards.keep_off("noisy")  # nor kept: it is not a candidate any more
 
 
+_VIEW = make_view(build_table(snapshot(1, []), region="local", applied_at=0.0))
+
+
 def _pool(n: int) -> Pool:
     snap = snapshot(1, [fake_route(f"r{i}", f"127.0.0.1:{1000 + i}", max_concurrency=4) for i in range(n)])
     return build_table(snap, region="local", applied_at=0.0).models["m"].default
@@ -166,8 +169,9 @@ def test_route_keeps_off_avoided_replicas(key: int | None, avoid: set[str], allo
     rng = random.Random(3)
     chosen = set()
     for k in range(200):
-        decision = route(pool, Need(10, 5), None if key is None else key + k, LocalLoad(), rng, avoid=avoid,
-                         excluded=excluded)
+        ask = Ask(routing=Routing("v1", pool, None if key is None else key + k, Need(10, 5)),
+                  avoid=frozenset(avoid), tried=frozenset(excluded))
+        decision = decide(_VIEW, ask, Local(LocalLoad()), rng, 0.0)
         assert decision.replica is not None and decision.branch is not Branch.NONE
         chosen.add(decision.replica.replica_id)
     assert chosen <= allowed

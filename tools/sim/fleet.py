@@ -9,18 +9,24 @@ proxy table by :func:`dataplane.table.build_table`, and the policies of
 Events, in time order (ties in the order they were scheduled):
 
 - **arrival**: the request goes to a proxy drawn at random (clients spread
-  over the proxies), whose policy picks a replica with that proxy's table; the
-  engine queues it (a refusal, queue full or too long, counts as rejected);
-  an idle engine starts a step.
+  over the proxies), whose policy picks a replica with that proxy's table
+  (none: the request is refused, as the proxy would refuse it, e.g. longer
+  than every replica's context); the engine queues it; a refusal by the
+  engine (queue full, too long) is told to the policy, which may try another
+  replica (Ferry's: the proxy's retry rule and budget), else the request
+  counts as rejected; an idle engine starts a step.
 - **step end**: ``finish_step``; first tokens give TTFT (arrival to the end
-  of the prefill step), finished requests give end-to-end latency and tell
-  their proxy's policy; the next step starts at once if there is work.
+  of the prefill step) and tell the policy (Ferry's outlier detector and
+  prefill backlog use the time), finished requests give end-to-end latency
+  and tell their proxy's policy; the next step starts at once if there is
+  work.
 - **telemetry**: every ``telemetry_seconds`` (phase drawn per replica) the
   replica's agent samples its load (queued, running, free KV blocks), as a
   real agent polls its replica.
 - **table tick**: every ``refresh_seconds`` the control plane builds a
   snapshot from the latest samples (``telemetry_age_seconds`` = tick - sample
-  time), and every proxy applies it as its own table. Between ticks a proxy
+  time), and every proxy applies it as its own table (the policy's
+  ``apply``, as the proxy's table listener). Between ticks a proxy
   routes on that table, its age growing, plus whatever it counts itself.
 
 Network and proxy processing take no virtual time. Deterministic for a seed:
@@ -71,6 +77,7 @@ class Served:
     e2e: float = math.nan
     cached_tokens: int = 0
     rejected: bool = False
+    attempts: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,6 +143,8 @@ class Fleet:
         table = build_table(snapshot, region="sim", applied_at=self.now, previous=previous,
                             params=TableParams(load_factor=self.config.load_factor))
         self.tables = [table] * self.config.proxies
+        for policy in self.policies:
+            policy.apply(table)
 
     def _telemetry(self, i: int) -> None:
         load = self.engines[i].load()
@@ -149,20 +158,29 @@ class Fleet:
         if duration is not None:
             self._push(self.now + duration, _STEP, i)
 
-    def _arrive(self, n: int) -> None:
+    def _arrive(self, n: int, tried: tuple[str, ...] = ()) -> None:
         req = self.requests[n]
         proxy = self.proxy_of[n]
-        replica_id, branch = self.policies[proxy].pick(self.tables[proxy], req, self.now)
-        i = self.index[replica_id]
+        policy = self.policies[proxy]
+        replica_id, branch = policy.pick(self.tables[proxy], req, self.now, tried)
         served = self.served[n]
-        served.replica, served.branch = i, branch
+        served.branch = branch
+        if replica_id is None:  # refused by the proxy (nothing can serve it)
+            served.rejected = True
+            self.pending -= 1
+            return
+        i = self.index[replica_id]
+        served.replica = i
+        served.attempts += 1
         admission = self.engines[i].submit(
             EngineRequest(request_id=str(n), prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
                           block_hashes=req.hash_ids), self.now)
         if admission is not Admission.QUEUED:
+            if policy.refused(req, replica_id, self.now):
+                self._arrive(n, (*tried, replica_id))
+                return
             served.rejected = True
             self.pending -= 1
-            self.policies[proxy].done(req, replica_id, None)
             return
         if not self.stepping[i]:
             self._step(i)
@@ -172,14 +190,15 @@ class Fleet:
         for rid in result.first:
             n = int(rid)
             self.served[n].ttft = self.now - self.requests[n].arrival
-            self.policies[self.proxy_of[n]].first(self.requests[n], self.ids[i])
+            self.policies[self.proxy_of[n]].first(self.requests[n], self.ids[i], self.now)
         for done in result.finished:
             n = int(done.request_id)
             served = self.served[n]
             served.e2e = self.now - self.requests[n].arrival
             served.cached_tokens = done.cached_tokens
             self.pending -= 1
-            self.policies[self.proxy_of[n]].done(self.requests[n], self.ids[i], done.cached_tokens)
+            self.policies[self.proxy_of[n]].done(self.requests[n], self.ids[i], done.cached_tokens, self.now,
+                                                 done.completion_tokens)
         self._step(i)
 
     def run(self) -> RunResult:

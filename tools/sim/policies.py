@@ -4,10 +4,18 @@ Every policy is instantiated once per proxy (its state is that proxy's) and
 sees only what a proxy sees: its copy of the table (pushed telemetry, as
 stale as the refresh makes it) and what it sent itself.
 
-- ``ferry``: :class:`dataplane.picker.Picker`, unchanged: prefix keys with
-  the hot-prefix sketch, the ring under its load bound, the prefill-aware
-  spill, P2C on the load score; told of first tokens and cached tokens as
-  the router is.
+- ``ferry``: the proxy's own decision, whole: a
+  :class:`dataplane.picker.Picker` built from the proxy's default settings
+  (:meth:`dataplane.picker.Picker.from_settings`), whose
+  :meth:`dataplane.picker.Picker.decide` calls :func:`dataplane.decide.decide`
+  with everything the router passes: the table's view (applied on every
+  tick), the request's routing, the replicas already tried, the ejected
+  replicas of its outlier detector (fed with simulated results: first-token
+  and end times, cached tokens, refusals), the learned detour threshold and
+  the remembered placements. A request the replica refuses is retried as
+  the router retries it (:func:`dataplane.policy.retry_reason`, the retry
+  budget); one the decision cannot place (longer than every context) is
+  refused, as the proxy refuses it.
 - ``round_robin``: each proxy cycles over the replicas from its own offset.
 - ``random``: uniform.
 - ``least_loaded``: fewest queued + running in the pushed telemetry, ties at
@@ -32,9 +40,14 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from dataplane.picker import Attempt, Picker
-from dataplane.policy import LocalLoad
+from dataplane.config import ProxySettings
+from dataplane.decide import Ask
+from dataplane.picker import Attempt, Picker, Routing
+from dataplane.policy import LocalLoad, retry_reason
+from dataplane.retrybudget import charged
 from dataplane.table import Pool, Table
+from ferry.config import TIERS
+from ferry.errors import ReplicaFailed
 from ferry.tokens import BLOCK_TOKENS
 from tools.sim.radix import ApproxTree
 from tools.sim.workload import SimRequest
@@ -45,98 +58,138 @@ MODEL = "chat"
 class ProxyPolicy(Protocol):
     """What the simulator asks of one proxy's policy."""
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
-        """(replica id, branch label) for ``req`` at virtual time ``now``."""
+    def apply(self, table: Table) -> None:
+        """A new table was applied (every tick)."""
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        """``req``, sent to ``replica_id``, got its first token."""
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
+        """(replica id or None: refused, branch label) for ``req`` at virtual time ``now``, off ``tried``."""
 
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
-        """``req``, sent to ``replica_id``, finished (``cached_tokens`` None: refused)."""
+    def first(self, req: SimRequest, replica_id: str, now: float) -> None:
+        """``req``, sent to ``replica_id``, got its first token at ``now``."""
+
+    def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
+        """``req``, sent to ``replica_id``, finished at ``now``."""
+
+    def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
+        """The replica refused ``req``; whether to try another replica."""
 
 
 def _pool(table: Table) -> Pool:
     return table.models[MODEL].default
 
 
+class Baseline:
+    """What a baseline does with the feedback it ignores: nothing (no retries, no table state)."""
+
+    def apply(self, table: Table) -> None:
+        pass
+
+    def first(self, req: SimRequest, replica_id: str, now: float) -> None:
+        pass
+
+    def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
+        pass
+
+    def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
+        return False
+
+
 class Ferry:
-    """The data plane's Picker."""
+    """The proxy's decision with its state, as the router drives it (see the module docstring)."""
 
-    def __init__(self, rng: random.Random) -> None:
-        self.picker = Picker(rng)
+    def __init__(self, rng: random.Random, settings: ProxySettings | None = None) -> None:
+        self.settings = settings or ProxySettings()
+        self.picker = Picker.from_settings(self.settings, rng)
+        self._routing: dict[int, Routing] = {}
         self._attempts: dict[int, Attempt] = {}
+        self._tries: dict[int, int] = {}
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
-        routing = self.picker.prepare(table, tenant=req.tenant, model=MODEL, version="",
-                                      prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
-                                      hashes=req.hash_ids)
-        decision = self.picker.choose(table, routing, now)
+    def apply(self, table: Table) -> None:
+        self.picker.apply_table(table)
+
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
+        routing = self._routing.get(req.index)
+        if routing is None:
+            routing = self._routing[req.index] = self.picker.prepare(
+                table, tenant=req.tenant, model=MODEL, version="", prompt_tokens=req.prompt_tokens,
+                max_tokens=req.max_tokens, hashes=req.hash_ids)
+            self.picker.budget.note_request(now)
+        pool = routing.pool
+        nodes = frozenset(pool.replicas[pool.index[r]].node for r in tried if r in pool.index)
+        ask = Ask(routing=routing, tier=TIERS[0], model=MODEL, tried=frozenset(tried), tried_nodes=nodes)
+        decision = self.picker.decide(self.picker.view_of(table), ask, now)
         if decision.replica is None:
-            raise RuntimeError(f"request {req.index}: no replica ({decision.reason})")
-        self._attempts[req.index] = self.picker.sent(decision.replica.replica_id, routing, decision.branch)
+            self._forget(req.index)
+            return None, decision.branch.value
+        self._tries[req.index] = self._tries.get(req.index, 0) + 1
+        self._attempts[req.index] = self.picker.sent(decision.replica.replica_id, routing, decision.branch, now)
         return decision.replica.replica_id, decision.branch.value
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        self.picker.first(self._attempts[req.index])
+    def first(self, req: SimRequest, replica_id: str, now: float) -> None:
+        self.picker.first(self._attempts[req.index], now)
 
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
-        self.picker.done(self._attempts.pop(req.index), cached_tokens)
+    def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
+        attempt = self._attempts[req.index]
+        self.picker.done(attempt, cached_tokens)
+        self.picker.answered(attempt, MODEL, now=now, completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+                             pool_size=len(attempt.routing.pool))
+        self.picker.local.observe(now - attempt.sent_at)
+        self._forget(req.index)
+
+    def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
+        attempt = self._attempts.pop(req.index)
+        self.picker.done(attempt)
+        self.picker.failed(attempt, MODEL, now=now, pool_size=len(attempt.routing.pool))
+        error = ReplicaFailed(replica_id, "queue full", output_started=False, retryable=True)
+        if retry_reason(error, tier=TIERS[0], attempts=self._tries.get(req.index, 0),
+                        max_attempts=self.settings.max_attempts, retry_tiers=self.settings.retry_tiers) is not None \
+                and (not charged(error) or self.picker.budget.try_spend(now)):
+            return True
+        self._forget(req.index)
+        return False
+
+    def _forget(self, index: int) -> None:
+        self._routing.pop(index, None)
+        self._attempts.pop(index, None)
+        self._tries.pop(index, None)
 
 
-class RoundRobin:
+class RoundRobin(Baseline):
     def __init__(self, rng: random.Random) -> None:
         self._next = rng.randrange(1 << 16)
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         pool = _pool(table)
         self._next += 1
         return pool[self._next % len(pool)].replica_id, "round_robin"
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        pass
 
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
-        pass
-
-
-class Uniform:
+class Uniform(Baseline):
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         pool = _pool(table)
         return pool[self._rng.randrange(len(pool))].replica_id, "random"
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        pass
 
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
-        pass
-
-
-class LeastLoaded:
+class LeastLoaded(Baseline):
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         pool = _pool(table)
         least = min(r.queued + r.running for r in pool)
         ties = [r for r in pool if r.queued + r.running == least]
         return ties[self._rng.randrange(len(ties))].replica_id, "least_loaded"
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        pass
 
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
-        pass
-
-
-class ConsistentHash:
+class ConsistentHash(Baseline):
     def __init__(self, rng: random.Random) -> None:
         self.picker = Picker(rng)
         self._rng = rng
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         routing = self.picker.prepare(table, tenant=req.tenant, model=MODEL, version="",
                                       prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
                                       hashes=req.hash_ids)
@@ -144,14 +197,8 @@ class ConsistentHash:
             return routing.pool[self._rng.randrange(len(routing.pool))].replica_id, "random"
         return routing.pool[routing.pool.ring.home(routing.key)].replica_id, "consistent_hash"
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        pass
 
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
-        pass
-
-
-class CacheAware:
+class CacheAware(Baseline):
     def __init__(self, rng: random.Random, *, cache_threshold: float = 0.5, balance_abs: int = 64,
                  balance_rel: float = 1.5, max_blocks: int = 32768) -> None:
         self._rng = rng
@@ -160,7 +207,7 @@ class CacheAware:
         self._tree: ApproxTree | None = None
         self._local = LocalLoad()
 
-    def pick(self, table: Table, req: SimRequest, now: float) -> tuple[str, str]:
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         pool = _pool(table)
         if self._tree is None:
             self._tree = ApproxTree(len(pool), self._max_blocks)
@@ -181,10 +228,7 @@ class CacheAware:
         self._local.add(replica_id)
         return replica_id, branch
 
-    def first(self, req: SimRequest, replica_id: str) -> None:
-        pass
-
-    def done(self, req: SimRequest, replica_id: str, cached_tokens: int | None) -> None:
+    def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
         self._local.done(replica_id)
 
 

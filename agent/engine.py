@@ -22,11 +22,18 @@ Model (iteration-level scheduling, as continuous-batching engines such as Tensor
   ``prefix_cache_blocks`` hashes; its cached tokens are its leading hit blocks
   times the block size, capped at the prompt. Its blocks enter the cache when
   its prefill step ends.
-- **Step time**: one step prefills the newly admitted requests (each emits its
-  first token) and decodes one token for every request already running:
-  ``prefill_base_seconds + prefill_seconds_per_token * uncached prompt tokens``
-  if anything is prefilled, plus ``decode_base_seconds +
+- **Step time**: one step prefills prompt tokens (of requests admitted now or
+  earlier) and decodes one token for every request whose prefill is done:
+  ``prefill_base_seconds + prefill_seconds_per_token * prompt tokens
+  prefilled in the step`` if anything is prefilled, plus ``decode_base_seconds +
   decode_seconds_per_request * decoding requests`` if anything decodes.
+- **Chunked prefill**: a step prefills at most ``max_step_tokens`` uncached
+  prompt tokens (0: no limit), oldest request first; a longer prompt is
+  prefilled over several steps, interleaved with the batch's decoding, as
+  TensorRT-LLM's chunked context and vLLM's chunked prefill do, so a 100 k-token
+  prompt does not stall every running request for two seconds. A request
+  emits its first token at the end of the step that finishes its prefill.
+  New requests are admitted only while the step has prefill budget left.
 - **End of step** (:meth:`Engine.finish_step`): the tokens of the step are
   delivered (one per request), first tokens flagged, requests that reached
   ``max_tokens`` finish and free their blocks.
@@ -38,11 +45,15 @@ replica: ``max_running`` 60, ``max_queue`` 1024, ``kv_block_tokens`` 512,
 0.2 ms per running request (20 ms at 60: 50 tokens/s per request),
 ``max_context_tokens`` 131072.
 
+``max_step_tokens`` 8192.
+
 Simplifications: every request generates exactly ``max_tokens`` tokens; no
-chunked prefill, preemption or swapping (blocks for the whole output are
-reserved up front, as TensorRT-LLM's guaranteed-no-evict policy does); the
-prefix cache is an index of hashes beside the KV reservation rather than
-blocks taken out of it.
+preemption or swapping (blocks for the whole output are reserved up front,
+as TensorRT-LLM's guaranteed-no-evict policy does, and a request waits in
+the queue while the pool lacks them); the prefix cache is an index of
+hashes beside the KV reservation rather than blocks taken out of it (an
+engine that keeps reusable blocks in the free pool behaves alike until the
+pool is full).
 
 Cost: ``submit``/``cancel`` O(1) (a cancel of a queued request is O(queue));
 ``start_step`` O(admitted prompt blocks + running); ``finish_step`` O(running).
@@ -75,6 +86,7 @@ class EngineParams:
     decode_base_seconds: float = 0.008
     decode_seconds_per_request: float = 0.0002
     max_context_tokens: int = 131072
+    max_step_tokens: int = 8192
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -154,6 +166,7 @@ class _Active:
     blocks: int = 0
     cached_tokens: int = 0
     emitted: int = 0
+    to_prefill: int = 0  # uncached prompt tokens not yet prefilled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,10 +242,22 @@ class Engine:
         if self._step is not None:
             raise RuntimeError("a step is already in flight; call finish_step first")
         p = self.params
-        decoding = tuple(self._running)
-        prefill: list[str] = []
-        uncached = 0
-        while self._queue and len(self._running) < p.max_running:
+        budget = p.max_step_tokens if p.max_step_tokens > 0 else 1 << 62
+        decoding: list[str] = []
+        completing: list[str] = []
+        prefilled = 0
+        for rid, active in self._running.items():  # admission order: the oldest prefill first
+            if active.to_prefill <= 0:
+                decoding.append(rid)
+            elif budget > 0:
+                take = min(active.to_prefill, budget)
+                active.to_prefill -= take
+                budget -= take
+                prefilled += take
+                if active.to_prefill <= 0:
+                    completing.append(rid)
+        admitted = False
+        while self._queue and len(self._running) < p.max_running and budget > 0:
             head = self._queue[0]
             need = self.blocks_needed(head.req.prompt_tokens, head.req.max_tokens)
             if need > p.kv_blocks_total - self._blocks_used:
@@ -245,16 +270,21 @@ class Engine:
             head.blocks, head.admitted = need, now
             self._blocks_used += need
             self._running[head.req.request_id] = head
-            prefill.append(head.req.request_id)
-            uncached += head.req.prompt_tokens - head.cached_tokens
-        if not decoding and not prefill:
+            admitted = True
+            take = min(head.req.prompt_tokens - head.cached_tokens, budget)
+            head.to_prefill = head.req.prompt_tokens - head.cached_tokens - take
+            budget -= take
+            prefilled += take
+            if head.to_prefill <= 0:
+                completing.append(head.req.request_id)
+        if not decoding and not completing and not prefilled and not admitted:
             return None
         duration = 0.0
-        if prefill:
-            duration += p.prefill_base_seconds + p.prefill_seconds_per_token * uncached
+        if prefilled or completing:
+            duration += p.prefill_base_seconds + p.prefill_seconds_per_token * prefilled
         if decoding:
             duration += p.decode_base_seconds + p.decode_seconds_per_request * len(decoding)
-        self._step = _Step(now, duration, (*decoding, *prefill), frozenset(prefill))
+        self._step = _Step(now, duration, (*decoding, *completing), frozenset(completing))
         return duration
 
     def finish_step(self, now: float) -> StepResult:

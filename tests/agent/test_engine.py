@@ -15,7 +15,7 @@ from ferry.tokens import block_hashes
 P = EngineParams(
     max_running=4, max_queue=8, kv_block_tokens=512, kv_blocks_total=64, prefix_cache_blocks=64,
     prefill_base_seconds=0.002, prefill_seconds_per_token=1e-5, decode_base_seconds=0.01,
-    decode_seconds_per_request=0.001, max_context_tokens=16384,
+    decode_seconds_per_request=0.001, max_context_tokens=16384, max_step_tokens=0,
 )
 
 
@@ -233,3 +233,37 @@ def test_params_load_from_the_replica_section():
         parse({"replica": {"max_running": 0}}).section(EngineParams, "replica")
     with pytest.raises(ConfigError, match="replica.bogus"):
         parse({"replica": {"bogus": 1}}).section(EngineParams, "replica")
+
+
+def test_chunked_prefill_interleaves_a_long_prompt_with_decoding() -> None:
+    """A 10,000-token prompt behind a running request, 4,096 prompt tokens a step: three steps of prefill, each
+    also decoding the running request, the first token at the end of the third."""
+    engine = Engine(dataclasses.replace(P, max_step_tokens=4096))
+    assert engine.submit(req("short", 10, max_tokens=8), 0.0) is Admission.QUEUED
+    now = 0.0
+    duration = engine.start_step(now)
+    assert duration is not None
+    now += duration
+    engine.finish_step(now)
+    assert engine.submit(req("long", 10_000, max_tokens=2), now) is Admission.QUEUED
+    steps, first_at = [], None
+    while first_at is None:
+        duration = engine.start_step(now)
+        assert duration is not None
+        steps.append(round(duration, 6))
+        now += duration
+        result = engine.finish_step(now)
+        assert result.tokens.get("short") == 1  # the running request decodes at every step
+        if "long" in result.first:
+            first_at = now
+    decode = 0.01 + 0.001
+    assert steps == pytest.approx([0.002 + 4096e-5 + decode, 0.002 + 4096e-5 + decode, 0.002 + 1808e-5 + decode])
+
+
+def test_a_step_admits_no_new_request_once_its_prefill_budget_is_spent() -> None:
+    engine = Engine(dataclasses.replace(P, max_step_tokens=1000))
+    for rid in ("a", "b"):
+        assert engine.submit(req(rid, 1000), 0.0) is Admission.QUEUED
+    assert engine.start_step(0.0) == pytest.approx(0.002 + 1000e-5)
+    assert engine.load().running == 1 and engine.load().queued == 1
+    assert engine.finish_step(0.012).first == ("a",)

@@ -1,7 +1,10 @@
 """One KServe v2 client per replica address, created on demand, closed when its replica leaves the table.
 
-:class:`ClientPool` hands out ``tritonclient.grpc.aio.InferenceServerClient``
-objects by address inside :meth:`ClientPool.use` (a reference count).
+:class:`ClientPool` hands out :class:`ReplicaClient` objects (one
+``grpc.aio`` channel with Ferry's options and tritonclient's
+``GRPCInferenceServiceStub`` on it, the channel and stub that
+``tritonclient.grpc.aio.InferenceServerClient`` wraps, without its per-call
+conversions) by address inside :meth:`ClientPool.use` (a reference count).
 :meth:`ClientPool.retain` is called with the address set of every new table:
 clients of addresses that left it are closed as soon as no call uses them, so
 a draining replica's running streams are never cut. An address outside the
@@ -19,7 +22,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
-from tritonclient.grpc.aio import InferenceServerClient
+import grpc
+from tritonclient.grpc import service_pb2_grpc
 
 from ferry.grpcutil import channel_options
 from ferry.tls import TLSConfig
@@ -27,14 +31,25 @@ from ferry.tls import TLSConfig
 ClientFactory = Callable[[str], Any]
 
 
+class ReplicaClient:
+    """A replica's channel and KServe v2 stub (``stub.ModelInfer``, ``stub.ModelStreamInfer``)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
 def default_factory(max_message_bytes: int, tls: TLSConfig | None = None) -> ClientFactory:
     """Build clients with Ferry's channel options (message size limits, keepalive); mutual TLS with ``tls``."""
     options = channel_options(max_message_bytes)
 
-    def make(address: str) -> Any:
+    def make(address: str) -> ReplicaClient:
         if tls is None:
-            return InferenceServerClient(address, channel_args=options)
-        return InferenceServerClient(address, channel_args=options, creds=tls.channel_credentials())
+            return ReplicaClient(grpc.aio.insecure_channel(address, options=options))
+        return ReplicaClient(grpc.aio.secure_channel(address, tls.channel_credentials(), options=options))
 
     return make
 

@@ -1,4 +1,4 @@
-"""Forwarding to a replica over KServe v2 gRPC with tritonclient's asyncio client.
+"""Forwarding to a replica over KServe v2 gRPC with tritonclient's stubs (``GRPCInferenceServiceStub``).
 
 Tensors follow docs/CONTRACTS.md: ``text_input`` (BYTES [1, 1]),
 ``max_tokens`` (INT32 [1, 1]), ``stream`` (BOOL [1, 1], streams only) in;
@@ -20,18 +20,30 @@ RESOURCE_EXHAUSTED are retryable on another replica; INVALID_ARGUMENT and
 the like are not; nothing is retryable once output started. A replica's
 DEADLINE_EXCEEDED becomes :class:`ferry.errors.DeadlineExceeded`.
 
-Cost per call: three tiny numpy arrays, one parameter map, one gRPC call.
+Requests are built as ``ModelInferRequest`` messages directly, field for
+field what tritonclient's ``InferenceServerClient`` would send (a test holds
+the two equal), and a stream is one ``write`` and a half-close on the call:
+no numpy arrays, no request-iterator task. Response text is read from the
+first element of ``text_output``'s raw bytes (a 4-byte little-endian length,
+then the bytes) or of its typed ``bytes_contents``; another datatype goes
+through tritonclient's ``InferResult`` as before.
+
+Cost per call: one request message, one gRPC call; per streamed response,
+O(its size) with a handful of map lookups (no numpy, no per-response
+result object).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+import struct
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import grpc
-import numpy as np
-from tritonclient.grpc import InferInput
+from tritonclient.grpc import InferResult
+from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
 from dataplane.clients import ClientPool
@@ -89,21 +101,30 @@ class Piece:
     tokens: int
 
 
-def _inputs(call: Call, stream: bool) -> list[InferInput]:
-    text = InferInput("text_input", [1, 1], "BYTES")
-    text.set_data_from_numpy(np.array([[call.prompt]], dtype=np.object_))
-    tokens = InferInput("max_tokens", [1, 1], "INT32")
-    tokens.set_data_from_numpy(np.array([[call.max_tokens]], dtype=np.int32))
-    inputs = [text, tokens]
+_LENGTH = struct.Struct("<I")  # the length prefix of each element of a BYTES tensor's raw contents
+_INT32 = struct.Struct("<i")
+_TRUE = b"\x01"
+
+
+def request_message(call: Call, model: str, *, stream: bool) -> pb.ModelInferRequest:
+    """The ``ModelInferRequest`` of ``call``: ``text_input`` BYTES [1, 1], ``max_tokens`` INT32 [1, 1] and, for
+    a stream, ``stream`` BOOL [1, 1] as raw contents; the request id; ``priority`` (when not 0) and the
+    ``ferry_*`` parameters. Field for field what tritonclient's client builds from the same inputs."""
+    request = pb.ModelInferRequest(model_name=model, id=call.request_id)
+    request.inputs.add(name="text_input", datatype="BYTES", shape=(1, 1))
+    request.inputs.add(name="max_tokens", datatype="INT32", shape=(1, 1))
+    raw = [_LENGTH.pack(len(call.prompt)) + call.prompt, _INT32.pack(call.max_tokens)]
     if stream:
-        flag = InferInput("stream", [1, 1], "BOOL")
-        flag.set_data_from_numpy(np.array([[True]], dtype=np.bool_))
-        inputs.append(flag)
-    return inputs
-
-
-def _parameters(call: Call) -> dict[str, Any]:
-    return {"ferry_tier": call.tier, "ferry_tenant": call.tenant, "ferry_plan": call.plan}
+        request.inputs.add(name="stream", datatype="BOOL", shape=(1, 1))
+        raw.append(_TRUE)
+    request.raw_input_contents.extend(raw)
+    params = request.parameters
+    if call.priority:
+        params["priority"].uint64_param = call.priority
+    params["ferry_tier"].string_param = call.tier
+    params["ferry_tenant"].string_param = call.tenant
+    params["ferry_plan"].string_param = call.plan
+    return request
 
 
 def _param(params: Any, name: str) -> Any:
@@ -114,8 +135,33 @@ def _param(params: Any, name: str) -> Any:
     return getattr(value, which) if which else None
 
 
-def _text(result: Any, replica_id: str, started: bool) -> str:
-    array = result.as_numpy("text_output")
+def _text(response: pb.ModelInferResponse, replica_id: str, started: bool, *, required: bool) -> str:
+    """The first element of ``text_output`` as text. Absent: "" unless ``required``; empty: ForwardFailed."""
+    for index, output in enumerate(response.outputs):
+        if output.name != "text_output":
+            continue
+        if output.datatype != "BYTES":
+            return _text_slow(response, replica_id, started)
+        raw = response.raw_output_contents
+        if index < len(raw):
+            data: bytes = raw[index]
+            if len(data) >= 4:
+                (size,) = _LENGTH.unpack_from(data)
+                return data[4:4 + size].decode(errors="replace")
+        elif output.contents.bytes_contents:  # typed contents rather than raw
+            first: bytes = output.contents.bytes_contents[0]
+            return first.decode(errors="replace")
+        required = True  # present but without an element: a bad response
+        break
+    if not required:
+        return ""
+    raise ForwardFailed(replica_id, "bad_response", "response has no text_output", output_started=started,
+                        retryable=not started)
+
+
+def _text_slow(response: pb.ModelInferResponse, replica_id: str, started: bool) -> str:
+    """``text_output`` of another datatype than BYTES, through tritonclient's InferResult."""
+    array = InferResult(response).as_numpy("text_output")
     if array is None or array.size == 0:
         raise ForwardFailed(replica_id, "bad_response", "response has no text_output", output_started=started,
                             retryable=not started)
@@ -188,16 +234,10 @@ class Forwarder:
         if (replica.address, replica.kserve_model) in self._decoupled:
             return await self._collect(replica, call, remaining)
         start = self._clock()
+        request = request_message(call, replica.kserve_model, stream=False)
         async with self._pool.use(replica.address) as client:
             try:
-                result = await client.infer(
-                    replica.kserve_model,
-                    _inputs(call, stream=False),
-                    request_id=call.request_id,
-                    priority=call.priority,
-                    client_timeout=remaining,
-                    parameters=_parameters(call),
-                )
+                result: pb.ModelInferResponse | None = await client.stub.ModelInfer(request, timeout=remaining)
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:
                 if not _decoupled_refusal(exc):
                     raise failure(replica.replica_id, exc, output_started=False) from None
@@ -208,8 +248,8 @@ class Forwarder:
             self._decoupled.add((replica.address, replica.kserve_model))
             return await self._collect(replica, call, remaining - (self._clock() - start))
         elapsed = self._clock() - start
-        text = _text(result, replica.replica_id, started=False)
-        params = result.get_response().parameters
+        text = _text(result, replica.replica_id, started=False, required=True)
+        params = result.parameters
         outcome = Outcome(text=text, prompt_tokens=call.prompt_tokens, ttft_seconds=elapsed)
         if not _fill(outcome, params):
             outcome.service_seconds = elapsed
@@ -235,31 +275,31 @@ class Forwarder:
             raise DeadlineExceeded("deadline exceeded before forwarding")
         start = self._clock()
         outcome.prompt_tokens = call.prompt_tokens
-        request = {
-            "model_name": replica.kserve_model,
-            "inputs": _inputs(call, stream=True),
-            "request_id": call.request_id,
-            "priority": call.priority,
-            "parameters": _parameters(call),
-        }
-
-        async def requests() -> AsyncIterator[dict[str, Any]]:
-            # One request, then half-close: Triton ends the stream after the request's last
-            # response, which also covers backends that send no final flag with data.
-            yield request
-
+        # One request, then half-close: Triton ends the stream after the request's last
+        # response, which also covers backends that send no final flag with data.
+        request = request_message(call, replica.kserve_model, stream=True)
         started = reported_service = False
         texts: list[str] = []
         reported_tokens = 0
         async with self._pool.use(replica.address) as client:
-            responses = client.stream_infer(requests(), stream_timeout=remaining)
+            responses = client.stub.ModelStreamInfer(timeout=remaining)
             try:
-                async for result, error in responses:
-                    if error is not None:
+                try:
+                    await responses.write(request)
+                    await responses.done_writing()
+                except asyncio.InvalidStateError:
+                    pass  # the call already ended: its status is read below
+                while True:
+                    message = await responses.read()
+                    if message is grpc.aio.EOF:
+                        break
+                    if message.error_message:
+                        error = InferenceServerException(msg=message.error_message)
                         raise failure(replica.replica_id, error, output_started=started)
-                    params = result.get_response().parameters
+                    response = message.infer_response
+                    params = response.parameters
                     reported_service = _fill(outcome, params) or reported_service
-                    text = _text(result, replica.replica_id, started) if "text_output" in _names(result) else ""
+                    text = _text(response, replica.replica_id, started, required=False)
                     count = _param(params, "ferry_completion_tokens")
                     tokens = int(count) if count is not None else count_tokens(text)
                     reported_tokens += tokens if count is not None else 0
@@ -280,6 +320,3 @@ class Forwarder:
         if not reported_service:
             outcome.service_seconds = self._clock() - start
 
-
-def _names(result: Any) -> set[str]:
-    return {output.name for output in result.get_response().outputs}

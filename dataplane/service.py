@@ -15,6 +15,12 @@ in seconds in the trailing metadata; UNAVAILABLE of a version still warming up
 carries one too, :mod:`dataplane.coldstart`). It counts every request in the
 metrics and writes one JSON log line per failed request (ids, model, tier,
 status, reason; never a key or a prompt).
+
+Cost per request, beyond the router: one ``x-request-id`` match, one initial
+metadata send, and the metric children of its (model, tier[, status])
+looked up in a dict (label sets are bounded: models the table names, the
+tiers, gRPC codes), not through ``labels()``; per streamed piece, one
+``InferChunk``.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -64,9 +71,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._metrics = metrics
         self._region = region
         self._clock = clock
+        # Metric children by label values: ``labels()`` validates and locks on every call.
+        self._requests: dict[tuple[str, str, str], Any] = {}
+        self._timings: dict[tuple[str, str], tuple[Any, Any]] = {}
 
-    async def _start(self, context: grpc.aio.ServicerContext) -> tuple[RequestState, InvalidArgument | None]:
-        given, refused = caller_request_id(context.invocation_metadata() or ())
+    async def _start(self, context: grpc.aio.ServicerContext,
+                     metadata: Sequence[tuple[str, str | bytes]]) -> tuple[RequestState, InvalidArgument | None]:
+        given, refused = caller_request_id(metadata)
         state = RequestState(request_id=given or uuid.uuid4().hex, started=self._clock())
         await context.send_initial_metadata((("x-request-id", state.request_id),))
         return state, refused
@@ -91,11 +102,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.InferResponse:
         """One request, one answer."""
-        state, refused = await self._start(context)
+        metadata = context.invocation_metadata() or ()
+        state, refused = await self._start(context, metadata)
         async with self._guard(state, context):
             if refused is not None:
                 raise refused
-            self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
+            self._router.begin(state, metadata, request, context.time_remaining())
             if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.idempotency)
                 response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
                                                               body_digest(request), lambda: self._answer(state))
@@ -114,12 +126,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.InferChunk]:
         """One request, the text as chunks as they come, then a final chunk with the summary."""
-        state, refused = await self._start(context)
+        metadata = context.invocation_metadata() or ()
+        state, refused = await self._start(context, metadata)
         first: float | None = None
         async with self._guard(state, context):
             if refused is not None:
                 raise refused
-            self._router.begin(state, context.invocation_metadata() or (), request, context.time_remaining())
+            self._router.begin(state, metadata, request, context.time_remaining())
             async with contextlib.aclosing(self._router.stream(state)) as pieces:
                 async for piece in pieces:
                     if first is None:
@@ -147,17 +160,29 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             ttft_seconds=outcome.ttft_seconds,
         )
 
+    def _timing(self, model: str, tier: str) -> tuple[Any, Any]:
+        """The (duration, ttft) histogram children of ``model`` and ``tier``."""
+        found = self._timings.get((model, tier))
+        if found is None:
+            m = self._metrics
+            found = self._timings[(model, tier)] = (m.duration.labels(model, tier), m.ttft.labels(model, tier))
+        return found
+
     def _count(self, state: RequestState, status: str) -> float:
         elapsed = self._clock() - state.started
-        self._metrics.requests.labels(state.model_label, state.tier_label, status).inc()
-        self._metrics.duration.labels(state.model_label, state.tier_label).observe(elapsed)
+        key = (state.model_label, state.tier_label, status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self._metrics.requests.labels(*key)
+        counter.inc()
+        self._timing(state.model_label, state.tier_label)[0].observe(elapsed)
         self._router.usage.record(state.model_label, state.tier_label, status, elapsed,
                                   spilled=state.spilled is not None)  # dataplane.usage: the watch's report
         return elapsed
 
     def _succeed(self, state: RequestState) -> None:
         self._count(state, "OK")
-        self._metrics.ttft.labels(state.model_label, state.tier_label).observe(state.outcome.ttft_seconds)
+        self._timing(state.model_label, state.tier_label)[1].observe(state.outcome.ttft_seconds)
 
     async def _crash(self, state: RequestState, exc: Exception, context: grpc.aio.ServicerContext) -> None:
         self._count(state, "INTERNAL")

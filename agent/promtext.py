@@ -7,13 +7,15 @@ are read as floats. A malformed line is skipped, not fatal: one odd metric of
 a real server must not blind the agent to the others. :class:`Samples` looks
 values up by name and a subset of labels.
 
-Cost: O(text) to parse; a lookup is O(samples of that name).
+Cost: O(text) to parse; with ``names`` (the families a caller reads), a
+line of another family costs only the search for its name's end. A lookup
+is O(samples of that name).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
 
@@ -27,17 +29,30 @@ class Sample:
     value: float
 
 
-def parse(text: str) -> list[Sample]:
-    """The samples of ``text``; malformed lines are skipped."""
+def parse(text: str, names: Collection[str] | None = None) -> list[Sample]:
+    """The samples of ``text``; malformed lines are skipped. With ``names``, only the samples of those
+    metric names: other lines are skipped after reading their name, unparsed."""
     samples: list[Sample] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if names is not None and _name(line) not in names:
+            continue
         sample = _parse_line(line)
         if sample is not None:
             samples.append(sample)
     return samples
+
+
+def _name(line: str) -> str:
+    """The metric name a sample line starts with (up to ``{`` or a space)."""
+    end = len(line)
+    for stop in ("{", " "):
+        at = line.find(stop, 0, end)
+        if at != -1:
+            end = at
+    return line[:end]
 
 
 def _parse_line(line: str) -> Sample | None:

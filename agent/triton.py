@@ -11,8 +11,9 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
   ``tensorrt_llm`` steps, nor a fixed-batch string model). Batch slots come from
   ``max_batch_size``; block size and context from the ``ferry_*`` config
   parameters when present.
-- :meth:`TritonEndpoint.poll`: reachability (ServerLive), ModelReady per
-  model, and load from the metrics: queued = the larger of
+- :meth:`TritonEndpoint.poll`: ModelReady per model, reachability (an
+  answer to each ModelReady, else ServerLive), and load from the metrics
+  (only the families read, :data:`METRICS_READ`, are parsed): queued = the larger of
   ``nv_inference_pending_request_count`` and TensorRT-LLM's ``waiting``
   requests; running = TensorRT-LLM's ``active`` requests, or ferry's batch
   runtime's ``ferry_batch_running_requests``; batch slots
@@ -28,7 +29,9 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
   completed count and the load reads zero (``source`` says which was used).
 
 Every call has a timeout (``timeout_seconds``); an endpoint that does not
-answer ServerLive is reported unreachable, never raised.
+answer ServerLive is reported unreachable, never raised. Cost per poll: one
+ModelReady per model (ServerLive only after a ModelReady got no answer),
+one scrape parsed for :data:`METRICS_READ` only.
 """
 
 from __future__ import annotations
@@ -48,6 +51,14 @@ from ferry.tls import TLSConfig
 
 ModelKey = tuple[str, str]  # (name, version)
 LLM_TENSORS = {"text_input", "max_tokens", "text_output"}
+# ModelReady errors that are the endpoint's answer (it is reachable); any other error asks ServerLive.
+ANSWERS = frozenset({"NOT_FOUND", "INVALID_ARGUMENT", "UNIMPLEMENTED", "FAILED_PRECONDITION"})
+# The metric families :func:`from_metrics` reads; the scrape's other lines are skipped unparsed.
+METRICS_READ = frozenset({
+    "nv_inference_pending_request_count", "nv_trt_llm_request_metrics", "ferry_batch_running_requests",
+    "ferry_batch_max_concurrency", "nv_trt_llm_kv_cache_block_metrics", "nv_inference_request_success",
+    "ferry_replica_prefix_hit_blocks_total", "ferry_replica_prefix_lookup_blocks_total", "nv_gpu_utilization",
+})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,14 +145,20 @@ class TritonEndpoint:
                           max_context_tokens=_int(params.get("ferry_max_context_tokens")))
 
     async def poll(self, models: Sequence[ModelKey]) -> EndpointLoad:
-        """Reachability and the load of each of ``models``."""
-        if not await self.live():
+        """Reachability and the load of each of ``models``.
+
+        ModelReady first: an answer to each shows the endpoint reachable, so ServerLive is asked only
+        when one got no answer (or no model is asked): one call per model per poll, not one more.
+        """
+        answers = await asyncio.gather(*(self._ready(name, version) for name, version in models))
+        if (not models or None in answers) and not await self.live():
             return EndpointLoad(reachable=False, error=f"{self.address} does not answer ServerLive")
-        ready = await asyncio.gather(*(self._ready(name, version) for name, version in models))
+        ready = [bool(answer) for answer in answers]
         samples, error = None, ""
         if self.metrics_url:
             try:
-                samples = Samples(parse(await get_text(self.metrics_url, timeout_seconds=self.timeout)))
+                text = await get_text(self.metrics_url, timeout_seconds=self.timeout)
+                samples = Samples(parse(text, names=METRICS_READ))
             except HttpError as exc:
                 error = str(exc)
         loads: dict[ModelKey, ModelLoad] = {}
@@ -152,11 +169,12 @@ class TritonEndpoint:
                 loads[key] = await self._from_statistics(key[0], key[1], ready=is_ready)
         return EndpointLoad(reachable=True, models=loads, error=error)
 
-    async def _ready(self, name: str, version: str) -> bool:
+    async def _ready(self, name: str, version: str) -> bool | None:
+        """ModelReady's answer; False for an error status (an unknown model), None when there was no answer."""
         try:
             return bool(await self._client.is_model_ready(name, version, client_timeout=self.timeout))
-        except InferenceServerException:
-            return False
+        except InferenceServerException as exc:
+            return False if (exc.status() or "").rpartition(".")[2] in ANSWERS else None
 
     async def _from_statistics(self, name: str, version: str, *, ready: bool) -> ModelLoad:
         try:

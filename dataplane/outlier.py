@@ -13,24 +13,47 @@ for LLM traffic), per replica of a pool (``group``: the model):
   default 10 s; weighted by work, so one stalled request among many moves
   it little):
 
-  - *decode*: seconds per output token after the first, ``(end - first) /
-    (tokens - 1)``, from requests with at least ``min_decode_tokens``
-    (default 4) tokens after the first. A unary call gives no first-token
+  - *decode*: seconds per output token after the first, ``(now - first) /
+    (tokens - 1)``, taken once per streamed attempt, when ``probe_tokens``
+    (default 16) tokens after the first have come back (so a slow replica is
+    seen before its long answers end), or at the end of a shorter answer with
+    at least ``min_decode_tokens`` (default 4) tokens after the first. An
+    engine's step decodes the whole batch and prefills new prompts, so a
+    replica's decode is slower while it prefills: an attempt during whose
+    decode this proxy sent the replica ``min_prefill_tokens`` or more prompt
+    tokens gives no decode sample (:class:`dataplane.picker.Picker` knows). A unary call gives no first-token
     time: it counts as decode only when its prompt is short (under
     ``min_prefill_tokens``), so its time is nearly all decode.
-  - *prefill*: seconds to the first token per prompt token of prefill work,
-    ``(first - sent) / (uncached prompt tokens + prompt tokens this proxy
-    had already sent there without a first token)``: the work ahead of the
+  - *prefill*: taken when the first token comes back (so a slow replica is
+    seen before its long answers end), seconds to the first token per prompt
+    token of prefill work, ``(first - sent) / (prompt tokens + prompt tokens
+    this proxy had already sent there without a first token)``: the work ahead of the
     request counts, so a replica is not judged slow for being busy, nor for
     long prompts. Only requests with at least ``min_prefill_tokens`` (default
-    4,096) uncached prompt tokens count: a shorter prompt's time to first
+    4,096) prompt tokens count: a shorter prompt's time to first
     token is mostly the engine's step granularity (a decode step of a full
     batch, 20 ms or so, against 20 µs a prompt token), not its speed.
 
   Once a replica's rate has ``min_samples`` (default 5) requests in it and a
   peer's has too, it is ejected when the rate exceeds ``latency_factor``
-  (default 5) times the median of its admitted peers' rates, for either
-  phase (metric reason ``latency``; the log says which phase).
+  (default 8: over an hour of the Mooncake trace on 16 simulated replicas
+  behind 4 proxies, healthy replicas' decode rates reached 5 to 7 times the
+  median while other proxies' prompts, which this one cannot see, were
+  prefilling there; a replica ten times slower is far past it) times the
+  median of its admitted peers' rates, for either phase (metric reason
+  ``latency``; the log says which phase), or when each of its last
+  ``streak_samples`` (default 3) samples alone was (a replica that just
+  became slow is seen before its decayed rate catches up).
+- **Overdue**: a replica that is slow gets little traffic (the decision
+  routes around its backlog), so its answers, and their samples, come
+  slowly. A streamed attempt still waiting for its first token is evidence
+  too: its wait over its prefill work is a lower bound of its prefill rate,
+  and once the attempt has waited ``overdue_seconds`` (default 5 s) and that
+  bound exceeds ``overdue_factor`` (default 10) times the peers' median
+  (:meth:`OutlierDetector.overdue`), the replica is ejected without waiting
+  for more samples. (A healthy replica's short request can wait a second or
+  two behind another proxy's 100 k-token prompt, which this proxy cannot
+  see: hence the floor.)
 - **Ejection period**: ``base_ejection_seconds`` (default 2 s) times 2^(n-1)
   for its n-th ejection in a row, at most ``max_ejection_seconds`` (60 s);
   n falls back to 0 once a replica stayed admitted for
@@ -71,6 +94,10 @@ class OutlierParams:
     window_seconds: float = 10.0
     min_samples: int = 5
     min_decode_tokens: int = 4
+    probe_tokens: int = 16
+    streak_samples: int = 3
+    overdue_factor: float = 10.0
+    overdue_seconds: float = 5.0
     min_prefill_tokens: int = 4096
     latency_factor: float = 5.0
     base_ejection_seconds: float = 2.0
@@ -82,8 +109,9 @@ class OutlierParams:
             raise ConfigError("proxy.outlier", "consecutive_failures and min_samples must be >= 1")
         if not self.window_seconds > 0 or not self.latency_factor > 1:
             raise ConfigError("proxy.outlier", "window_seconds must be above 0 and latency_factor above 1")
-        if self.min_decode_tokens < 1 or self.min_prefill_tokens < 1:
-            raise ConfigError("proxy.outlier", "min_decode_tokens and min_prefill_tokens must be >= 1")
+        if self.min_decode_tokens < 1 or self.min_prefill_tokens < 1 or self.probe_tokens < self.min_decode_tokens:
+            raise ConfigError("proxy.outlier", "min_decode_tokens and min_prefill_tokens must be >= 1, probe_tokens "
+                                               "at least min_decode_tokens")
         if not 0 < self.base_ejection_seconds <= self.max_ejection_seconds:
             raise ConfigError("proxy.outlier", "need 0 < base_ejection_seconds <= max_ejection_seconds")
         if not 0 <= self.max_ejected_share <= 1:
@@ -111,6 +139,7 @@ class _Rate:
     work: float = 0.0
     samples: int = 0
     at: float = 0.0
+    streak: int = 0  # samples in a row, the latest included, each above the ejection bound by itself
 
     def add(self, seconds: float, work: float, now: float, window: float) -> None:
         keep = math.exp(-max(0.0, now - self.at) / window) if self.samples else 0.0
@@ -139,19 +168,32 @@ class _Health:
 
 
 def samples(timing: Timing, p: OutlierParams) -> list[tuple[str, float, float]]:
-    """The (phase, seconds, work) samples one answered attempt gives; see the module docstring."""
-    out: list[tuple[str, float, float]] = []
-    uncached = max(0, timing.prompt_tokens - timing.cached_tokens)
+    """The (phase, seconds, work) samples one answered attempt gives; see the module docstring.
+
+    A streamed attempt's prefill sample is :func:`prefill_sample`, taken when its first token came back.
+    """
     if timing.first is None:
         if timing.prompt_tokens < p.min_prefill_tokens and timing.completion_tokens >= p.min_decode_tokens:
-            out.append((DECODE, timing.ended - timing.sent, float(timing.completion_tokens)))
-        return out
+            return [(DECODE, timing.ended - timing.sent, float(timing.completion_tokens))]
+        return []
     after = timing.completion_tokens - 1
     if after >= p.min_decode_tokens:
-        out.append((DECODE, max(0.0, timing.ended - timing.first), float(after)))
-    if uncached >= p.min_prefill_tokens:
-        out.append((PREFILL, max(0.0, timing.first - timing.sent), float(uncached + timing.ahead_tokens)))
-    return out
+        return [(DECODE, max(0.0, timing.ended - timing.first), float(after))]
+    return []
+
+
+def prefill_sample(timing: Timing, p: OutlierParams) -> tuple[str, float, float] | None:
+    """The prefill sample of an attempt whose first token came back at ``timing.first``, or None.
+
+    At that moment the cached tokens are not known yet: ``timing.cached_tokens`` is what the caller knows
+    (0: the whole prompt counts as work, which can only make a replica look faster, never slower).
+    """
+    if timing.first is None:
+        return None
+    uncached = max(0, timing.prompt_tokens - timing.cached_tokens)
+    if uncached < p.min_prefill_tokens:
+        return None
+    return PREFILL, max(0.0, timing.first - timing.sent), float(uncached + timing.ahead_tokens)
 
 
 class OutlierDetector:
@@ -196,25 +238,64 @@ class OutlierDetector:
         return None
 
     def answered(self, replica_id: str, group: str, timing: Timing, *, now: float, pool_size: int) -> str | None:
-        """An answered attempt on ``replica_id``; returns ``latency`` when it ejects the replica."""
+        """An answered attempt on ``replica_id`` (its decode sample); returns ``latency`` when it ejects it."""
         health = self._entry(replica_id, group, now)
         if replica_id in self.ejected(now):
             return None
         health.failures = 0
+        for phase, seconds, work in samples(timing, self.params):
+            reason = self._judge(replica_id, health, phase, seconds, work, now, pool_size)
+            if reason is not None:
+                return reason
+        return None
+
+    def first_token(self, replica_id: str, group: str, timing: Timing, *, now: float, pool_size: int) -> str | None:
+        """An attempt's first token came back (its prefill sample); returns ``latency`` when it ejects the replica."""
+        sample = prefill_sample(timing, self.params)
+        if sample is None:
+            return None
+        health = self._entry(replica_id, group, now)
+        if replica_id in self.ejected(now):
+            return None
+        return self._judge(replica_id, health, *sample, now, pool_size)
+
+    def overdue(self, replica_id: str, group: str, *, waited: float, work: float, now: float,
+                pool_size: int) -> str | None:
+        """An attempt on ``replica_id`` waited ``waited`` seconds for its first token, for ``work`` prompt tokens
+        (its own and those ahead of it): ``latency`` when that alone is ``overdue_factor`` x the peers' rate."""
         p = self.params
-        for phase, seconds, work in samples(timing, p):
-            rate = health.rate(phase)
-            rate.add(seconds, work, now, p.window_seconds)
-            if rate.samples < p.min_samples:
-                continue
-            peers = [h.rate(phase).value for rid, h in self._health.items()
-                     if h.group == group and rid != replica_id and h.rate(phase).samples >= p.min_samples
-                     and rid not in self._ejected]
-            if peers and rate.value > p.latency_factor * statistics.median(peers):
-                reason = self._eject(replica_id, health, now, pool_size, "latency")
-                if reason is not None:
-                    self.last_phase = phase
-                    return reason
+        if waited < p.overdue_seconds or work < p.min_prefill_tokens or replica_id in self.ejected(now):
+            return None
+        health = self._entry(replica_id, group, now)
+        peers = [h.rate(PREFILL).value for rid, h in self._health.items()
+                 if h.group == group and rid != replica_id and h.prefill.samples >= p.min_samples
+                 and rid not in self._ejected]
+        if peers and waited / work > p.overdue_factor * statistics.median(peers):
+            reason = self._eject(replica_id, health, now, pool_size, "latency")
+            if reason is not None:
+                self.last_phase = PREFILL
+            return reason
+        return None
+
+    def _judge(self, replica_id: str, health: _Health, phase: str, seconds: float, work: float, now: float,
+               pool_size: int) -> str | None:
+        """Add one sample; eject when the replica's rate, or each of its last ``streak_samples`` samples, is
+        ``latency_factor`` x its peers' median rate."""
+        p = self.params
+        rate = health.rate(phase)
+        rate.add(seconds, work, now, p.window_seconds)
+        peers = [h.rate(phase).value for rid, h in self._health.items()
+                 if h.group == health.group and rid != replica_id and h.rate(phase).samples >= p.min_samples
+                 and rid not in self._ejected]
+        if not peers:
+            return None
+        bound = p.latency_factor * statistics.median(peers)
+        rate.streak = rate.streak + 1 if work > 0 and seconds / work > bound else 0
+        if (rate.samples >= p.min_samples and rate.value > bound) or rate.streak >= p.streak_samples:
+            reason = self._eject(replica_id, health, now, pool_size, "latency")
+            if reason is not None:
+                self.last_phase = phase
+            return reason
         return None
 
     def _eject(self, replica_id: str, health: _Health, now: float, pool_size: int, reason: str) -> str | None:

@@ -27,8 +27,9 @@ it weighs.
 - :meth:`Picker.sent`, :meth:`Picker.first` (the first token came back; a
   unary call never says, and counts as prefilling until it ends),
   :meth:`Picker.done` (with the cached prompt tokens the replica reported, if
-  it did), and :meth:`Picker.answered` / :meth:`Picker.failed` (the outlier
-  detector's feed) around each forward.
+  it did), and :meth:`Picker.progress` (a stream's output so far),
+  :meth:`Picker.answered` / :meth:`Picker.failed` (the outlier detector's
+  feed) around each forward.
 
 **Reuse** learns, from the cached tokens replicas report, the share of a
 prompt served from cache when a request of a known key went back to its
@@ -70,6 +71,7 @@ from dataplane.table import Table
 
 HOME_BRANCHES = frozenset({Branch.AFFINITY, Branch.OVERFLOW})
 ANY_BRANCHES = frozenset({Branch.P2C, Branch.FALLBACK, Branch.SINGLE, Branch.SPREAD})
+OVERDUE_CHECK_SECONDS = 0.25  # how often the attempts waiting for a first token are looked at (in decide)
 REMEMBERED = frozenset({Branch.AFFINITY, Branch.OVERFLOW, Branch.PLACED, Branch.DETOUR, Branch.FALLBACK})
 
 __all__ = ["Attempt", "Picker", "Reuse", "Routing"]
@@ -87,6 +89,9 @@ class Attempt:
     known: bool = False     # the key was remembered at send (a conversation going back)
     prefilled: bool = False
     first_at: float | None = None
+    decode_sampled: bool = False  # the outlier detector has its decode sample (Picker.progress)
+    streamed: bool = True  # a stream says when its first token came back; a unary call never does
+    mark: int = 0  # prompt tokens this proxy had sent the replica and seen prefilled, at the first token
 
 
 class Reuse:
@@ -131,6 +136,10 @@ class Picker:
         self.outliers = outliers if outliers is not None else OutlierDetector()
         self.budget = budget if budget is not None else RetryBudget()
         self.view: View | None = None
+        self.on_eject: Callable[[str, str, str], None] | None = None  # (replica id, pool group, reason)
+        self._waiting: dict[str, dict[int, Attempt]] = {}  # streamed attempts without a first token, per replica
+        self._prompted: dict[str, int] = {}  # prompt tokens sent to each replica in all (replicas of the table)
+        self._checked = float("-inf")
 
     @classmethod
     def from_settings(cls, settings: ProxySettings, rng: random.Random) -> Picker:
@@ -156,8 +165,10 @@ class Picker:
     def apply_table(self, table: Table) -> View:
         """A table was applied: its frozen view; the in-flight counts its loads include; departed replicas forgotten."""
         self.local.mark()
-        self.outliers.forget({r.replica_id for entry in table.models.values()
-                              for pool in (entry.default, *entry.by_version.values()) for r in pool})
+        present = {r.replica_id for entry in table.models.values()
+                   for pool in (entry.default, *entry.by_version.values()) for r in pool}
+        self.outliers.forget(present)
+        self._prompted = {rid: n for rid, n in self._prompted.items() if rid in present}
         self.view = make_view(table, self.params)
         return self.view
 
@@ -190,34 +201,85 @@ class Picker:
     def decide(self, view: View, ask: Ask, now: float, *,
                queue: Callable[[], LocalQueue | None] | None = None) -> Decision:
         """The region and replica for one attempt (``now`` on the clock that stamped the table's ``applied_at``)."""
+        if now - self._checked >= OVERDUE_CHECK_SECONDS:
+            self._checked = now
+            self._overdue(now)
         local = Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue)
         return decide(view, ask, local, self.rng, now)
+
+    def _overdue(self, now: float) -> None:
+        """Tell the outlier detector how long each replica's oldest streamed attempt waits for a first token."""
+        for waiting in self._waiting.values():
+            oldest = next(iter(waiting.values()))
+            pool = oldest.routing.pool
+            self._report(oldest.replica_id, pool.group, self.outliers.overdue(
+                oldest.replica_id, pool.group, waited=now - oldest.sent_at, now=now, pool_size=len(pool),
+                work=oldest.routing.need.prompt_tokens + oldest.ahead))
+
+    def _report(self, replica_id: str, group: str, reason: str | None) -> str | None:
+        if reason is not None and self.on_eject is not None:
+            self.on_eject(replica_id, group, reason)
+        return reason
+
+    def _wait(self, attempt: Attempt, waiting: bool) -> None:
+        """Keep ``attempt`` among the streamed attempts waiting for a first token, or drop it."""
+        if waiting:
+            self._waiting.setdefault(attempt.replica_id, {})[id(attempt)] = attempt
+            return
+        at = self._waiting.get(attempt.replica_id)
+        if at is not None and at.pop(id(attempt), None) is not None and not at:
+            del self._waiting[attempt.replica_id]
 
     def detour(self) -> float:
         """The detour threshold as learned so far, in prompt tokens of backlog."""
         return self.reuse.advantage() * self.detour_factor * self.reuse.mean_prompt
 
-    def sent(self, replica_id: str, routing: Routing, branch: Branch, now: float = 0.0) -> Attempt:
-        """A request was forwarded to ``replica_id``; the attempt to hand back to :meth:`first` and :meth:`done`."""
+    def sent(self, replica_id: str, routing: Routing, branch: Branch, now: float = 0.0, *,
+             streamed: bool = True, queued: int = 0) -> Attempt:
+        """A request was forwarded to ``replica_id``; the attempt to hand back to :meth:`first` and :meth:`done`.
+
+        ``queued``: the requests the table says wait in the replica's own queue (every proxy's): the prefill
+        work ahead of this one is taken as the larger of this proxy's backlog there and ``queued`` mean prompts.
+        """
         key = routing.key
         known = key is not None and self.placements.get(key) is not None
         if key is not None and branch in REMEMBERED:
             self.placements.put(key, replica_id)
-        ahead = self.local.prefill(replica_id)
+        ahead = max(self.local.prefill(replica_id), int(queued * self.reuse.mean_prompt))
         self.local.add(replica_id, routing.need.prompt_tokens)
-        return Attempt(replica_id, routing, branch, sent_at=now, ahead=ahead, known=known)
+        self._prompted[replica_id] = self._prompted.get(replica_id, 0) + routing.need.prompt_tokens
+        attempt = Attempt(replica_id, routing, branch, sent_at=now, ahead=ahead, known=known, streamed=streamed)
+        if streamed:
+            self._wait(attempt, True)
+        return attempt
 
-    def first(self, attempt: Attempt, now: float | None = None) -> None:
-        """The attempt's first token came back (at ``now``, when known): its prefill is done."""
-        if not attempt.prefilled:
-            attempt.prefilled = True
-            attempt.first_at = now
-            self.local.first(attempt.replica_id, attempt.routing.need.prompt_tokens)
+    def first(self, attempt: Attempt, now: float | None = None) -> str | None:
+        """The attempt's first token came back (at ``now``, when known): its prefill is done.
+
+        With ``now``, the outlier detector gets the attempt's prefill sample; returns the ejection reason
+        when that ejects the replica.
+        """
+        if attempt.prefilled:
+            return None
+        attempt.prefilled = True
+        attempt.first_at = now
+        self.local.first(attempt.replica_id, attempt.routing.need.prompt_tokens)
+        # prompts still waiting for their prefill there will be prefilled while this one decodes
+        attempt.mark = self._prompted.get(attempt.replica_id, 0) - self.local.prefill(attempt.replica_id)
+        self._wait(attempt, False)
+        if now is None:
+            return None
+        timing = Timing(sent=attempt.sent_at, first=now, ended=now, prompt_tokens=attempt.routing.need.prompt_tokens,
+                        completion_tokens=1, ahead_tokens=attempt.ahead)
+        pool = attempt.routing.pool
+        return self._report(attempt.replica_id, pool.group, self.outliers.first_token(
+            attempt.replica_id, pool.group, timing, now=now, pool_size=len(pool)))
 
     def done(self, attempt: Attempt, cached_tokens: int | None = None) -> None:
         """The attempt ended (either way); ``cached_tokens`` when the replica reported them."""
         prompt = attempt.routing.need.prompt_tokens
         self.local.done(attempt.replica_id, 0 if attempt.prefilled else prompt)
+        self._wait(attempt, False)
         attempt.prefilled = True
         if cached_tokens is None or prompt <= 0:
             return
@@ -226,14 +288,42 @@ class Picker:
         elif attempt.branch in ANY_BRANCHES:
             self.reuse.learn(False, cached_tokens, prompt)
 
-    def answered(self, attempt: Attempt, group: str, *, now: float, completion_tokens: int, cached_tokens: int,
-                 pool_size: int) -> str | None:
-        """Feed an answered attempt to the outlier detector; the ejection reason when it ejects the replica."""
+    def progress(self, attempt: Attempt, tokens: int, now: float) -> str | None:
+        """``tokens`` output tokens of a streamed attempt came back by ``now``: once ``probe_tokens`` after the
+        first have, the outlier detector gets its decode sample; returns the ejection reason when it ejects."""
+        if attempt.decode_sampled or attempt.first_at is None or tokens - 1 < self.outliers.params.probe_tokens:
+            return None
+        attempt.decode_sampled = True
+        if self._overlapped(attempt):
+            return None
         timing = Timing(sent=attempt.sent_at, first=attempt.first_at, ended=now,
-                        prompt_tokens=attempt.routing.need.prompt_tokens, completion_tokens=completion_tokens,
-                        cached_tokens=cached_tokens, ahead_tokens=attempt.ahead)
-        return self.outliers.answered(attempt.replica_id, group, timing, now=now, pool_size=pool_size)
+                        prompt_tokens=attempt.routing.need.prompt_tokens, completion_tokens=tokens)
+        pool = attempt.routing.pool
+        return self._report(attempt.replica_id, pool.group, self.outliers.answered(
+            attempt.replica_id, pool.group, timing, now=now, pool_size=len(pool)))
 
-    def failed(self, attempt: Attempt, group: str, *, now: float, pool_size: int) -> str | None:
+    def answered(self, attempt: Attempt, *, now: float, completion_tokens: int, cached_tokens: int = 0) -> str | None:
+        """Feed an answered attempt to the outlier detector; the ejection reason when it ejects the replica.
+
+        Replicas are compared with the others of the attempt's pool (one model version).
+        """
+        timing = Timing(sent=attempt.sent_at, first=attempt.first_at, ended=now,
+                        prompt_tokens=attempt.routing.need.prompt_tokens,
+                        completion_tokens=0 if attempt.decode_sampled or self._overlapped(attempt)
+                        else completion_tokens,
+                        cached_tokens=cached_tokens, ahead_tokens=attempt.ahead)
+        pool = attempt.routing.pool
+        return self._report(attempt.replica_id, pool.group, self.outliers.answered(
+            attempt.replica_id, pool.group, timing, now=now, pool_size=len(pool)))
+
+    def _overlapped(self, attempt: Attempt) -> bool:
+        """Whether this proxy sent the replica prompts to prefill while the attempt decoded (its steps were
+        longer for them: not the replica's decode speed)."""
+        return (attempt.first_at is not None and self._prompted.get(attempt.replica_id, 0) - attempt.mark
+                >= self.outliers.params.min_prefill_tokens)
+
+    def failed(self, attempt: Attempt, *, now: float) -> str | None:
         """Feed a replica failure to the outlier detector; the ejection reason when it ejects the replica."""
-        return self.outliers.failed(attempt.replica_id, group, now=now, pool_size=pool_size)
+        pool = attempt.routing.pool
+        return self._report(attempt.replica_id, pool.group, self.outliers.failed(
+            attempt.replica_id, pool.group, now=now, pool_size=len(pool)))

@@ -119,6 +119,7 @@ class Router:
         self._admission = InflightLimit(settings.max_inflight, settings.retry_after_seconds)
         self._tenants = TenantInflight(limits.max_inflight_per_tenant, settings.retry_after_seconds)
         self.picker = Picker.from_settings(settings, rng)  # the decision and its state (dataplane.picker)
+        self.picker.on_eject = self._ejected
         self.failover = Failover(settings, metrics, self.picker.budget, clock=clock)  # retries, continuation
         self.tenant_limits = TenantLimits()
         self.usage = UsageWindow(start=clock(), max_rows=settings.usage_max_rows)  # reported on the table watch
@@ -267,22 +268,22 @@ class Router:
         return decision
 
     def _result(self, state: RequestState, attempt: Attempt, *, ok: bool, outcome: Outcome | None = None) -> None:
-        """Feed one attempt's result to the outlier detector (ejections counted and logged)."""
-        assert state.routing is not None
+        """Feed one attempt's result to the outlier detector (through the picker)."""
         now = self._clock()
-        pool_size = len(state.routing.pool.replicas)
         if ok and outcome is not None:
-            reason = self.picker.answered(attempt, state.model_label, now=now, pool_size=pool_size,
-                                          completion_tokens=outcome.completion_tokens,
-                                          cached_tokens=outcome.cached_tokens if outcome.cached_reported else 0)
+            self.picker.answered(attempt, now=now, completion_tokens=outcome.completion_tokens,
+                                 cached_tokens=outcome.cached_tokens if outcome.cached_reported else 0)
             if not state.region:  # how long a local request lasts: the age at which pushed loads go stale
                 self.picker.local.observe(now - state.forwarded_at)
         else:
-            reason = self.picker.failed(attempt, state.model_label, now=now, pool_size=pool_size)
-        if reason is not None:
-            self._metrics.ejections.labels(state.model_label, reason).inc()
-            event(log, "replica_ejected", logging.WARNING, replica_id=attempt.replica_id, model=state.model_label,
-                  reason=reason, phase=self.picker.outliers.last_phase if reason == "latency" else "")
+            self.picker.failed(attempt, now=now)
+
+    def _ejected(self, replica_id: str, group: str, reason: str) -> None:
+        """The outlier detector ejected a replica of ``group`` (model/version): counted and logged."""
+        model = group.split("/", 1)[0]
+        self._metrics.ejections.labels(model, reason).inc()
+        event(log, "replica_ejected", logging.WARNING, replica_id=replica_id, model=model, reason=reason,
+              phase=self.picker.outliers.last_phase if reason == "latency" else "")
 
     def _remaining(self, state: RequestState) -> float:
         remaining = state.deadline - self._clock()
@@ -305,7 +306,8 @@ class Router:
         self._metrics.retries.labels(state.model_label, reason).inc()
         return True
 
-    def _next(self, state: RequestState, failed: list[Replica], last: FerryError | None) -> tuple[Replica, Attempt]:
+    def _next(self, state: RequestState, failed: list[Replica], last: FerryError | None, *,
+              streamed: bool) -> tuple[Replica, Attempt]:
         """Decide the next attempt, off the replicas (and nodes) that failed; none left: the failure stands."""
         assert state.routing is not None
         spilled = state.spilled if state.attempts == 0 else None
@@ -326,7 +328,8 @@ class Router:
         state.replica_id = replica.replica_id
         state.version = replica.version  # the default may span versions when the table names none
         state.forwarded_at = self._clock()
-        attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch, state.forwarded_at)
+        attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch, state.forwarded_at,
+                                   streamed=streamed, queued=replica.queued)
         if state.ticket is not None and not decision.region:  # an interactive request sent to a full replica
             self.admission.placed(state.model_label, state.ticket, replica.replica_id,  # makes room there
                                   self.picker.local.get(replica.replica_id), replica.max_concurrency)
@@ -352,7 +355,7 @@ class Router:
         failed: list[Replica] = []
         last: FerryError | None = None
         while True:
-            replica, attempt = self._next(state, failed, last)
+            replica, attempt = self._next(state, failed, last, streamed=False)
             cached: int | None = None
             try:
                 await self.failover.cross_region(state.rtt_ms)
@@ -383,16 +386,20 @@ class Router:
         call: Call | None = state.call
         delivered = Delivered()
         while call is not None:
-            replica, attempt = self._next(state, failed, last)
+            replica, attempt = self._next(state, failed, last, streamed=True)
             outcome = Outcome()
             cached: int | None = None
             try:
                 await self.failover.cross_region(state.rtt_ms)
                 pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome)
                 try:
+                    got = 0
                     async for piece in pieces:
                         if not attempt.prefilled:
                             self.picker.first(attempt, self._clock())
+                        if not attempt.decode_sampled:
+                            got += piece.tokens
+                            self.picker.progress(attempt, got, self._clock())
                         delivered.add(piece)
                         yield piece
                 finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.outlier import DECODE, PREFILL, OutlierDetector, OutlierParams, Timing, samples
+from dataplane.outlier import DECODE, PREFILL, OutlierDetector, OutlierParams, Timing, prefill_sample, samples
 from ferry.errors import ConfigError
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour
@@ -123,6 +123,8 @@ SAMPLES = [
      [(PREFILL, 0.5, 10_000.0)]),
     ("stream-both", Timing(sent=0.0, first=0.2, ended=1.2, prompt_tokens=1_000, completion_tokens=51),
      [(DECODE, 1.0, 50.0), (PREFILL, 0.2, 1_000.0)]),
+    ("stream-prefill-without-cache-report", Timing(sent=0.0, first=0.3, ended=0.31, prompt_tokens=5_000,
+                                                   completion_tokens=2), [(PREFILL, 0.3, 5_000.0)]),
     ("too-short-to-say-anything", Timing(sent=0.0, first=0.01, ended=0.02, prompt_tokens=50, completion_tokens=3),
      []),
     ("prompt-all-cached", Timing(sent=0.0, first=0.01, ended=0.02, prompt_tokens=5_000, completion_tokens=2,
@@ -136,7 +138,10 @@ SAMPLES = [
 
 @pytest.mark.parametrize(("timing", "expected"), [c[1:] for c in SAMPLES], ids=[c[0] for c in SAMPLES])
 def test_what_an_attempt_says_about_its_replica(timing: Timing, expected: list[tuple[str, float, float]]) -> None:
-    got = samples(timing, OutlierParams(min_prefill_tokens=256))
+    params = OutlierParams(min_prefill_tokens=256)
+    got = samples(timing, params)
+    prefill = prefill_sample(timing, params)
+    got += [prefill] if prefill is not None else []
     assert [phase for phase, _, _ in got] == [phase for phase, _, _ in expected]
     assert [x for _, s, w in got for x in (s, w)] == pytest.approx([x for _, s, w in expected for x in (s, w)])
 
@@ -149,12 +154,14 @@ def test_long_prompts_and_queueing_do_not_make_a_replica_look_slow() -> None:
     for step in range(200):
         now = step * 0.1
         ahead = (step % 5) * 10_000  # up to four long prompts ahead of this one
-        d.answered("long", "m", Timing(sent=now - 0.2 * (1 + step % 5), first=now - 0.01, ended=now,
-                                       prompt_tokens=10_000, completion_tokens=2, ahead_tokens=ahead),
-                   now=now, pool_size=4)
+        long = Timing(sent=now - 0.2 * (1 + step % 5), first=now - 0.01, ended=now, prompt_tokens=10_000,
+                      completion_tokens=2, ahead_tokens=ahead)
+        d.first_token("long", "m", long, now=now, pool_size=4)
+        d.answered("long", "m", long, now=now, pool_size=4)
         for rid in ("a", "b", "c"):
-            d.answered(rid, "m", Timing(sent=now - 2.1, first=now - 2.0, ended=now, prompt_tokens=300,
-                                        completion_tokens=101), now=now, pool_size=4)
+            short = Timing(sent=now - 2.1, first=now - 2.0, ended=now, prompt_tokens=300, completion_tokens=101)
+            d.first_token(rid, "m", short, now=now, pool_size=4)
+            d.answered(rid, "m", short, now=now, pool_size=4)
     assert not d.history and d.ejected(now) == frozenset()
 
 
@@ -163,8 +170,8 @@ def test_a_ten_times_slower_prefill_is_ejected() -> None:
     for step in range(40):
         now = step * 0.1
         for rid, per_token in (("a", 20e-6), ("b", 20e-6), ("c", 20e-6), ("slow", 200e-6)):
-            reason = d.answered(rid, "m", Timing(sent=now - per_token * 8_000, first=now - 0.02, ended=now,
-                                                 prompt_tokens=8_000, completion_tokens=2), now=now, pool_size=4)
+            reason = d.first_token(rid, "m", Timing(sent=now - per_token * 8_000, first=now, ended=now,
+                                                    prompt_tokens=8_000, completion_tokens=1), now=now, pool_size=4)
             if reason:
                 assert (rid, reason, d.last_phase) == ("slow", "latency", PREFILL)
                 assert now < 10.0

@@ -42,7 +42,7 @@ import dataclasses
 import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from agent.engine import Admission, Engine, EngineLoad, EngineParams, EngineRequest, StepResult
 from dataplane.ring import DEFAULT_LOAD_FACTOR
@@ -63,6 +63,7 @@ class FleetConfig:
     refresh_seconds: float = 0.5     # control-plane table tick, applied by every proxy
     telemetry_seconds: float = 0.5   # agent telemetry interval per replica
     engine: EngineParams = dataclasses.field(default_factory=EngineParams)
+    engines: Mapping[int, EngineParams] = dataclasses.field(default_factory=dict)  # per replica, instead of engine
     load_factor: float = DEFAULT_LOAD_FACTOR  # the table's ring parameter
     seed: int = 1
 
@@ -78,6 +79,7 @@ class Served:
     cached_tokens: int = 0
     rejected: bool = False
     attempts: int = 0
+    tokens: int = 0  # output tokens so far (told to the policy until it says it has seen enough)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +112,7 @@ class Fleet:
         self.config = config
         self.requests = requests
         rng = random.Random(config.seed)
-        self.engines = [Engine(config.engine) for _ in range(config.replicas)]
+        self.engines = [Engine(config.engines.get(i, config.engine)) for i in range(config.replicas)]
         self.ids = [f"r{i:03d}" for i in range(config.replicas)]
         self.index = {rid: i for i, rid in enumerate(self.ids)}
         self.policies = [policy(p, random.Random(rng.getrandbits(64))) for p in range(config.proxies)]
@@ -191,6 +193,14 @@ class Fleet:
             n = int(rid)
             self.served[n].ttft = self.now - self.requests[n].arrival
             self.policies[self.proxy_of[n]].first(self.requests[n], self.ids[i], self.now)
+        for rid in result.tokens:
+            served = self.served[int(rid)]
+            if served.tokens >= 0:  # -1: the policy saw enough
+                served.tokens += 1
+                n = int(rid)
+                if not self.policies[self.proxy_of[n]].progress(self.requests[n], self.ids[i], served.tokens,
+                                                                self.now):
+                    served.tokens = -1
         for done in result.finished:
             n = int(done.request_id)
             served = self.served[n]

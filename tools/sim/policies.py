@@ -67,6 +67,9 @@ class ProxyPolicy(Protocol):
     def first(self, req: SimRequest, replica_id: str, now: float) -> None:
         """``req``, sent to ``replica_id``, got its first token at ``now``."""
 
+    def progress(self, req: SimRequest, replica_id: str, tokens: int, now: float) -> bool:
+        """``req`` has ``tokens`` output tokens by ``now``; whether to be told of the next ones."""
+
     def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
         """``req``, sent to ``replica_id``, finished at ``now``."""
 
@@ -86,6 +89,9 @@ class Baseline:
 
     def first(self, req: SimRequest, replica_id: str, now: float) -> None:
         pass
+
+    def progress(self, req: SimRequest, replica_id: str, tokens: int, now: float) -> bool:
+        return False
 
     def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
         pass
@@ -122,24 +128,29 @@ class Ferry:
             self._forget(req.index)
             return None, decision.branch.value
         self._tries[req.index] = self._tries.get(req.index, 0) + 1
-        self._attempts[req.index] = self.picker.sent(decision.replica.replica_id, routing, decision.branch, now)
+        self._attempts[req.index] = self.picker.sent(decision.replica.replica_id, routing, decision.branch, now,
+                                                     queued=decision.replica.queued)
         return decision.replica.replica_id, decision.branch.value
 
     def first(self, req: SimRequest, replica_id: str, now: float) -> None:
-        self.picker.first(self._attempts[req.index], now)
+        self.picker.first(self._attempts[req.index], now)  # the outlier detector's prefill sample
+
+    def progress(self, req: SimRequest, replica_id: str, tokens: int, now: float) -> bool:
+        attempt = self._attempts[req.index]
+        self.picker.progress(attempt, tokens, now)  # the decode sample, once enough tokens came back
+        return not attempt.decode_sampled
 
     def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
         attempt = self._attempts[req.index]
         self.picker.done(attempt, cached_tokens)
-        self.picker.answered(attempt, MODEL, now=now, completion_tokens=completion_tokens, cached_tokens=cached_tokens,
-                             pool_size=len(attempt.routing.pool))
+        self.picker.answered(attempt, now=now, completion_tokens=completion_tokens, cached_tokens=cached_tokens)
         self.picker.local.observe(now - attempt.sent_at)
         self._forget(req.index)
 
     def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
         attempt = self._attempts.pop(req.index)
         self.picker.done(attempt)
-        self.picker.failed(attempt, MODEL, now=now, pool_size=len(attempt.routing.pool))
+        self.picker.failed(attempt, now=now)
         error = ReplicaFailed(replica_id, "queue full", output_started=False, retryable=True)
         if retry_reason(error, tier=TIERS[0], attempts=self._tries.get(req.index, 0),
                         max_attempts=self.settings.max_attempts, retry_tiers=self.settings.retry_tiers) is not None \

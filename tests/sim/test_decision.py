@@ -1,0 +1,57 @@
+"""The simulator runs the proxy's whole decision: outlier ejection fed by simulated results, retries, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from agent.engine import EngineParams
+from tools.sim.fleet import Fleet, FleetConfig
+from tools.sim.policies import POLICIES, Ferry
+from tools.sim.workload import SimRequest
+
+ENGINE = EngineParams(max_running=16, kv_blocks_total=1024, prefix_cache_blocks=1024)
+
+
+def _mix(n: int, rate: float, seed: int = 1) -> list[SimRequest]:
+    """Half long prompts with short answers (8-16 k tokens, 1-4 out), half short prompts with long answers."""
+    rng = random.Random(seed)
+    out, now = [], 0.0
+    for i in range(n):
+        now += rng.expovariate(rate)
+        if i % 2:
+            prompt, answer = rng.randint(8_000, 16_000), rng.randint(1, 4)
+        else:
+            prompt, answer = rng.randint(50, 400), rng.randint(100, 300)
+        blocks = -(-prompt // 512)
+        out.append(SimRequest(i, now, prompt, answer, tuple(range(10_000 * i, 10_000 * i + blocks))))
+    return out
+
+
+def _ejections(fleet: Fleet) -> list[tuple[float, str, str]]:
+    return sorted(e for p in fleet.policies if isinstance(p, Ferry) for e in p.picker.outliers.history)
+
+
+def test_healthy_replicas_serving_long_prompts_and_long_answers_are_never_ejected() -> None:
+    fleet = Fleet(FleetConfig(replicas=8, proxies=2, engine=ENGINE), POLICIES["ferry"], _mix(3_000, 25.0))
+    result = fleet.run()
+    assert not any(s.rejected for s in result.served)
+    assert _ejections(fleet) == []
+
+
+def test_a_ten_times_slower_replica_is_ejected_within_10_s() -> None:
+    slow = dataclasses.replace(ENGINE, **{f: getattr(ENGINE, f) * 10 for f in (
+        "prefill_base_seconds", "prefill_seconds_per_token", "decode_base_seconds", "decode_seconds_per_request")})
+    fleet = Fleet(FleetConfig(replicas=8, proxies=2, engine=ENGINE, engines={3: slow}), POLICIES["ferry"],
+                  _mix(1_500, 25.0))
+    fleet.run()
+    ejections = _ejections(fleet)
+    assert ejections and {rid for _, rid, _ in ejections} == {"r003"}
+    assert ejections[0][0] < 10.0
+
+
+def test_a_request_longer_than_every_context_is_refused_not_a_crash() -> None:
+    requests = [SimRequest(0, 0.0, 200_000, 4, tuple(range(391))), SimRequest(1, 0.1, 100, 4, (1,))]
+    result = Fleet(FleetConfig(replicas=2, proxies=1, engine=ENGINE), POLICIES["ferry"], requests).run()
+    assert [s.rejected for s in result.served] == [True, False]
+    assert result.served[0].branch == "too_long"

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import dataplane.picker
 from dataplane.decide import Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
 from dataplane.pick import Branch, Decision, Need
 from dataplane.picker import Picker
@@ -19,8 +20,12 @@ from dataplane.prefix import HotKeys
 from dataplane.ring import key_draw
 from dataplane.table import build_table
 from ferry.v1 import tables_pb2
+from tests.dataplane.conftest import PAID, request
+from tests.dataplane.fakes import Behaviour, snapshot
 from tests.dataplane.fakes import route as route_pb
-from tests.dataplane.fakes import snapshot
+from tools.sim.fleet import Fleet, FleetConfig
+from tools.sim.policies import POLICIES
+from tools.sim.workload import SimRequest
 
 NEED = Need(tokens=1600, prompt_tokens=1000)  # 100 blocks of 16 tokens
 N = 6
@@ -278,3 +283,21 @@ def test_placements_are_bounded_and_forget_the_least_recent() -> None:
     placements.put(1, "c")
     placements.put(3, "d")
     assert (placements.get(1), placements.get(2), placements.get(3), len(placements)) == ("c", None, "d", 2)
+
+
+async def test_the_proxy_and_the_simulator_call_the_same_decision(rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One function decides for both: a spy on it sees a real proxy's request and a simulated run's."""
+    calls: Counter[str] = Counter()
+    real = dataplane.picker.decide
+
+    def spy(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
+        calls[ask.model] += 1
+        return real(view, ask, local, rng, now)
+
+    monkeypatch.setattr(dataplane.picker, "decide", spy)
+    r = await rig({"r1": Behaviour(), "r2": Behaviour()})
+    await r.stub.Infer(request(), metadata=PAID, timeout=5)
+    assert calls["m"] == 1
+    Fleet(FleetConfig(replicas=2, proxies=1), POLICIES["ferry"],
+          [SimRequest(i, i * 0.1, 600, 4, (7, 100 + i)) for i in range(5)]).run()
+    assert calls["chat"] == 5

@@ -82,7 +82,7 @@ from typing import Any
 
 from ferry.tokens import BLOCK_TOKENS, block_hashes
 from tools import trace as tracefile
-from tools.peers import load, routers
+from tools.peers import load, routers, simulated
 from tools.peers.procs import CpuMeter, ProcFailed, cpu_seconds
 from tools.report import percentile
 from tools.sim import capacity
@@ -187,12 +187,11 @@ def speedup_for(args: argparse.Namespace, rows: Sequence[tracefile.TraceRequest]
     return args.load * cap / own, cap
 
 
-def infinite_cache_limit(prompts: Sequence[str]) -> dict[str, Any]:
+def infinite_cache_limit(blocks: Sequence[Sequence[int]]) -> dict[str, Any]:
     """Leading blocks already seen by one infinite cache shared by all, over all blocks, in sending order."""
     seen: set[int] = set()
     hit = total = 0
-    for prompt in prompts:
-        hashes = block_hashes(prompt, BLOCK_TOKENS)
+    for hashes in blocks:
         lead = 0
         for h in hashes:
             if h not in seen:
@@ -320,6 +319,27 @@ def print_table(report: dict[str, Any]) -> None:
           "blocks); TTFT and e2e in ms over answered requests")
 
 
+def _rel(sim: float | None, real: float | None) -> float | None:
+    """(sim - real) / real, rounded; None when either is missing."""
+    return round((sim - real) / real, 3) if sim is not None and real else None
+
+
+def print_sim(report: dict[str, Any]) -> None:
+    """The simulator beside the real run: TTFT p50 / p99 and hit ratio per router, and the two rankings."""
+    print()
+    print("router                  sim policy     sim TTFT p50  real  diff   sim TTFT p99  real  diff   sim hit  real")
+    for r in report["routers"]:
+        if "sim" not in r:
+            continue
+        sim, diff = r["sim"], r["sim_vs_real"]
+        print(f"{r['router']:<23} {sim['policy']:<14} {_fmt(sim['ttft_p50_ms']):>12} {_fmt(r['ttft_ms']['p50']):>5} "
+              f"{_fmt(diff['p50'], 2):>5} {_fmt(sim['ttft_p99_ms']):>14} {_fmt(r['ttft_ms']['p99']):>5} "
+              f"{_fmt(diff['p99'], 2):>5} {_fmt(sim['hit_ratio'], 3):>8} {_fmt(r['prefix_hit_ratio'], 3):>5}")
+    ranking = report["ranking"]
+    print(f"ranking by TTFT p99: real {' < '.join(ranking['real'])}; simulator {' < '.join(ranking['sim'])}"
+          f" ({'the same' if ranking['agree'] else 'different'}); floor p99 {report['ttft_floor_ms'].get('p99')} ms")
+
+
 def plot_ttft(report: dict[str, Any], path: Path) -> None:
     """Grouped bars: TTFT p50 / p90 / p99 per router (log scale)."""
     import matplotlib
@@ -391,18 +411,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     span = planned[-1].due_s
     limits = load.Limits(concurrency=args.concurrency, timeout=args.timeout,
                          time_limit=args.time_limit or span + 60.0)
-    limit = infinite_cache_limit([p.prompt for p in planned])
+    blocks = [block_hashes(p.prompt, BLOCK_TOKENS) for p in planned]
+    limit = infinite_cache_limit(blocks)
+    engine = engine_params(args.engine)
+    sim_reqs = simulated.requests([p.due_s for p in planned], [r.input_tokens for r in rows],
+                                  [p.max_tokens for p in planned], blocks)
+    floor = simulated.ttft_floor(sim_reqs, engine)
     what = "the bundled excerpt" if trace.resolve() == BUNDLED.resolve() else "the full trace"
     window_text = f"minutes {start:g} to {start + minutes:g}" if minutes is not None else f"from minute {start:g}"
     print(f"bench_peers: {len(rows)} requests of {trace} ({what}, {window_text}), {args.replicas} replicas, "
           f"max output {args.max_output}, speed-up x{speedup:.2f}"
           + (f" ({args.load:g} of a measured capacity of {cap:.1f} requests/s)" if cap else "")
-          + f", {span:.0f} s of replay per router; infinite-cache limit {limit['ratio']:.3f}", flush=True)
+          + f", {span:.0f} s of replay per router; infinite-cache limit {limit['ratio']:.3f}; TTFT floor "
+          f"(own prefill, infinite cache) p50 {floor.get('p50', 0):.0f} ms, p99 {floor.get('p99', 0):.0f} ms",
+          flush=True)
     report: dict[str, Any] = {
         "trace": trace.name, "trace_path": str(trace), "trace_kind": what, "start_minute": start, "minutes": minutes,
         "requests": len(planned), "replicas": args.replicas, "engine": dataclasses.asdict(engine_params(args.engine)),
         "max_output": args.max_output, "load": None if args.speedup else args.load, "capacity_rps": cap,
         "speedup": speedup, "limits": dataclasses.asdict(limits), "infinite_cache_limit": limit,
+        "ttft_floor_ms": floor,
         "source": source_state(), "routers": [],
     }
     failures = 0
@@ -412,6 +440,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = measure_router(spec, args, planned, limits, Path(args.workdir) / spec.label.replace(":", "-"))
             if row["prefix_hit_ratio"] is not None and limit["ratio"]:
                 row["hit_vs_limit"] = round(row["prefix_hit_ratio"] / limit["ratio"], 3)
+            sim = simulated.simulate(spec.label, sim_reqs, replicas=args.replicas, engine=engine)
+            if sim is not None:
+                row["sim"] = {k: sim[k] for k in ("policy", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+                                                  "hit_ratio", "rejected", "branches")}
+                row["sim_vs_real"] = {p: _rel(sim[f"ttft_{p}_ms"], row["ttft_ms"][p]) for p in ("p50", "p99")}
         except (ProcFailed, OSError, ValueError) as exc:
             failures += 1
             row = {"router": spec.label, "failed": str(exc)}
@@ -422,8 +455,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{_fmt(row['ttft_ms']['p50'])} ms, p99 {_fmt(row['ttft_ms']['p99'])} ms, hit "
                   f"{_fmt(row['prefix_hit_ratio'], 3)}", file=sys.stderr, flush=True)
     report["wall_s"] = round(time.monotonic() - began, 1)
+    measured = [r for r in report["routers"] if "failed" not in r]
+    report["ranking"] = {
+        "real": simulated.ranking({r["router"]: r["ttft_ms"] for r in measured}),
+        "sim": simulated.ranking({r["router"]: {"p50": r["sim"]["ttft_p50_ms"], "p99": r["sim"]["ttft_p99_ms"]}
+                                  for r in measured if "sim" in r}),
+    }
+    report["ranking"]["agree"] = report["ranking"]["real"] == report["ranking"]["sim"]
     print()
     print_table(report)
+    print_sim(report)
     print(f"wall time {report['wall_s']:.0f} s")
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.engine import EngineParams
+from ferry.tokens import block_hashes
 from tools import bench_peers
 from tools import trace as tracefile
-from tools.peers import load, procs, routers
+from tools.peers import load, procs, routers, simulated
 from tools.peers.load import Limits, Planned
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,7 +220,7 @@ def test_infinite_cache_limit_on_a_hand_made_slice() -> None:
     a = " ".join(words[:1024])           # blocks A0 A1
     b = " ".join(words[:1200])           # A0 A1 + a partial third block
     c = " ".join(words[512:1024])        # a different first block
-    limit = bench_peers.infinite_cache_limit([a, b, a, c])
+    limit = bench_peers.infinite_cache_limit([block_hashes(p, 512) for p in (a, b, a, c)])
     # blocks: a 2 (0 seen), b 3 (2 seen), a 2 (2 seen), c 1 (0 seen) -> 4 / 8
     assert limit == {"hit_blocks": 4, "lookup_blocks": 8, "ratio": 0.5}
 
@@ -272,3 +274,16 @@ def test_short_end_to_end_run(tmp_path: Path) -> None:
         assert r["requests"] == 12 and r["ok"] == 12
         assert r["prefix_hit_ratio"] is not None
     assert (tmp_path / "ttft.png").exists()
+
+
+def test_the_slice_in_the_simulator_maps_each_router_and_bounds_the_tail() -> None:
+    engine = EngineParams(max_running=8, kv_blocks_total=512, prefix_cache_blocks=512)
+    reqs = simulated.requests([0.0, 0.05, 0.1, 0.15], [2048, 2048, 600, 1200], [4, 4, 4, 4],
+                              [(1, 2, 3, 4), (1, 2, 3, 4), (9, 10), (1, 2, 3)])
+    floor = simulated.ttft_floor(reqs, engine)
+    assert floor["p99"] == pytest.approx((0.002 + 2048 * 20e-6) * 1000, abs=0.1)  # the first: nothing cached yet
+    sim = simulated.simulate("ferry", reqs, replicas=2, engine=engine, seeds=1)
+    assert sim is not None and sim["policy"] == "ferry" and sim["rejected"] == 0 and sim["hit_ratio"] > 0
+    assert simulated.simulate("someone:else", reqs, replicas=2, engine=engine) is None
+    assert simulated.ranking({"a": {"p50": 1.0, "p99": 9.0}, "b": {"p50": 2.0, "p99": 3.0},
+                              "c": {"p50": None, "p99": None}}) == ["b", "a", "c"]

@@ -24,6 +24,9 @@ stale as the refresh makes it) and what it sent itself.
   not hot) on the same ring, its home replica whatever its load: no bound,
   no load signal; a request without a usable key (a prompt that is only a
   popular prefix) goes to a random replica.
+- ``prompt_hash``: a hash of the whole prompt (its block ids) picks the
+  replica, as a consistent-hash router keyed on the request body does when no
+  session id is sent: a conversation's growing turns land anywhere.
 - ``cache_aware``: in the style of the cache-aware routers of the field. Per proxy, an
   approximate tree of what it routed to each replica
   (:class:`tools.sim.radix.ApproxTree`, 32,768 blocks per replica, about its
@@ -36,6 +39,7 @@ stale as the refresh makes it) and what it sent itself.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from typing import Protocol
@@ -209,6 +213,16 @@ class ConsistentHash(Baseline):
         return routing.pool[routing.pool.ring.home(routing.key)].replica_id, "consistent_hash"
 
 
+class PromptHash(Baseline):
+    def __init__(self, rng: random.Random) -> None:
+        pass
+
+    def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
+        pool = _pool(table)
+        digest = hashlib.blake2b(repr(req.hash_ids).encode(), digest_size=8).digest()
+        return pool[int.from_bytes(digest, "big") % len(pool)].replica_id, "prompt_hash"
+
+
 class CacheAware(Baseline):
     def __init__(self, rng: random.Random, *, cache_threshold: float = 0.5, balance_abs: int = 64,
                  balance_rel: float = 1.5, max_blocks: int = 32768) -> None:
@@ -252,4 +266,5 @@ POLICIES: dict[str, PolicyFactory] = {
     "least_loaded": lambda proxy, rng: LeastLoaded(rng),
     "consistent_hash": lambda proxy, rng: ConsistentHash(rng),
     "cache_aware": lambda proxy, rng: CacheAware(rng),
+    "prompt_hash": lambda proxy, rng: PromptHash(rng),
 }

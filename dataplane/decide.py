@@ -45,11 +45,14 @@ Steps:
    conversation's cache is there; the load bound does not move it). Else the
    key's walk on the ring (:mod:`dataplane.ring`, at most ``walk_limit``
    replicas): the first replica that passes the filters and whose key share
-   (the load bound) is above the key's draw. A key new to this proxy takes
-   the less busy (prefill backlog, :class:`dataplane.policy.LocalLoad`) of
-   the first two such replicas (power of two choices on the walk, so new
-   conversations balance the fleet while every proxy still agrees on the
-   two): ``affinity`` at the first, ``placed`` at the second. A known key
+   (the load bound) is above the key's draw. A key new to this proxy (the
+   first turn of a conversation: nothing of it is cached anywhere) takes the
+   least busy (prefill backlog, :class:`dataplane.policy.LocalLoad`, then
+   the load score) of the first ``place_choices`` (4) such replicas, when
+   the first's backlog is deeper than that one's by ``place_share`` (0.25) x
+   the detour threshold: ``placed``; else the first (``affinity``). New
+   conversations so balance the fleet, while the choice stays among a few
+   replicas every proxy derives alike from the key. A known key
    whose remembered replica was filtered goes to the first: ``affinity``
    when it is the key's home, ``overflow`` when it is a later one. None
    within the walk: ``fallback`` to step 5.
@@ -97,6 +100,7 @@ class DecideParams:
 
     walk_limit: int = 8
     place_share: float = 0.25                # a new key's home must be this x the detour threshold busier
+    place_choices: int = 4                   # ... than the least busy of its walk's first this many takers
     score: ScoreParams = DEFAULT_PARAMS
     region: str = ""                         # this proxy's region
     spill_queue_ms: float = DEFAULT_QUEUE_MS  # local wait beyond which the region step looks for room elsewhere
@@ -304,14 +308,16 @@ def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, tab
             return Decision(None, Branch.NONE, reason=decision.reason or "every ready replica was already tried")
         return Decision(decision.replica, Branch.FALLBACK)
     chosen = pool.replicas[first[0]]
-    if known is None:  # new to this proxy: the less busy of the walk's first two takers
-        following = next(takers, None)
-        if following is not None:
-            second = pool.replicas[following[0]]
-            margin = (local.detour or 0.0) * params.place_share
-            if load.prefill(chosen.replica_id) - load.prefill(second.replica_id) > margin or (
-                    margin <= 0 and _busier(chosen, second, need, load, table_age, params.score)):
-                return Decision(second, Branch.PLACED)
+    if known is None:  # new to this proxy: the least busy of the walk's first takers
+        margin = (local.detour or 0.0) * params.place_share
+        best = chosen
+        for following in itertools.islice(takers, params.place_choices - 1):
+            other = pool.replicas[following[0]]
+            if _busier(best, other, need, load, table_age, params.score):
+                best = other
+        if best is not chosen and (load.prefill(chosen.replica_id) - load.prefill(best.replica_id) > margin
+                                   or margin <= 0):
+            return Decision(best, Branch.PLACED)
         return Decision(chosen, Branch.AFFINITY if first[1] else Branch.OVERFLOW)
     alt = _detour_of(params, ask, local, rng, table_age, chosen, candidates, off, off_nodes)
     if alt is not None:

@@ -145,7 +145,8 @@ class Picker:
     def from_settings(cls, settings: ProxySettings, rng: random.Random) -> Picker:
         """A proxy's picker as its ``[proxy]`` settings describe it (the router's, and the simulator's)."""
         params = DecideParams(
-            walk_limit=settings.walk_limit, region=settings.region, spill_queue_ms=settings.spill_queue_ms,
+            walk_limit=settings.walk_limit, place_share=settings.place_share, region=settings.region,
+            spill_queue_ms=settings.spill_queue_ms,
             spill_headroom=settings.spill_headroom, capacity_share=settings.admission_capacity_share,
             score=ScoreParams(fresh_seconds=settings.telemetry_fresh_seconds,
                               stale_seconds=settings.telemetry_stale_seconds))

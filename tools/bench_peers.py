@@ -80,6 +80,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dataplane.config import ProxySettings
+from ferry.config import load_file
 from ferry.tokens import BLOCK_TOKENS, block_hashes
 from tools import trace as tracefile
 from tools.peers import load, routers, simulated
@@ -123,6 +125,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=_positive, default=60.0, help="per request, seconds")
     p.add_argument("--time-limit", type=_positive, default=None, help="send nothing after this many seconds")
     p.add_argument("--startup-timeout", type=_positive, default=180.0, help="seconds for each start")
+    p.add_argument("--ferry-config", help="a config file for ferry up (default: none, Ferry's defaults)")
     p.add_argument("--json-out", default="bench-results/peers.json")
     p.add_argument("--plot", default="bench-results/peers-ttft.png")
     p.add_argument("--workdir", default="bench-results/peers-work", help="logs of every process")
@@ -226,7 +229,8 @@ def measure_router(spec: routers.RouterSpec, args: argparse.Namespace, planned: 
     started = time.monotonic()
     try:
         replicas.start()
-        running = routers.start_router(spec, replicas, workdir, timeout=args.startup_timeout)
+        running = routers.start_router(spec, replicas, workdir, timeout=args.startup_timeout,
+                                       ferry_config=args.ferry_config)
         try:
             ready_s = time.monotonic() - started
             before = replicas.counters()
@@ -240,11 +244,15 @@ def measure_router(spec: routers.RouterSpec, args: argparse.Namespace, planned: 
             cpu.update({name: round(cpu_seconds(pid) - solo[name], 3) for name, pid in running.solo.items()})
             cpu["client"] = round(cpu_seconds(os.getpid()) - client, 3)
             after = replicas.counters()
+            counters = routers.proxy_counters(running)
         finally:
             running.stop()
     finally:
         replicas.stop()
-    return summarize(spec, outcomes, elapsed, before, after, cpu, sampler.samples, ready_s, workdir)
+    row = summarize(spec, outcomes, elapsed, before, after, cpu, sampler.samples, ready_s, workdir)
+    if counters:
+        row["proxy_counters"] = counters
+    return row
 
 
 def summarize(spec: routers.RouterSpec, outcomes: list[load.Outcome], elapsed: float,
@@ -417,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim_reqs = simulated.requests([p.due_s for p in planned], [r.input_tokens for r in rows],
                                   [p.max_tokens for p in planned], blocks)
     floor = simulated.ttft_floor(sim_reqs, engine)
+    settings = (load_file(args.ferry_config).section(ProxySettings, "proxy") if args.ferry_config
+                else ProxySettings())
     what = "the bundled excerpt" if trace.resolve() == BUNDLED.resolve() else "the full trace"
     window_text = f"minutes {start:g} to {start + minutes:g}" if minutes is not None else f"from minute {start:g}"
     print(f"bench_peers: {len(rows)} requests of {trace} ({what}, {window_text}), {args.replicas} replicas, "
@@ -440,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = measure_router(spec, args, planned, limits, Path(args.workdir) / spec.label.replace(":", "-"))
             if row["prefix_hit_ratio"] is not None and limit["ratio"]:
                 row["hit_vs_limit"] = round(row["prefix_hit_ratio"] / limit["ratio"], 3)
-            sim = simulated.simulate(spec.label, sim_reqs, replicas=args.replicas, engine=engine)
+            sim = simulated.simulate(spec.label, sim_reqs, replicas=args.replicas, engine=engine, settings=settings)
             if sim is not None:
                 row["sim"] = {k: sim[k] for k in ("policy", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
                                                   "hit_ratio", "rejected", "branches")}

@@ -196,19 +196,22 @@ class Running:
         return self.proc.stop()
 
 
-def start_router(spec: RouterSpec, replicas: Replicas, workdir: Path, *, timeout: float = 120.0) -> Running:
+def start_router(spec: RouterSpec, replicas: Replicas, workdir: Path, *, timeout: float = 120.0,
+                 ferry_config: str | None = None) -> Running:
     """Start one router in front of ``replicas``; ProcFailed (with its log's tail) if it does not come up."""
     workdir.mkdir(parents=True, exist_ok=True)
     if spec.kind == "ferry":
-        return start_ferry(replicas, workdir, timeout=timeout)
+        return start_ferry(replicas, workdir, timeout=timeout, config=ferry_config)
     return start_peer(spec, replicas, workdir, timeout=timeout)
 
 
-def start_ferry(replicas: Replicas, workdir: Path, *, timeout: float = 120.0) -> Running:
+def start_ferry(replicas: Replicas, workdir: Path, *, timeout: float = 120.0, config: str | None = None) -> Running:
     ready = workdir / "up.json"
     ready.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "ferry", "up", "--replicas", "0", "--models", replicas.model,
             "--ready-file", str(ready), "--workdir", str(workdir / "up"), "--timeout", str(timeout)]
+    if config:
+        argv += ["--config", config]
     for rep in replicas.replicas:
         argv += ["--triton", f"{rep['grpc']},{rep['metrics']}"]
     proc = Proc("ferry", argv, workdir / "ferry-up.log", cwd=ROOT, env={"GRPC_VERBOSITY": "ERROR"}).start()
@@ -225,7 +228,27 @@ def start_ferry(replicas: Replicas, workdir: Path, *, timeout: float = 120.0) ->
     model = (info.get("models") or [replicas.model])[0]
     address = info["data_plane"]
     return Running(RouterSpec("ferry"), proc, lambda: load.GrpcTarget(address, api_key=key, model=model), roles,
-                   solo={"launcher": proc.pid}, info={"data_plane": address})
+                   solo={"launcher": proc.pid},
+                   info={"data_plane": address, "metrics": f"http://{info['metrics']['proxy']}/metrics"})
+
+
+def proxy_counters(running: Running) -> dict[str, dict[str, float]]:
+    """Ferry's proxy counters that explain a run: picks by branch, ejections by reason (empty for a peer)."""
+    url = running.info.get("metrics")
+    if not url:
+        return {}
+    status, text = http_get(str(url), timeout=10.0)
+    if status != 200:
+        return {}
+    out: dict[str, dict[str, float]] = {"picks": {}, "ejections": {}}
+    for line in text.splitlines():
+        for family, label, into in (("ferry_proxy_picks_total{", "branch", "picks"),
+                                    ("ferry_proxy_outlier_ejections_total{", "reason", "ejections")):
+            if line.startswith(family):
+                labels, value = line[len(family):].rsplit("} ", 1)
+                name = dict(part.split("=", 1) for part in labels.split(",")).get(label, "").strip('"')
+                out[into][name] = out[into].get(name, 0.0) + float(value)
+    return out
 
 
 def _wait_ferry_table(ready: Path, count: int, proc: Proc, timeout: float) -> None:

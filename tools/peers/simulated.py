@@ -25,14 +25,17 @@ Cost: about a second of one core per router and seed for a few thousand requests
 from __future__ import annotations
 
 import dataclasses
+import functools
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agent.engine import EngineParams
+from dataplane.config import ProxySettings
 from ferry.tokens import BLOCK_TOKENS
 from tools.report import percentile
 from tools.sim.fleet import Fleet, FleetConfig
-from tools.sim.policies import POLICIES
+from tools.sim.policies import POLICIES, Ferry, PolicyFactory
 from tools.sim.report import summarize
 from tools.sim.workload import SimRequest
 
@@ -49,16 +52,24 @@ def requests(due: Sequence[float], prompt_tokens: Sequence[int], max_tokens: Seq
 
 
 def simulate(label: str, reqs: Sequence[SimRequest], *, replicas: int, engine: EngineParams,
-             seeds: int = 3) -> dict[str, Any] | None:
-    """The simulator's figures for router ``label`` on ``reqs`` (None: no policy stands for it)."""
+             seeds: int = 3, settings: ProxySettings | None = None) -> dict[str, Any] | None:
+    """The simulator's figures for router ``label`` on ``reqs`` (None: no policy stands for it); Ferry's
+    decision with the proxy ``settings`` the real run used (default: the defaults)."""
     policy = SIM_POLICY.get(label)
     if policy is None:
         return None
     config = FleetConfig(replicas=replicas, proxies=1, engine=engine, refresh_seconds=0.5, telemetry_seconds=0.5)
-    runs = [Fleet(dataclasses.replace(config, seed=seed), POLICIES[policy], reqs).run() for seed in range(1, seeds + 1)]
+    factory: PolicyFactory = POLICIES[policy]
+    if policy == "ferry" and settings is not None:
+        factory = functools.partial(_ferry, settings=settings)
+    runs = [Fleet(dataclasses.replace(config, seed=seed), factory, reqs).run() for seed in range(1, seeds + 1)]
     out = summarize(runs)
     out["policy"] = policy
     return out
+
+
+def _ferry(proxy: int, rng: random.Random, *, settings: ProxySettings) -> Ferry:
+    return Ferry(rng, settings)
 
 
 def ttft_floor(reqs: Sequence[SimRequest], engine: EngineParams) -> dict[str, float]:

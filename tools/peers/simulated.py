@@ -9,8 +9,10 @@ as ``ferry up`` has them, the replicas' engine) once per seed and pools the
 requests (:func:`tools.sim.report.summarize`). A router maps to the
 simulator's policy that picks as it does (:data:`SIM_POLICY`): Ferry is the
 proxy's own decision (:mod:`tools.sim.policies`), the cache-aware routers
-``cache_aware``, round robin ``round_robin``, a consistent hash of the body
-with no session id ``prompt_hash``.
+``cache_aware_load`` (a prefix match over half the prompt, else the replica
+with the fewest requests in flight, the first on a tie: what sglang-router
+0.3.2 and vllm-router 0.1.17 were seen to do), round robin ``round_robin``,
+a consistent hash of the body with no session id ``prompt_hash``.
 
 :func:`ttft_floor`: what no router can beat, each request's own prefill with
 one infinite cache shared by all (uncached tokens x the engine's prefill
@@ -39,7 +41,7 @@ from tools.sim.policies import POLICIES, Ferry, PolicyFactory
 from tools.sim.report import summarize
 from tools.sim.workload import SimRequest
 
-SIM_POLICY = {"ferry": "ferry", "sglang:cache_aware": "cache_aware", "vllm:cache_aware": "cache_aware",
+SIM_POLICY = {"ferry": "ferry", "sglang:cache_aware": "cache_aware_load", "vllm:cache_aware": "cache_aware_load",
               "sglang:round_robin": "round_robin", "vllm:round_robin": "round_robin",
               "vllm:consistent_hash": "prompt_hash", "sglang:random": "random", "vllm:random": "random"}
 
@@ -94,3 +96,12 @@ def ranking(rows: Mapping[str, Mapping[str, float | None]]) -> list[str]:
         row = rows[label]
         return (row.get("p99") or float("inf"), row.get("p50") or float("inf"))
     return sorted(rows, key=key)
+
+
+def disagreements(real: Sequence[str], sim: Sequence[str]) -> list[tuple[str, str]]:
+    """Pairs of routers (of different simulated policies) that the two rankings order differently."""
+    at_real = {label: i for i, label in enumerate(real)}
+    at_sim = {label: i for i, label in enumerate(sim)}
+    both = [label for label in real if label in at_sim]
+    return [(a, b) for i, a in enumerate(both) for b in both[i + 1:]
+            if SIM_POLICY.get(a) != SIM_POLICY.get(b) and (at_real[a] < at_real[b]) != (at_sim[a] < at_sim[b])]

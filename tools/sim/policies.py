@@ -35,6 +35,10 @@ stale as the refresh makes it) and what it sent itself.
   else the replica with the longest prefix match when it covers more than
   ``cache_threshold`` (0.5) of the prompt, else the one with the smallest
   tree. The prompt is then recorded under the chosen replica.
+- ``cache_aware_load``: the same, but a miss goes to the replica with the
+  fewest of this proxy's requests in flight, the first on a tie, as the
+  newer cache-aware routers do (sglang-router 0.3.2 and vllm-router 0.1.17
+  behave so in front of the simulated replicas).
 """
 
 from __future__ import annotations
@@ -225,8 +229,9 @@ class PromptHash(Baseline):
 
 class CacheAware(Baseline):
     def __init__(self, rng: random.Random, *, cache_threshold: float = 0.5, balance_abs: int = 64,
-                 balance_rel: float = 1.5, max_blocks: int = 32768) -> None:
+                 balance_rel: float = 1.5, max_blocks: int = 32768, miss: str = "smallest_tree") -> None:
         self._rng = rng
+        self._miss = miss
         self._threshold, self._abs, self._rel = cache_threshold, balance_abs, balance_rel
         self._max_blocks = max_blocks
         self._tree: ApproxTree | None = None
@@ -245,6 +250,8 @@ class CacheAware(Baseline):
             best, depth = tree.match(req.hash_ids)
             if best and min(depth * BLOCK_TOKENS, req.prompt_tokens) > self._threshold * req.prompt_tokens:
                 index, branch = self._rng.choice(sorted(best)), "cache_hit"
+            elif self._miss == "least_load":
+                index, branch = loads.index(low), "least_load"
             else:
                 sizes = [tree.size(i) for i in range(len(pool))]
                 index, branch = sizes.index(min(sizes)), "smallest_tree"
@@ -266,5 +273,6 @@ POLICIES: dict[str, PolicyFactory] = {
     "least_loaded": lambda proxy, rng: LeastLoaded(rng),
     "consistent_hash": lambda proxy, rng: ConsistentHash(rng),
     "cache_aware": lambda proxy, rng: CacheAware(rng),
+    "cache_aware_load": lambda proxy, rng: CacheAware(rng, miss="least_load"),
     "prompt_hash": lambda proxy, rng: PromptHash(rng),
 }

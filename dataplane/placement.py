@@ -2,7 +2,7 @@
 
 :class:`Placement` (one per model, owned by :class:`dataplane.queues.TierQueues`)
 answers :meth:`Placement.avoid` for the pick, which treats it as a soft
-filter (:func:`dataplane.route.route`'s ``avoid``: ignored when nothing would
+filter (:func:`dataplane.decide.decide`'s ``avoid``: ignored when nothing would
 be left). Pure: ``now`` and the proxy's in-flight counts are passed in.
 
 - **Replicas kept for interactive** (``interactive_share``, 0: none). The

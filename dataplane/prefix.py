@@ -26,7 +26,7 @@ the conversations under a popular prefix each go to a replica of their
 own. A request whose keys are all hot (a prompt that is nothing but a
 popular prefix, or a popular explicit ``prefix_key``) has no key: it is
 spread over the pool, where a prefix that popular ends up cached everywhere
-(:mod:`dataplane.route`, branch ``spread``).
+(:mod:`dataplane.decide`, branch ``spread``).
 
 **Hot prefixes.** :class:`HotKeys` is a small per-proxy sketch: decayed
 counts of the keys the proxy routed by, at most ``capacity`` (default 256)

@@ -8,7 +8,7 @@ weight, whether the route is for batch alone) and, per
 version. Routes that are malformed (wrong region, empty id or address) are
 skipped: spill is an optimisation, never a reason to reject a table. The
 caller builds the view once per table it applies
-(:class:`dataplane.failover.Failover`).
+(:func:`dataplane.decide.make_view`).
 
 :func:`pick_remote`: power of two choices among a remote region's replicas
 on (queued + running in the table - ``counted`` + this proxy's in-flight to

@@ -25,7 +25,7 @@ heavy tenants or the replicas change:
    replicas: the tenants within their share keep the rest.
 4. :meth:`Shards.keep_off`: a confined tenant stays off every replica outside
    its shard; any other tenant stays off every shard. The pick treats it as
-   a soft filter (:func:`dataplane.route.route`'s ``avoid``): ignored when
+   a soft filter (:func:`dataplane.decide.decide`'s ``avoid``): ignored when
    nothing but replicas already tried would be left. A confined tenant's
    ceiling becomes its shard's slots (:meth:`Shards.ceiling`), so no request
    waits inside a full replica.

@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--load-factor", type=float, default=1.25, help="the ring's bound c (table parameter)")
     p.add_argument("--capacity", type=float, default=None, help="fleet capacity in requests/s (skip measuring)")
     p.add_argument("--max-output", type=int, default=None, help="cap on output tokens per request")
+    p.add_argument("--short-answers", type=float, default=0.0,
+                   help="share of prompts of 4,096 tokens or more answered in 1 to 10 tokens (default 0)")
     p.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
                    help="engine parameter override (agent.engine.EngineParams), repeatable")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     config = FleetConfig(replicas=args.replicas, proxies=args.proxies, refresh_seconds=args.refresh_ms / 1000,
                          telemetry_seconds=args.telemetry_ms / 1000, engine=engine_params(args.engine),
                          load_factor=args.load_factor)
-    _REQUESTS = workload.requests(args.trace, minutes=args.minutes, max_output=args.max_output)
+    _REQUESTS = workload.requests(args.trace, minutes=args.minutes, max_output=args.max_output,
+                                  short_answers=args.short_answers)
     capacity = args.capacity or capacity_run.measure(_REQUESTS, config)
     stem = Path(args.trace).stem
     print(f"{stem}: {len(_REQUESTS)} requests, {workload.rate(_REQUESTS):.2f} req/s in the trace; "
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_factor": args.load_factor,
         "seeds": args.seeds,
         "speedup": args.speedup,
-        "max_output": args.max_output,
+        "max_output": args.max_output, "short_answers": args.short_answers,
         "capacity_rps": round(capacity, 3),
         "engine": dataclasses.asdict(config.engine),
         "results": rows,

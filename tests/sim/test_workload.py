@@ -47,3 +47,12 @@ def test_at_load_sets_the_mean_rate(mooncake_trace: Path, load: float) -> None:
 
 def test_minutes_limit_the_window(mooncake_trace: Path) -> None:
     assert len(workload.requests(mooncake_trace, minutes=1.0)) == 120  # 2 per second
+
+
+def test_shorten_answers_a_share_of_the_long_prompts_in_a_few_tokens() -> None:
+    reqs = [workload.SimRequest(i, float(i), 8_000 if i % 2 else 100, 300, ()) for i in range(2_000)]
+    out = workload.shorten(reqs, 0.5, seed=3)
+    short = [r for r in out if r.max_tokens <= 10]
+    assert all(r.prompt_tokens >= workload.LONG_PROMPT for r in short)
+    assert 400 < len(short) < 600  # half of the 1,000 long prompts
+    assert workload.shorten(reqs, 0.5, seed=3) == out and workload.shorten(reqs, 0.0) == reqs

@@ -22,6 +22,10 @@ as they are.
   answer's tokens are new blocks (an engine caches prompts, not outputs).
   Seeded, so a run is reproducible.
 
+:func:`shorten` turns a share of the long prompts' answers into 1 to 10
+tokens (``--short-answers`` of the simulator), the long-prompt, short-answer
+share of real traffic that the traces under-represent.
+
 :func:`scale` stretches arrival times so that the trace's mean rate is a
 given share of a measured capacity (:mod:`tools.sim.capacity`).
 """
@@ -92,14 +96,30 @@ def is_mooncake(path: str | Path) -> bool:
 
 
 def requests(path: str | Path, *, minutes: float | None = None, seed: int = 1,
-             max_output: int | None = None) -> list[SimRequest]:
-    """The trace's requests in trace time (seconds from the first), prefixes as the module docstring says."""
+             max_output: int | None = None, short_answers: float = 0.0) -> list[SimRequest]:
+    """The trace's requests in trace time (seconds from the first), prefixes as the module docstring says;
+    ``short_answers`` of the long prompts answered in 1 to 10 tokens (:func:`shorten`)."""
     rows = tracefile.load(path, minutes=minutes)
     if not is_mooncake(path):
         rows = converse(rows, seed=seed)
     cap = max_output or 1 << 30
-    return [SimRequest(i, r.offset, r.input_tokens, max(1, min(r.output_tokens, cap)), r.hash_ids)
-            for i, r in enumerate(rows)]
+    out = [SimRequest(i, r.offset, r.input_tokens, max(1, min(r.output_tokens, cap)), r.hash_ids)
+           for i, r in enumerate(rows)]
+    return shorten(out, short_answers, seed=seed) if short_answers else out
+
+
+LONG_PROMPT = 4096  # tokens: a prompt this long may get a short answer (shorten)
+
+
+def shorten(reqs: list[SimRequest], share: float, *, seed: int = 1) -> list[SimRequest]:
+    """The requests with ``share`` of those whose prompt has at least ``LONG_PROMPT`` tokens answered in 1 to
+    10 tokens (drawn, seeded): the long-prompt, short-answer traffic of classification, extraction and
+    agents' tool calls, which makes a healthy replica's seconds per output token look slow."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError("share must be in [0, 1]")
+    rng = random.Random(seed)
+    return [dataclasses.replace(r, max_tokens=min(r.max_tokens, rng.randint(1, 10)))
+            if r.prompt_tokens >= LONG_PROMPT and rng.random() < share else r for r in reqs]
 
 
 def rate(reqs: list[SimRequest]) -> float:

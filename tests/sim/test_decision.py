@@ -6,6 +6,7 @@ import dataclasses
 import random
 
 from agent.engine import EngineParams
+from dataplane.config import ProxySettings
 from tools.sim.fleet import Fleet, FleetConfig
 from tools.sim.policies import POLICIES, Ferry
 from tools.sim.workload import SimRequest
@@ -55,3 +56,21 @@ def test_a_request_longer_than_every_context_is_refused_not_a_crash() -> None:
     result = Fleet(FleetConfig(replicas=2, proxies=1, engine=ENGINE), POLICIES["ferry"], requests).run()
     assert [s.rejected for s in result.served] == [True, False]
     assert result.served[0].branch == "too_long"
+
+
+def test_the_proxy_tier_queue_holds_what_the_slots_cannot_take_and_refuses_past_its_timeout() -> None:
+    """Two replicas of two slots: four start at once, the rest wait in the proxy's interactive queue; with a
+    0.5 s queue timeout and answers of some 1.6 s, the others are refused (by their expected wait, or at the
+    timeout), never sent and never lost."""
+    settings = ProxySettings(queue_timeouts=(0.5, 10.0, 60.0))
+    engine = EngineParams(max_running=2, kv_blocks_total=256, prefix_cache_blocks=256)
+    requests = [SimRequest(i, 0.001 * i, 100, 200, (10_000 + i,)) for i in range(20)]
+    fleet = Fleet(FleetConfig(replicas=2, proxies=1, engine=engine), lambda p, rng: Ferry(rng, settings), requests)
+    result = fleet.run()
+    started = [s for s in result.served if not s.rejected]
+    assert len(started) == 4 and sum(s.rejected for s in result.served) == 16
+    assert all(s.attempts == 0 for s in result.served if s.rejected)  # refused in the queue, never sent
+    waited = Fleet(FleetConfig(replicas=2, proxies=1, engine=engine), lambda p, rng: Ferry(rng, settings),
+                   [dataclasses.replace(r, max_tokens=20) for r in requests[:5]]).run()
+    assert not any(s.rejected for s in waited.served)  # the fifth waits 0.17 s for a slot, within the timeout
+    assert waited.served[4].ttft > 0.15

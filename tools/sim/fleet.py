@@ -9,7 +9,12 @@ proxy table by :func:`dataplane.table.build_table`, and the policies of
 Events, in time order (ties in the order they were scheduled):
 
 - **arrival**: the request goes to a proxy drawn at random (clients spread
-  over the proxies), whose policy picks a replica with that proxy's table
+  over the proxies), whose policy admits it (Ferry's: the proxy's tier
+  queues, :class:`dataplane.queues.TierQueues`, sized from the table as the
+  proxy sizes them: a request waits there while every slot this proxy
+  dispatches into is taken, and one still waiting at its tier's queue
+  timeout is refused, a **timeout** event) and, once it may start, picks a
+  replica with that proxy's table
   (none: the request is refused, as the proxy would refuse it, e.g. longer
   than every replica's context); the engine queues it; a refusal by the
   engine (queue full, too long) is told to the policy, which may try another
@@ -51,7 +56,7 @@ from ferry.v1 import common_pb2, tables_pb2
 from tools.sim.policies import MODEL, PolicyFactory
 from tools.sim.workload import SimRequest
 
-_ARRIVAL, _STEP, _TELEMETRY, _TICK = 0, 1, 2, 3
+_ARRIVAL, _STEP, _TELEMETRY, _TICK, _TIMEOUT = 0, 1, 2, 3, 4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -160,7 +165,32 @@ class Fleet:
         if duration is not None:
             self._push(self.now + duration, _STEP, i)
 
-    def _arrive(self, n: int, tried: tuple[str, ...] = ()) -> None:
+    def _arrive(self, n: int) -> None:
+        """Admission at the request's proxy: the requests it lets start now, those it refuses, a wait's limit."""
+        req = self.requests[n]
+        policy = self.policies[self.proxy_of[n]]
+        start, refuse = policy.admit(req, self.now)
+        self._settle(start, refuse)
+        limit = policy.wait_limit(req)
+        if limit is not None and n not in start and n not in refuse:
+            self._push(self.now + limit, _TIMEOUT, n)
+
+    def _settle(self, start: Sequence[int], refuse: Sequence[int]) -> None:
+        for m in refuse:
+            self._reject(m)
+        for m in start:
+            self._attempt(m)
+
+    def _reject(self, n: int) -> None:
+        self.served[n].rejected = True
+        self.pending -= 1
+
+    def _release(self, n: int) -> None:
+        """Request ``n`` left its replica (answered or refused): its proxy may start others."""
+        start, refuse = self.policies[self.proxy_of[n]].release(self.requests[n], self.now)
+        self._settle(start, refuse)
+
+    def _attempt(self, n: int, tried: tuple[str, ...] = ()) -> None:
         req = self.requests[n]
         proxy = self.proxy_of[n]
         policy = self.policies[proxy]
@@ -168,8 +198,8 @@ class Fleet:
         served = self.served[n]
         served.branch = branch
         if replica_id is None:  # refused by the proxy (nothing can serve it)
-            served.rejected = True
-            self.pending -= 1
+            self._reject(n)
+            self._release(n)
             return
         i = self.index[replica_id]
         served.replica = i
@@ -179,10 +209,10 @@ class Fleet:
                           block_hashes=req.hash_ids), self.now)
         if admission is not Admission.QUEUED:
             if policy.refused(req, replica_id, self.now):
-                self._arrive(n, (*tried, replica_id))
+                self._attempt(n, (*tried, replica_id))
                 return
-            served.rejected = True
-            self.pending -= 1
+            self._reject(n)
+            self._release(n)
             return
         if not self.stepping[i]:
             self._step(i)
@@ -209,6 +239,7 @@ class Fleet:
             self.pending -= 1
             self.policies[self.proxy_of[n]].done(self.requests[n], self.ids[i], done.cached_tokens, self.now,
                                                  done.completion_tokens)
+            self._release(n)
         self._step(i)
 
     def run(self) -> RunResult:
@@ -227,6 +258,9 @@ class Fleet:
                 self._finish(arg)
             elif kind == _ARRIVAL:
                 self._arrive(arg)
+            elif kind == _TIMEOUT:
+                if self.policies[self.proxy_of[arg]].expire(self.requests[arg], self.now):
+                    self._reject(arg)
             elif kind == _TELEMETRY:
                 self._telemetry(arg)
                 self._push(self.now + cfg.telemetry_seconds, _TELEMETRY, arg)

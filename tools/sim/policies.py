@@ -15,7 +15,10 @@ stale as the refresh makes it) and what it sent itself.
   the remembered placements. A request the replica refuses is retried as
   the router retries it (:func:`dataplane.policy.retry_reason`, the retry
   budget); one the decision cannot place (longer than every context) is
-  refused, as the proxy refuses it.
+  refused, as the proxy refuses it. Admission is the proxy's tier queues
+  (:class:`dataplane.queues.TierQueues`, sized from every table as
+  :class:`dataplane.admission.Admission` sizes them; their avoid set goes
+  into the decision); every simulated request is interactive.
 - ``round_robin``: each proxy cycles over the replicas from its own offset.
 - ``random``: uniform.
 - ``least_loaded``: fewest queued + running in the pushed telemetry, ties at
@@ -52,6 +55,7 @@ from dataplane.config import ProxySettings
 from dataplane.decide import Ask
 from dataplane.picker import Attempt, Picker, Routing
 from dataplane.policy import LocalLoad, retry_reason
+from dataplane.queues import Shed, Ticket, TierQueues
 from dataplane.retrybudget import charged
 from dataplane.table import Pool, Table
 from ferry.config import TIERS
@@ -84,6 +88,18 @@ class ProxyPolicy(Protocol):
     def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
         """The replica refused ``req``; whether to try another replica."""
 
+    def admit(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
+        """``req`` arrived: (indexes of requests that may start now, indexes refused)."""
+
+    def release(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
+        """``req`` left its replica: (indexes of requests that may start now, indexes refused)."""
+
+    def wait_limit(self, req: SimRequest) -> float | None:
+        """How long ``req`` may wait to start (None: it never waits)."""
+
+    def expire(self, req: SimRequest, now: float) -> bool:
+        """``req``'s wait limit passed: whether it was still waiting (and is now refused)."""
+
 
 def _pool(table: Table) -> Pool:
     return table.models[MODEL].default
@@ -107,6 +123,18 @@ class Baseline:
     def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
         return False
 
+    def admit(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
+        return [req.index], []
+
+    def release(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
+        return [], []
+
+    def wait_limit(self, req: SimRequest) -> float | None:
+        return None
+
+    def expire(self, req: SimRequest, now: float) -> bool:
+        return False
+
 
 class Ferry:
     """The proxy's decision with its state, as the router drives it (see the module docstring)."""
@@ -117,9 +145,63 @@ class Ferry:
         self._routing: dict[int, Routing] = {}
         self._attempts: dict[int, Attempt] = {}
         self._tries: dict[int, int] = {}
+        self.queues: TierQueues | None = None  # the proxy's tier queues, sized from each table
+        self._tickets: dict[int, Ticket] = {}
+        self._by_ticket: dict[Ticket, int] = {}
 
     def apply(self, table: Table) -> None:
         self.picker.apply_table(table)
+        if not self.settings.admission:
+            return
+        entry = table.models.get(MODEL)
+        replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
+            if entry is not None else {}
+        capacity = int(sum(replicas.values()) * self.settings.admission_capacity_share)
+        if self.queues is None:
+            self.queues = TierQueues(self.settings.queue_params(), capacity)
+        self.queues.capacity = capacity
+        self.queues.set_replicas(replicas)
+
+    def admit(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
+        queues = self.queues
+        if queues is None or queues.capacity <= 0:
+            return [req.index], []
+        ticket = Ticket(tenant=req.tenant, plan="enterprise", tier=TIERS[0], cost=req.prompt_tokens + req.max_tokens,
+                        deadline=now + self.settings.default_deadline_seconds)
+        try:
+            evicted = queues.offer(ticket, now)
+        except Shed:
+            return [], [req.index]
+        refused = [self._by_ticket.pop(victim) for victim in evicted if victim in self._by_ticket]
+        for index in refused:
+            self._tickets.pop(index, None)
+        self._tickets[req.index], self._by_ticket[ticket] = ticket, req.index
+        start, later = self._dispatch(now)
+        return start, refused + later
+
+    def _dispatch(self, now: float) -> tuple[list[int], list[int]]:
+        assert self.queues is not None
+        return [self._by_ticket[t] for t in self.queues.dispatch(now) if t in self._by_ticket], []
+
+    def release(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
+        ticket = self._tickets.pop(req.index, None)
+        if ticket is None or self.queues is None:
+            return [], []
+        self._by_ticket.pop(ticket, None)
+        self.queues.finish(ticket)
+        return self._dispatch(now)
+
+    def wait_limit(self, req: SimRequest) -> float | None:
+        return self.settings.queue_timeouts[0] if self.queues is not None else None
+
+    def expire(self, req: SimRequest, now: float) -> bool:
+        ticket = self._tickets.get(req.index)
+        if ticket is None or ticket.state != "queued" or self.queues is None:
+            return False
+        self.queues.cancel(ticket)
+        del self._tickets[req.index]
+        self._by_ticket.pop(ticket, None)
+        return True
 
     def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         routing = self._routing.get(req.index)
@@ -130,7 +212,9 @@ class Ferry:
             self.picker.budget.note_request(now)
         pool = routing.pool
         nodes = frozenset(pool.replicas[pool.index[r]].node for r in tried if r in pool.index)
-        ask = Ask(routing=routing, tier=TIERS[0], model=MODEL, tried=frozenset(tried), tried_nodes=nodes)
+        ticket = self._tickets.get(req.index)
+        avoid = self.queues.avoid(ticket, self.picker.local) if ticket is not None and self.queues else frozenset()
+        ask = Ask(routing=routing, tier=TIERS[0], model=MODEL, tried=frozenset(tried), tried_nodes=nodes, avoid=avoid)
         decision = self.picker.decide(self.picker.view_of(table), ask, now)
         if decision.replica is None:
             self._forget(req.index)

@@ -189,6 +189,7 @@ class Local:
     detour: float | None = None
     placements: Placements | None = None
     queue: Callable[[], LocalQueue | None] | None = None
+    choices: int = 0  # replicas of the walk a new key is placed among (0: the view's place_choices)
 
 
 def decide(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
@@ -311,7 +312,7 @@ def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, tab
     if known is None:  # new to this proxy: the least busy of the walk's first takers
         margin = (local.detour or 0.0) * params.place_share
         best = chosen
-        for following in itertools.islice(takers, params.place_choices - 1):
+        for following in itertools.islice(takers, (local.choices or params.place_choices) - 1):
             other = pool.replicas[following[0]]
             if _busier(best, other, need, load, table_age, params.score):
                 best = other

@@ -228,6 +228,15 @@ async def test_proxy_keeps_a_heavy_tenant_on_its_shard_and_the_others_off_it(
         assert metrics.confined_replicas.labels("m")._value.get() == 1
         assert any('"event": "tenant_confined"' in r.message and f'"hobby": ["{shard}"]' in r.message
                    for r in caplog.records)
+        # Every request the proxy has sent so far must have reached its replica before the mark (a signal,
+        # not a sleep): one sent just before the shards were planned would otherwise count as a later one.
+        def sent() -> float:
+            return sum(rig.proxy.metrics.value("proxy_picks_total", model="m", branch=b.value) for b in Branch)
+
+        for _ in range(500):
+            if sum(len(r.requests) for r in rig.replicas.values()) >= sent():
+                break
+            await asyncio.sleep(0.01)
         marked = {rid: len(r.requests) for rid, r in rig.replicas.items()}
         later = [asyncio.ensure_future(send(KEYS["paid"], f"acme-{k}")) for k in range(1, 7)]
         await asyncio.gather(first, *later)  # the paid tenant is always answered

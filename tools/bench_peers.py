@@ -8,13 +8,13 @@ in front of them (:mod:`tools.peers.routers`), replay the slice through it
 with one load generator for all (:mod:`tools.peers.load`: every request
 streamed, sent at its scheduled time, the same prompts), then stop both.
 
-- **Trace**: ``--trace``, else the file named by ``$FERRY_MOONCAKE_TRACE``,
-  else the public Mooncake conversation trace at
-  ``../shared/traces/mooncake_conversation_trace.jsonl``, else the bundled
-  two-minute excerpt ``tools/data/mooncake_conversation_first2min.jsonl``
-  (the output says which). Window: ``--start-minute`` / ``--minutes``,
-  default minutes 10 to 14 when the trace is that long (784 requests of the
-  full trace), else the whole trace; at most ``--limit`` requests.
+- **Trace**: ``--trace``, else the file named by ``$FERRY_MOONCAKE_TRACE``
+  (the public Mooncake conversation trace, ``conversation_trace.jsonl`` of
+  the FAST'25 release), else the bundled two-minute excerpt
+  ``tools/data/mooncake_conversation_first2min.jsonl`` (the output says
+  which). Window: ``--start-minute`` / ``--minutes``, default minutes 10
+  to 14 when the trace is that long (784 requests of the full trace), else
+  the whole trace; at most ``--limit`` requests.
 - **Load**: ``--load`` (0.8) of the fleet's capacity for this slice and
   engine, measured by :func:`tools.sim.capacity.measure` (round robin,
   saturated; the slice's requests tiled with fresh block ids until there are
@@ -94,7 +94,6 @@ from tools.simulate import engine_params
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE_ENV = "FERRY_MOONCAKE_TRACE"
-PUBLIC_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 BUNDLED = ROOT / "tools" / "data" / "mooncake_conversation_first2min.jsonl"
 DEFAULT_ROUTERS = "ferry,sglang:cache_aware,sglang:round_robin,vllm:cache_aware,vllm:consistent_hash"
 DEFAULT_WINDOW = (10.0, 4.0)  # minutes 10 to 14 of the full trace
@@ -110,8 +109,7 @@ def _positive(text: str) -> float:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tools.bench_peers", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--trace", help=f"Mooncake JSONL (default ${TRACE_ENV}, then {PUBLIC_TRACE.name} in "
-                                   "../shared/traces, then the bundled excerpt)")
+    p.add_argument("--trace", help=f"Mooncake JSONL (default ${TRACE_ENV}, then the bundled excerpt)")
     p.add_argument("--start-minute", type=float, default=None, help="window start (default 10, or 0 on a short trace)")
     p.add_argument("--minutes", type=_positive, default=None, help="window length (default 4, or the whole trace)")
     p.add_argument("--limit", type=int, default=100_000, help="at most this many requests")
@@ -143,9 +141,9 @@ def choose_trace(given: str | None) -> tuple[Path, bool]:
     """The trace to replay and whether it is the bundled excerpt's fallback (False) or a chosen file (True)."""
     if given:
         return Path(given), Path(given).resolve() != BUNDLED.resolve()
-    for candidate in (os.environ.get(TRACE_ENV), str(PUBLIC_TRACE)):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate), True
+    candidate = os.environ.get(TRACE_ENV)
+    if candidate and Path(candidate).is_file():
+        return Path(candidate), True
     return BUNDLED, False
 
 

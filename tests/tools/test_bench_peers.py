@@ -242,7 +242,6 @@ def test_arguments_and_router_list() -> None:
 
 def test_trace_choice_falls_back_to_the_bundled_excerpt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(bench_peers.TRACE_ENV, str(tmp_path / "missing.jsonl"))
-    monkeypatch.setattr(bench_peers, "PUBLIC_TRACE", tmp_path / "missing-too.jsonl")
     path, full = bench_peers.choose_trace(None)
     assert path == bench_peers.BUNDLED and not full
     args = bench_peers.parse_args([])

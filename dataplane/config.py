@@ -23,9 +23,9 @@ decayed every 1,024 requests; a ring with load factor 1.25 and 128 points
 per replica (the table's ring parameters override both), its key shares
 from loads smoothed over 10 s; a walk of at most 8 replicas; 65,536 keys
 remembered with their replica (``placements``); a new key placed on the
-least busy of its walk's first four replicas when that saves a quarter of
-the detour threshold (``place_share``); a detour factor of 12
-(:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
+least busy of its walk's first four replicas when that saves 3 x the learned
+advantage x the mean prompt of backlog (``place_factor``); a detour factor
+of 12 (:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
 interactive request the weights keep home spills on queue when it would
 wait here more than ``spill_queue_ms`` (100 ms) and the round trip; no
 spill on queue fills more than ``spill_headroom`` (1.25) times the target's slots.
@@ -114,7 +114,7 @@ class ProxySettings:
     load_smoothing_seconds: float = 10.0
     walk_limit: int = 8
     detour_factor: float = 12.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
-    place_share: float = 0.25  # a new key leaves its home for a less busy one of its walk by this x the detour
+    place_factor: float = 3.0  # a new key leaves its home for a less busy one of its walk by this x adv. x mean
     placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.decide.Placements)
     hot_keys: int = 256
     hot_window: int = 1024
@@ -219,8 +219,8 @@ class ProxySettings:
             raise ConfigError("proxy.admission_capacity_share", "shares must be in (0, 1]")
         if not self.detour_factor >= 0:
             raise ConfigError("proxy.detour_factor", "must be >= 0")
-        if not self.place_share >= 0:
-            raise ConfigError("proxy.place_share", "must be >= 0")
+        if not self.place_factor >= 0:
+            raise ConfigError("proxy.place_factor", "must be >= 0")
         if not self.placements >= 0:
             raise ConfigError("proxy.placements", "must be >= 0")
         if not self.spill_queue_ms >= 0 or not 0 < self.spill_headroom <= 4:

@@ -49,8 +49,9 @@ Steps:
    first turn of a conversation: nothing of it is cached anywhere) takes the
    least busy (prefill backlog, :class:`dataplane.policy.LocalLoad`, then
    the load score) of the first ``place_choices`` (4) such replicas, when
-   the first's backlog is deeper than that one's by ``place_share`` (0.25) x
-   the detour threshold: ``placed``; else the first (``affinity``). New
+   the first's backlog is deeper than that one's by ``place_margin``
+   prompt tokens (:class:`Local`; the picker's ``place_factor`` 3 x the
+   learned advantage x the mean prompt): ``placed``; else the first (``affinity``). New
    conversations so balance the fleet, while the choice stays among a few
    replicas every proxy derives alike from the key. A known key
    whose remembered replica was filtered goes to the first: ``affinity``
@@ -99,7 +100,6 @@ class DecideParams:
     """Knobs of :func:`decide`; see the module docstring (the ``[proxy]`` keys of the same names)."""
 
     walk_limit: int = 8
-    place_share: float = 0.25                # a new key's home must be this x the detour threshold busier
     place_choices: int = 4                   # ... than the least busy of its walk's first this many takers
     score: ScoreParams = DEFAULT_PARAMS
     region: str = ""                         # this proxy's region
@@ -190,6 +190,7 @@ class Local:
     placements: Placements | None = None
     queue: Callable[[], LocalQueue | None] | None = None
     choices: int = 0  # replicas of the walk a new key is placed among (0: the view's place_choices)
+    place_margin: float = 0.0  # prompt tokens of backlog a new key's home may have over the least busy taker
 
 
 def decide(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
@@ -310,7 +311,7 @@ def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, tab
         return Decision(decision.replica, Branch.FALLBACK)
     chosen = pool.replicas[first[0]]
     if known is None:  # new to this proxy: the least busy of the walk's first takers
-        margin = (local.detour or 0.0) * params.place_share
+        margin = local.place_margin
         best = chosen
         for following in itertools.islice(takers, (local.choices or params.place_choices) - 1):
             other = pool.replicas[following[0]]

@@ -132,13 +132,15 @@ class Picker:
     """The decision state of one proxy; see the module docstring."""
 
     def __init__(self, rng: random.Random, *, params: DecideParams = DEFAULT_DECIDE, depths: Sequence[int] = DEPTHS,
-                 hot: HotKeys | None = None, detour_factor: float = 12.0, learn_rate: float = 0.01,
+                 hot: HotKeys | None = None, detour_factor: float = 12.0, place_factor: float = 3.0,
+                 learn_rate: float = 0.01,
                  placements: int = 65_536, outliers: OutlierDetector | None = None,
                  budget: RetryBudget | None = None) -> None:
         self.rng = rng
         self.params = params
         self.depths = tuple(depths)
         self.detour_factor = detour_factor
+        self.place_factor = place_factor
         self.local = LocalLoad()
         self.placements = Placements(placements)
         self.hot = hot if hot is not None else HotKeys()
@@ -156,7 +158,7 @@ class Picker:
     def from_settings(cls, settings: ProxySettings, rng: random.Random) -> Picker:
         """A proxy's picker as its ``[proxy]`` settings describe it (the router's, and the simulator's)."""
         params = DecideParams(
-            walk_limit=settings.walk_limit, place_share=settings.place_share, region=settings.region,
+            walk_limit=settings.walk_limit, region=settings.region,
             spill_queue_ms=settings.spill_queue_ms,
             spill_headroom=settings.spill_headroom, capacity_share=settings.admission_capacity_share,
             score=ScoreParams(fresh_seconds=settings.telemetry_fresh_seconds,
@@ -171,6 +173,7 @@ class Picker:
         budget = RetryBudget(ratio=settings.retry_budget_ratio, min_per_second=settings.retry_budget_min_per_second,
                              window_seconds=settings.retry_budget_window_seconds)
         return cls(rng, params=params, depths=settings.prefix_depths, detour_factor=settings.detour_factor,
+                   place_factor=settings.place_factor,
                    hot=HotKeys(capacity=settings.hot_keys, window=settings.hot_window),
                    placements=settings.placements, outliers=outliers, budget=budget)
 
@@ -224,7 +227,8 @@ class Picker:
             self._checked = now
             self._overdue(now)
         choices = self.params.place_choices if self.share >= SOLE_SHARE else min(2, self.params.place_choices)
-        local = Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue, choices)
+        margin = self.reuse.advantage() * self.place_factor * self.reuse.mean_prompt
+        local = Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue, choices, margin)
         return decide(view, ask, local, self.rng, now)
 
     def _overdue(self, now: float) -> None:

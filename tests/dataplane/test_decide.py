@@ -55,7 +55,7 @@ def route(pool: Pool, need: Need, key: int | None, local: LocalLoad, rng: random
         if key is not None and known and pool.replicas:
             placements.put(key, pool.replicas[next(pool.ring.walk(key))].replica_id)
     ask = Ask(routing=Routing("v1", pool, key, need, hot), tried=tried, tried_nodes=tried_nodes, avoid=avoid)
-    return decide(_VIEW, ask, Local(local, ejected, detour, placements), rng, 0.0)
+    return decide(_VIEW, ask, Local(local, ejected, detour, placements, place_margin=(detour or 0.0) / 4), rng, 0.0)
 
 
 def key_with(draw_above: float) -> int:

@@ -25,7 +25,7 @@ from loads smoothed over 10 s; a walk of at most 8 replicas; 65,536 keys
 remembered with their replica (``placements``); a new key placed on the
 least busy of its walk's first four replicas when that saves 3 x the learned
 advantage x the mean prompt of backlog (``place_factor``); a detour factor
-of 12 (:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
+of 24 (:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
 interactive request the weights keep home spills on queue when it would
 wait here more than ``spill_queue_ms`` (100 ms) and the round trip; no
 spill on queue fills more than ``spill_headroom`` (1.25) times the target's slots.
@@ -113,7 +113,7 @@ class ProxySettings:
     ring_vnodes: int = DEFAULT_VNODES
     load_smoothing_seconds: float = 10.0
     walk_limit: int = 8
-    detour_factor: float = 12.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
+    detour_factor: float = 24.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
     place_factor: float = 3.0  # a new key leaves its home for a less busy one of its walk by this x adv. x mean
     placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.decide.Placements)
     hot_keys: int = 256

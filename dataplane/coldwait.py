@@ -7,8 +7,9 @@ warming (the pick then answers NoReplica as before), the seconds it may wait
 queue_timeouts``, and its deadline less the admission margin), or
 :class:`dataplane.coldstart.WarmingUp` (UNAVAILABLE with ``retry-after``).
 :meth:`ColdStarts.wait` then sleeps until each table the proxy applies
-(an ``on_applied`` listener pulses an event), lets the router re-resolve the
-request's routing on it, and returns as soon as the version has a ready
+(:meth:`ColdStarts.table_applied`, called by the router's one table
+listener, pulses an event), lets the router re-resolve the request's
+routing on it, and returns as soon as the version has a ready
 replica or is no longer warming; when the wait runs out it raises WarmingUp
 sized to the warm-up left. Cost: nothing per request that is not a cold
 start; O(1) per table applied.
@@ -38,9 +39,9 @@ class ColdStarts:
         self._clock = clock
         self._timeouts = dict(zip(TIERS, settings.queue_timeouts, strict=True))
         self._applied = asyncio.Event()  # pulsed at every table applied
-        holder.on_applied(self._table_applied)
 
-    def _table_applied(self, _table: Table) -> None:
+    def table_applied(self, _table: Table) -> None:
+        """A table was applied (the router's listener calls this): wake the waits to look at it."""
         self._applied.set()
         self._applied = asyncio.Event()
 

@@ -134,10 +134,11 @@ class Router:
             self.apply_table(holder.table)
 
     def apply_table(self, table: Table) -> None:
-        """A table was applied: the decision's view and state, then the tier queues' capacities."""
+        """A table was applied: the decision's view and state, the tier queues' capacities, the cold-start waits."""
         self.picker.apply_table(table)
         if self._settings.admission:
             self.admission.apply(table)
+        self.cold.table_applied(table)
 
     @property
     def local_load(self) -> LocalLoad:

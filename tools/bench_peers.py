@@ -89,7 +89,7 @@ from tools.peers.procs import CpuMeter, ProcFailed, cpu_seconds
 from tools.report import percentile
 from tools.sim import capacity
 from tools.sim.fleet import FleetConfig
-from tools.sim.workload import FRESH_BASE, SimRequest, rate
+from tools.sim.workload import FRESH_BASE, SimRequest, cached_lead, rate
 from tools.simulate import engine_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,13 +193,7 @@ def infinite_cache_limit(blocks: Sequence[Sequence[int]]) -> dict[str, Any]:
     seen: set[int] = set()
     hit = total = 0
     for hashes in blocks:
-        lead = 0
-        for h in hashes:
-            if h not in seen:
-                break
-            lead += 1
-        hit, total = hit + lead, total + len(hashes)
-        seen.update(hashes)
+        hit, total = hit + cached_lead(hashes, seen), total + len(hashes)
     return {"hit_blocks": hit, "lookup_blocks": total, "ratio": round(hit / total, 4) if total else 0.0}
 
 

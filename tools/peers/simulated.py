@@ -39,7 +39,7 @@ from tools.report import percentile
 from tools.sim.fleet import Fleet, FleetConfig
 from tools.sim.policies import POLICIES, Ferry, PolicyFactory
 from tools.sim.report import summarize
-from tools.sim.workload import SimRequest
+from tools.sim.workload import SimRequest, cached_lead
 
 SIM_POLICY = {"ferry": "ferry", "sglang:cache_aware": "cache_aware_load", "vllm:cache_aware": "cache_aware_load",
               "sglang:round_robin": "round_robin", "vllm:round_robin": "round_robin",
@@ -79,12 +79,7 @@ def ttft_floor(reqs: Sequence[SimRequest], engine: EngineParams) -> dict[str, fl
     seen: set[int] = set()
     times: list[float] = []
     for r in reqs:
-        lead = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            lead += 1
-        seen.update(r.hash_ids)
+        lead = cached_lead(r.hash_ids, seen)
         uncached = max(0, r.prompt_tokens - lead * BLOCK_TOKENS)
         times.append(engine.prefill_base_seconds + engine.prefill_seconds_per_token * uncached)
     return {f"p{p}": round(percentile(times, p) * 1000, 1) for p in (50, 90, 99)} if times else {}

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
 from ferry.tokens import BLOCK_TOKENS, blocks_for
@@ -140,17 +141,23 @@ def at_load(reqs: list[SimRequest], load: float, capacity: float) -> list[SimReq
     return scale(reqs, rate(reqs) / (load * capacity))
 
 
+def cached_lead(hashes: Sequence[int], seen: set[int]) -> int:
+    """Leading blocks of ``hashes`` an infinite cache that holds ``seen`` would serve; then adds them to it."""
+    lead = 0
+    for h in hashes:
+        if h not in seen:
+            break
+        lead += 1
+    seen.update(hashes)
+    return lead
+
+
 def infinite_cache_hit_ratio(reqs: list[SimRequest]) -> float:
     """Prompt tokens an infinite prefix cache shared by all would serve, over all prompt tokens."""
     seen: set[int] = set()
     hit = total = 0
     for r in reqs:
-        lead = 0
-        for h in r.hash_ids:
-            if h not in seen:
-                break
-            lead += 1
+        lead = cached_lead(r.hash_ids, seen)
         hit += min(lead * BLOCK_TOKENS, r.prompt_tokens)
         total += r.prompt_tokens
-        seen.update(r.hash_ids)
     return hit / total if total else 0.0

@@ -281,8 +281,10 @@ def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, tab
     routing = ask.routing
     pool, need, key = routing.pool, routing.need, routing.key
     if need.tokens > pool.max_context:
-        return Decision(None, Branch.TOO_LONG, reason=f"{need.tokens} tokens exceed the largest context "
-                                                      f"of the model's replicas ({pool.max_context})")
+        what = (f"a prompt of {need.prompt_tokens} tokens leaves no room" if need.prompt_tokens >= pool.max_context
+                else f"prompt + max_tokens = {need.tokens} tokens exceed")
+        return Decision(None, Branch.TOO_LONG, reason=f"{what} in the largest context of the model's replicas "
+                                                      f"({pool.max_context} tokens)")
     candidates: Sequence[Replica] = pool.replicas
     if need.tokens > pool.min_context:
         candidates = [r for r in candidates if need.tokens <= context_limit(r)]

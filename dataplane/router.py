@@ -255,14 +255,16 @@ class Router:
 
     def _decide(self, state: RequestState, failed: list[Replica]) -> Decision:
         """The decision for the next attempt (dataplane.decide), off the replicas and nodes that failed."""
-        assert state.request is not None and state.table is not None
+        assert state.request is not None and state.table is not None and state.routing is not None
         now = self._clock()
         model = state.model_label
         decision = self.picker.decide(self.picker.view_of(state.table), self._ask(state, failed), now,
                                       queue=functools.partial(self.admission.local_queue, model))
         self._metrics.picks.labels(model, decision.branch.value).inc()
-        if decision.branch is Branch.TOO_LONG:
-            raise InvalidArgument("max_tokens", decision.reason)
+        if decision.branch is Branch.TOO_LONG:  # the prompt alone, or the room it leaves for max_tokens
+            routing = state.routing
+            field = "prompt" if routing.need.prompt_tokens >= routing.pool.max_context else "max_tokens"
+            raise InvalidArgument(field, decision.reason)
         if decision.replica is None:
             raise NoReplica(state.request.model, decision.reason)
         self._metrics.telemetry_age.observe(decision.replica.telemetry_age + now - state.table.applied_at)

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import pytest
 
 import dataplane.picker
@@ -301,3 +302,18 @@ async def test_the_proxy_and_the_simulator_call_the_same_decision(rig, monkeypat
     Fleet(FleetConfig(replicas=2, proxies=1), POLICIES["ferry"],
           [SimRequest(i, i * 0.1, 600, 4, (7, 100 + i)) for i in range(5)]).run()
     assert calls["chat"] == 5
+
+
+@pytest.mark.parametrize(("prompt_words", "max_tokens", "field", "words"), [
+    (5_000, 5, "prompt", "a prompt of 5000 tokens leaves no room"),
+    (100, 4_090, "max_tokens", "prompt + max_tokens = 4190 tokens exceed"),
+], ids=["prompt-alone-too-long", "max-tokens-too-many"])
+async def test_a_request_too_long_for_every_replica_names_the_field_at_fault(
+        rig, prompt_words: int, max_tokens: int, field: str, words: str) -> None:
+    r = await rig({"r1": Behaviour()})  # replicas of 4,096 tokens of context
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await r.stub.Infer(request(prompt=" ".join(["w"] * prompt_words), max_tokens=max_tokens), metadata=PAID,
+                           timeout=5)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert field in caught.value.details() and words in caught.value.details()
+    assert r.served()["r1"] == 0

@@ -73,7 +73,7 @@ class Authenticator:
                 return ANONYMOUS
             raise Unauthenticated(f"missing API key: {HOW}")
         if len(key) > MAX_KEY_CHARS:
-            raise Unauthenticated(f"unknown API key: {HOW}")
+            raise Unauthenticated(f"x-api-key: the API key is longer than {MAX_KEY_CHARS} characters; {HOW}")
         tenant = self._by_hash.get(hash_api_key(key))
         if tenant is None:
             raise Unauthenticated(f"unknown API key: {HOW}")

@@ -257,6 +257,7 @@ BAD = [
     # id, request fields, metadata, status, text the message must contain
     ("no-key", {}, (), "UNAUTHENTICATED", "x-api-key"),
     ("wrong-key", {}, (("x-api-key", "nope"),), "UNAUTHENTICATED", "unknown API key"),
+    ("oversized-key", {}, (("x-api-key", "k" * 600),), "UNAUTHENTICATED", "x-api-key: the API key is longer"),
     ("no-model", {"model": ""}, PAID, "INVALID_ARGUMENT", "model"),
     ("long-model", {"model": "m" * 200}, PAID, "INVALID_ARGUMENT", "model"),
     ("long-version", {"version": "v" * 100}, PAID, "INVALID_ARGUMENT", "version"),

@@ -92,7 +92,7 @@ from dataplane.spill import DEFAULT_HEADROOM, DEFAULT_QUEUE_MS, LocalQueue, Regi
 from dataplane.table import Table
 
 __all__ = ["Ask", "Branch", "DecideParams", "Decision", "Local", "Placements", "Routing", "View", "decide",
-           "make_view"]
+           "make_view", "region"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -195,16 +195,18 @@ class Local:
 
 def decide(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
     """The region and replica for one attempt; see the module docstring."""
-    table_age = now - view.table.applied_at
-    if ask.region_step and view.remote.targets:
-        elsewhere = _region(view, ask, local, rng, table_age)
+    if ask.region_step:
+        elsewhere = region(view, ask, local, rng, now)
         if elsewhere is not None:
             return elsewhere
-    return _local(view.params, ask, local, rng, table_age)
+    return _local(view.params, ask, local, rng, now - view.table.applied_at)
 
 
-def _region(view: View, ask: Ask, local: Local, rng: random.Random, table_age: float) -> Decision | None:
-    """Step 1: another region's replica, or None to stay."""
+def region(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision | None:
+    """Step 1 alone: another region's replica, or None to stay (the router takes it before the tier queue)."""
+    if not view.remote.targets:
+        return None
+    table_age = now - view.table.applied_at
     p, remote, model = view.params, view.remote, ask.model
     waiting = local.queue() if local.queue is not None else None
     choice = region_for(

@@ -267,9 +267,7 @@ class OutlierDetector:
         if waited < p.overdue_seconds or work < p.min_prefill_tokens or replica_id in self.ejected(now):
             return None
         health = self._entry(replica_id, group, now)
-        peers = [h.rate(PREFILL).value for rid, h in self._health.items()
-                 if h.group == group and rid != replica_id and h.prefill.samples >= p.min_samples
-                 and rid not in self._ejected]
+        peers = self._peers(replica_id, group, PREFILL)
         if peers and waited / work > p.overdue_factor * statistics.median(peers):
             reason = self._eject(replica_id, health, now, pool_size, "latency")
             if reason is not None:
@@ -284,9 +282,7 @@ class OutlierDetector:
         p = self.params
         rate = health.rate(phase)
         rate.add(seconds, work, now, p.window_seconds)
-        peers = [h.rate(phase).value for rid, h in self._health.items()
-                 if h.group == health.group and rid != replica_id and h.rate(phase).samples >= p.min_samples
-                 and rid not in self._ejected]
+        peers = self._peers(replica_id, health.group, phase)
         if not peers:
             return None
         bound = p.latency_factor * statistics.median(peers)
@@ -297,6 +293,13 @@ class OutlierDetector:
                 self.last_phase = phase
             return reason
         return None
+
+    def _peers(self, replica_id: str, group: str, phase: str) -> list[float]:
+        """The ``phase`` rates of the admitted replicas of ``group`` with enough samples, ``replica_id`` left out."""
+        least = self.params.min_samples
+        return [h.rate(phase).value for rid, h in self._health.items()
+                if h.group == group and rid != replica_id and h.rate(phase).samples >= least
+                and rid not in self._ejected]
 
     def _eject(self, replica_id: str, health: _Health, now: float, pool_size: int, reason: str) -> str | None:
         p = self.params

@@ -71,7 +71,18 @@ import random
 from collections.abc import Callable, Sequence
 
 from dataplane.config import ProxySettings
-from dataplane.decide import DEFAULT_DECIDE, Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
+from dataplane.decide import (
+    DEFAULT_DECIDE,
+    Ask,
+    DecideParams,
+    Local,
+    Placements,
+    Routing,
+    View,
+    decide,
+    make_view,
+    region,
+)
 from dataplane.outlier import OutlierDetector, OutlierParams, Timing
 from dataplane.pick import Branch, Decision, Need, ScoreParams
 from dataplane.policy import LocalLoad
@@ -227,13 +238,21 @@ class Picker:
     def decide(self, view: View, ask: Ask, now: float, *,
                queue: Callable[[], LocalQueue | None] | None = None) -> Decision:
         """The region and replica for one attempt (``now`` on the clock that stamped the table's ``applied_at``)."""
+        return decide(view, ask, self._state(now, queue), self.rng, now)
+
+    def region(self, view: View, ask: Ask, now: float, *,
+               queue: Callable[[], LocalQueue | None] | None = None) -> Decision | None:
+        """The decision's region step alone (:func:`dataplane.decide.region`): another region's replica, or None."""
+        return region(view, ask, self._state(now, queue), self.rng, now)
+
+    def _state(self, now: float, queue: Callable[[], LocalQueue | None] | None) -> Local:
+        """What this proxy knows at ``now``, as the decision reads it (the overdue streams looked at first)."""
         if now - self._checked >= OVERDUE_CHECK_SECONDS:
             self._checked = now
             self._overdue(now)
         choices = self.params.place_choices if self.share >= SOLE_SHARE else min(2, self.params.place_choices)
         margin = self.reuse.advantage() * self.place_factor * self.reuse.mean_prompt
-        local = Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue, choices, margin)
-        return decide(view, ask, local, self.rng, now)
+        return Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue, choices, margin)
 
     def _overdue(self, now: float) -> None:
         """Tell the outlier detector how long each replica's oldest streamed attempt waits for a first token."""

@@ -196,11 +196,10 @@ class Router:
         if not valid.version:  # the region step: a request sent to another region skips this region's queues
             view = self.picker.view_of(table)
             if view.remote.targets:
-                first = self.picker.decide(view, self._ask(state, (), region_step=True), self._clock(),
-                                           queue=functools.partial(self.admission.local_queue, valid.model))
-                if first.branch is Branch.REGION:
-                    state.spilled = first
-                    self._metrics.spilled.labels(self._settings.region, first.region).inc()
+                state.spilled = self.picker.region(view, self._ask(state, ()), self._clock(),
+                                                   queue=functools.partial(self.admission.local_queue, valid.model))
+                if state.spilled is not None:
+                    self._metrics.spilled.labels(self._settings.region, state.spilled.region).inc()
         if state.spilled is None and self.admission.active(valid.model):
             state.ticket = Ticket(tenant=state.tenant.name, plan=state.tenant.plan, tier=valid.tier,
                                   cost=valid.prompt_tokens + valid.max_tokens, deadline=state.deadline)
@@ -242,7 +241,7 @@ class Router:
                 self._tenants.leave(state.tenant.name)
             self._metrics.inflight.set(self._admission.count)
 
-    def _ask(self, state: RequestState, failed: list[Replica] | tuple[()], *, region_step: bool = False) -> Ask:
+    def _ask(self, state: RequestState, failed: list[Replica] | tuple[()]) -> Ask:
         """The next attempt as the decision reads it: routing, tier, tried replicas and nodes, avoid set."""
         assert state.routing is not None
         model = state.model_label
@@ -250,8 +249,7 @@ class Router:
                    tried=frozenset(r.replica_id for r in failed),
                    tried_nodes=frozenset(r.node for r in failed if r.node),
                    avoid=(self.admission.avoid(model, state.ticket, self.picker.local) if state.ticket is not None
-                          else frozenset()),
-                   region_step=region_step)
+                          else frozenset()))
 
     def _decide(self, state: RequestState, failed: list[Replica]) -> Decision:
         """The decision for the next attempt (dataplane.decide), off the replicas and nodes that failed."""
@@ -396,13 +394,14 @@ class Router:
                 await self.failover.cross_region(state.rtt_ms)
                 pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome)
                 try:
-                    got = 0
+                    got, probe = 0, self.picker.outliers.params.probe_tokens
                     async for piece in pieces:
                         if not attempt.prefilled:
                             self.picker.first(attempt, self._clock())
-                        if not attempt.decode_sampled:
+                        if not attempt.decode_sampled:  # the clock only once the decode sample is due
                             got += piece.tokens
-                            self.picker.progress(attempt, got, self._clock())
+                            if got > probe:
+                                self.picker.progress(attempt, got, self._clock())
                         delivered.add(piece)
                         yield piece
                 finally:

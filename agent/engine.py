@@ -160,6 +160,8 @@ class EngineLoad:
 
 @dataclasses.dataclass(kw_only=True)
 class _Active:
+    """One admitted request inside the engine: its KV blocks, cached and emitted tokens, and prefill left."""
+
     req: EngineRequest
     submitted: float
     admitted: float = 0.0
@@ -171,6 +173,8 @@ class _Active:
 
 @dataclasses.dataclass(frozen=True)
 class _Step:
+    """One engine step in progress: when it started, how long it takes, the requests in it and those prefilling."""
+
     started: float
     duration: float
     ids: tuple[str, ...]

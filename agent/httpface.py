@@ -165,6 +165,8 @@ class ClientGone(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class _Request:
+    """One parsed HTTP request: method, path, body, and whether the connection stays open."""
+
     method: str
     path: str
     body: bytes

@@ -19,6 +19,8 @@ import grpc
 
 
 class _Undecodable:
+    """A request whose bytes did not decode: carries the reason to answer with INVALID_ARGUMENT."""
+
     __slots__ = ("reason",)
 
     def __init__(self, reason: str) -> None:

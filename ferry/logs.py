@@ -73,6 +73,8 @@ def configure(level: str | int = logging.INFO, fmt: str = "json") -> None:
 
 
 class _Bucket:
+    """One token bucket of the log rate limit: tokens left, when last refilled, and records suppressed."""
+
     __slots__ = ("stamp", "suppressed", "tokens")
 
     def __init__(self, tokens: float, stamp: float) -> None:

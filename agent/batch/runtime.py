@@ -94,6 +94,8 @@ class ModelCounters:
 
 @dataclasses.dataclass(slots=True)
 class _Waiter:
+    """One request waiting for its batch: its model, its text, when it arrived, and the future its answer resolves."""
+
     model: str
     text: str
     arrival: float

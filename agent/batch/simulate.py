@@ -48,6 +48,8 @@ class Stream:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Scenario:
+    """One simulated run: the models' contracts, the GPU scheduler, the request streams, and an optional GPU kill."""
+
     contracts: tuple[ModelContract, ...]
     scheduler: SchedulerConfig
     streams: tuple[Stream, ...]
@@ -81,6 +83,8 @@ class ModelResult:
 
 @dataclasses.dataclass
 class SimResult:
+    """What one simulated run measured: per-model figures, and the requests lost, duplicated or requeued."""
+
     models: dict[str, ModelResult]
     lost: int
     duplicated: int

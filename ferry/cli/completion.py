@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Command:
+    """One subcommand as completion sees it: its name, help, options and positional choices."""
+
     name: str
     help: str
     options: tuple[str, ...]

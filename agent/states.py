@@ -1,6 +1,6 @@
 """The agent's per-replica state machine (pure: plain data in, plain data out).
 
-States (DESIGN.md vocabulary): ``warming`` -> ``ready``; ``ready`` + drain ->
+States (docs/design.md, vocabulary): ``warming`` -> ``ready``; ``ready`` + drain ->
 ``draining``; ``draining`` with nothing queued or running -> ``drained``;
 undrain -> ``ready``; endpoint unreachable -> ``dead``, and back to what the
 next observation says once it answers.

@@ -1,4 +1,4 @@
-"""The store: where fleet membership, operator intent and leadership live (DESIGN.md, rule 3).
+"""The store: where fleet membership, operator intent and leadership live (docs/design.md, rule 3).
 
 A narrow async key-value interface with leases, prefix watches and one
 conditional write, shaped on etcd v3: :mod:`controlplane.memstore` is the

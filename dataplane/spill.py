@@ -1,4 +1,4 @@
-"""The proxy's region choice: step 3 of the request path (DESIGN.md), applying the table's spill weights.
+"""The proxy's region choice: step 3 of the request path (docs/design.md), applying the table's spill weights.
 
 Algorithm: the table gives, for the proxy's region, the share of its
 interactive traffic to send to each other region (computed by the control

@@ -4,7 +4,7 @@ This package holds what every plane shares (the generated wire contract in
 ``ferry.v1``, errors, config loading, prompt blocks, gRPC and metrics plumbing)
 and, in ``ferry.cli``, the entry points that bind the planes together.
 ``controlplane``, ``dataplane`` and ``agent`` import the shared modules here,
-never ``ferry.cli`` and never one another (DESIGN.md, rule 5).
+never ``ferry.cli`` and never one another (docs/design.md, rule 5).
 """
 
 __version__ = "0.1.0"

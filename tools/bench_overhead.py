@@ -9,7 +9,7 @@ validation, pick, forwarding over KServe v2 with tritonclient).
 For each path: latency p50/p99 at concurrency 1 (one request at a time, for
 ``--seconds``), then the throughput at ``--concurrency`` requests in flight over
 4 channels (closed loop). One load-generating process on a 2-core machine caps
-both rates (about 3.6 k calls/s, STACK.md); the ratio is what to read.
+both rates (about 3.6 k calls/s, docs/design.md, "Numbers to design for"); the ratio is what to read.
 Writes ``bench-results/overhead.json``.
 """
 

@@ -10,7 +10,8 @@ streamed, sent at its scheduled time, the same prompts), then stop both.
 
 - **Trace**: ``--trace``, else the file named by ``$FERRY_MOONCAKE_TRACE``
   (the public Mooncake conversation trace, ``conversation_trace.jsonl`` of
-  the FAST'25 release), else the bundled two-minute excerpt
+  the FAST'25 release: ``python -m tools.fetch_traces`` puts it in
+  ``traces/mooncake_conversation_trace.jsonl``), else the bundled two-minute excerpt
   ``tools/data/mooncake_conversation_first2min.jsonl`` (the output says
   which). Window: ``--start-minute`` / ``--minutes``, default minutes 10
   to 14 when the trace is that long (784 requests of the full trace), else
@@ -84,6 +85,7 @@ from dataplane.config import ProxySettings
 from ferry.config import load_file
 from ferry.tokens import BLOCK_TOKENS, block_hashes
 from tools import trace as tracefile
+from tools.fetch_traces import trace_file
 from tools.peers import load, routers, simulated
 from tools.peers.procs import CpuMeter, ProcFailed, cpu_seconds
 from tools.report import percentile
@@ -109,7 +111,9 @@ def _positive(text: str) -> float:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tools.bench_peers", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--trace", help=f"Mooncake JSONL (default ${TRACE_ENV}, then the bundled excerpt)")
+    p.add_argument("--trace", type=trace_file,
+                   help=f"Mooncake JSONL (default ${TRACE_ENV}, then the bundled excerpt; full trace: "
+                        "python -m tools.fetch_traces)")
     p.add_argument("--start-minute", type=float, default=None, help="window start (default 10, or 0 on a short trace)")
     p.add_argument("--minutes", type=_positive, default=None, help="window length (default 4, or the whole trace)")
     p.add_argument("--limit", type=int, default=100_000, help="at most this many requests")
@@ -396,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     specs = routers.parse_routers(args.routers)
     trace, full = choose_trace(args.trace)
     if not trace.is_file():
-        print(f"bench_peers: no trace at {trace}", file=sys.stderr)
+        print(f"bench_peers: no trace at {trace}: run `python -m tools.fetch_traces`", file=sys.stderr)
         return 2
     rows = tracefile.load(trace)
     full = full and bool(rows) and rows[-1].offset >= sum(DEFAULT_WINDOW) * 60.0

@@ -4,8 +4,9 @@ Starts ``ferry up`` (one control plane, one proxy, four nodes with eight
 simulated replicas of two models, each its own process), waits for its ready
 file, shows ``ferryctl replicas``, replays the first ``--minutes`` of the
 Mooncake conversation trace at ``--speedup`` with a progress bar (from
-``../shared/traces``, else the excerpt of its first two minutes in
-``tools/data``), prints the
+``traces/`` when ``python -m tools.fetch_traces`` put it there, else the
+bundled excerpt of its first two minutes in ``tools/data``; the replay
+names the file), prints the
 report (also written to ``bench-results/demo.json``), shows the replicas again
 and stops everything. Exits non-zero if any request failed.
 """
@@ -22,16 +23,15 @@ from pathlib import Path
 from ferry.cli import ctl
 from ferry.cli.procs import Child, ChildFailed
 from tools import replay
+from tools.fetch_traces import default_trace, trace_file
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-BUNDLED_TRACE = ROOT / "tools" / "data" / "mooncake_conversation_first2min.jsonl"  # the same first 2 minutes
-TRACE = SHARED_TRACE if SHARED_TRACE.exists() else BUNDLED_TRACE
+TRACE = default_trace()  # traces/mooncake_conversation_trace.jsonl if fetched, else its bundled first 2 minutes
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="demo", description=__doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--trace", default=str(TRACE))
+    p.add_argument("--trace", type=trace_file, default=str(TRACE))
     p.add_argument("--minutes", default="2")
     p.add_argument("--speedup", default="4")
     p.add_argument("--replicas", default="8")

@@ -64,6 +64,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tools.fetch_traces import trace_file
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "tools" / "data" / "mooncake_conversation_first2min.jsonl"
 ROLES = {"proxy": "proxy", "controlplane": "controlplane", "agent": "node"}  # --profile -> ferry subcommand
@@ -109,7 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="adopt: replicas in their own processes behind ferry up --triton (default); "
                         "nodes: ferry up --replicas N --replicas-per-node 1")
     p.add_argument("--replicas", type=int, default=8, help="replicas (default 8)")
-    p.add_argument("--trace", default=str(DEFAULT_TRACE), help="trace file (default: the bundled 2-minute slice)")
+    p.add_argument("--trace", type=trace_file, default=str(DEFAULT_TRACE),
+                   help="trace file (default: the bundled 2-minute slice)")
     p.add_argument("--minutes", type=float, default=2.0, help="replay the first minutes of the trace (default 2)")
     p.add_argument("--speedup", type=float, default=4.0, help="divide arrival times by this (default 4)")
     p.add_argument("--limit", type=int, default=346, help="at most this many requests (default 346)")

@@ -12,7 +12,8 @@ p50/p95/p99, throughput, and requests and prefix-cache hit ratio per replica.
 
 Example::
 
-    python -m tools.replay --ready-file up.json --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+    python -m tools.fetch_traces   # once: the full public traces into traces/ (docs/traces.md)
+    python -m tools.replay --ready-file up.json --trace traces/mooncake_conversation_trace.jsonl \\
         --minutes 2 --speedup 4 --max-output 32 --json-out bench-results/demo.json
 """
 
@@ -34,6 +35,7 @@ from ferry.tokens import prompt_from_blocks
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tools import plots
 from tools import trace as tracefile
+from tools.fetch_traces import BUNDLED, trace_file
 from tools.progress import Progress
 from tools.report import Result, print_report, summarize
 
@@ -43,7 +45,9 @@ TIERS = {"interactive": common_pb2.TIER_INTERACTIVE, "standard": common_pb2.TIER
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="replay", description=__doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--trace", required=True, help="Azure CSV or Mooncake JSONL file")
+    p.add_argument("--trace", type=trace_file, default=str(BUNDLED),
+                   help="Azure CSV or Mooncake JSONL file (default: the bundled excerpt; full traces: "
+                        "python -m tools.fetch_traces)")
     p.add_argument("--data-plane", help="host:port of a proxy")
     p.add_argument("--ready-file", help="ferry up's ready file (data plane, API keys, models)")
     p.add_argument("--api-key", help="API key (default: the first enterprise key of the ready file)")
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data_plane, key, models = resolve(args)
     rows = tracefile.load(args.trace, minutes=args.minutes, limit=args.limit)
-    print(f"replaying {len(rows)} requests of {Path(args.trace).name} (first {args.minutes:g} min, "
+    print(f"replaying {len(rows)} requests of {args.trace} (first {args.minutes:g} min, "
           f"x{args.speedup:g} speed) against {data_plane}", file=sys.stderr)
     replayer = Replayer(args, data_plane, key, models)
     elapsed = asyncio.run(replayer.run(rows))

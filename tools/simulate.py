@@ -14,7 +14,8 @@ beside it (``--plots DIR`` puts it elsewhere, e.g. docs/img) and prints a table.
 
 Example::
 
-    python -m tools.simulate --trace ../shared/traces/mooncake_conversation_trace.jsonl \\
+    python -m tools.fetch_traces   # once: the full public traces into traces/ (docs/traces.md)
+    python -m tools.simulate --trace traces/mooncake_conversation_trace.jsonl \\
         --replicas 16 --proxies 4 --load 0.5,0.8,0.95 --policies all
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from agent.engine import EngineParams
 from ferry.config import from_mapping
+from tools.fetch_traces import BUNDLED, trace_file
 from tools.sim import capacity as capacity_run
 from tools.sim import plots, workload
 from tools.sim.fleet import Fleet, FleetConfig
@@ -42,7 +44,9 @@ _REQUESTS: list[workload.SimRequest] = []
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="simulate", description=__doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--trace", required=True, help="Azure CSV or Mooncake JSONL trace, any path")
+    p.add_argument("--trace", type=trace_file, default=str(BUNDLED),
+                   help="Azure CSV or Mooncake JSONL trace (default: the bundled excerpt; full traces: "
+                        "python -m tools.fetch_traces)")
     p.add_argument("--replicas", type=int, default=16)
     p.add_argument("--proxies", type=int, default=4)
     p.add_argument("--load", default="0.5,0.8,0.95", help="comma-separated shares of fleet capacity")
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                                   short_answers=args.short_answers)
     capacity = args.capacity or capacity_run.measure(_REQUESTS, config)
     stem = Path(args.trace).stem
-    print(f"{stem}: {len(_REQUESTS)} requests, {workload.rate(_REQUESTS):.2f} req/s in the trace; "
+    print(f"{args.trace}: {len(_REQUESTS)} requests, {workload.rate(_REQUESTS):.2f} req/s in the trace; "
           f"capacity {capacity:.1f} req/s on {args.replicas} replicas; {args.seeds} seed(s) per point",
           file=sys.stderr)
     print(f"{'policy':<16} {'load':>5} {'ttft p50':>10} {'ttft p99':>10} {'e2e p99':>10} {'hit':>7} "

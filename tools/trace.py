@@ -1,4 +1,4 @@
-"""Request traces from ../shared/traces: Azure LLM inference CSV and Mooncake JSONL.
+"""Request traces: Azure LLM inference CSV and Mooncake JSONL (docs/traces.md; ``python -m tools.fetch_traces``).
 
 :func:`load` reads either format (chosen by content) into :class:`TraceRequest`
 rows with arrival offsets in seconds from the first request.

@@ -46,11 +46,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tomli_w import dumps
 
 from ferry import clienttls, tlsgen
 from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, ChildFailed, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.cli.upregions import region_names, with_regions
 from ferry.config import hash_api_key
 from ferry.etcd import EtcdFailed, LocalEtcd, etcd_binary
@@ -106,6 +106,17 @@ def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any
     return config, keys
 
 
+def write_config(user_path: str | None, models: list[str], regions: list[str],
+                 path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Write the run's config file at ``path``: the user's ``--config`` (if any) with the made-up tenants,
+    models and region layout it lacks. Returns the config written and the API keys made up."""
+    user = tomllib.loads(Path(user_path).read_text(encoding="utf-8")) if user_path else {}
+    config, keys = build_config(user, models)
+    config = with_regions(config, regions)
+    path.write_text(dumps(config), encoding="utf-8")
+    return config, keys
+
+
 class Fleet:
     """The processes of one ``ferry up`` run."""
 
@@ -128,12 +139,9 @@ class Fleet:
 
     def start(self) -> dict[str, Any]:
         args = self.args
-        user = tomllib.loads(Path(args.config).read_text()) if args.config else {}
-        config, self.api_keys = build_config(user, self.models)
         regions = region_names(getattr(args, "regions", 1), args.region)
-        config = with_regions(config, regions)
         config_path = self.workdir / "ferry.toml"
-        config_path.write_text(dumps(config))
+        _, self.api_keys = write_config(args.config, self.models, regions, config_path)
         cfg = ["--config", str(config_path)]
         token_path = self.workdir / "admin-token"
         token_path.touch(mode=0o600)

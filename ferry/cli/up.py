@@ -8,15 +8,17 @@ names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
 ``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
-of every component), and runs until SIGINT or SIGTERM, then stops every child.
+of every component; ``pids`` also holds etcd's when it started one), and runs
+until SIGINT or SIGTERM, then stops every child.
 It makes up a fresh admin token for the Admin API, hands it to its control
 planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
 it in the ready file, where ``ferryctl --ready-file`` finds it.
 
 ``--store`` chooses where the fleet's state lives: ``memory`` (the default:
 the embedded store, one control plane), ``etcd`` (a local etcd started
-through :mod:`ferry.etcd` in a temporary data dir that is deleted at the end;
-the ready file gains ``etcd``) or ``etcd://host:port`` (an external one).
+through :mod:`ferry.etcd`, a child like the others, in a temporary data dir
+that is deleted at the end, stopped after the control planes; the ready file
+gains ``etcd``, its client address, and ``pids["etcd"]``) or ``etcd://host:port`` (an external one).
 With etcd, the control planes elect a leader and every proxy and node is
 given every control plane's address (each node's list starts at a different
 one, so the agents spread over them).
@@ -53,7 +55,7 @@ from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, ChildFailed, stop_all
 from ferry.cli.upregions import region_names, with_regions
 from ferry.config import hash_api_key
-from ferry.etcd import EtcdFailed, LocalEtcd, etcd_binary
+from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
 from ferry.v1 import admin_pb2
 
@@ -215,10 +217,8 @@ class Fleet:
             if etcd_binary() is None:
                 raise ChildFailed("--store etcd needs an etcd binary on PATH (tools/ensure_etcd.sh installs it), "
                                   "or give --store etcd://host:port")
-            try:
-                self.etcd = LocalEtcd(log_path=self.workdir / "etcd.log").start()
-            except EtcdFailed as exc:
-                raise ChildFailed(str(exc)) from exc
+            self.etcd = LocalEtcd(log_path=self.workdir / "etcd.log")
+            self.etcd.start(self.args.timeout)  # raises EtcdFailed, a ChildFailed
             return f"etcd://{self.etcd.endpoint}"
         if store.startswith("etcd://"):
             return store
@@ -272,7 +272,7 @@ class Fleet:
             "admin_token": self.admin_token,
             "tls": self.tls_section(),
             "workdir": str(self.workdir),
-            "pids": {c.name: c.pid for c in self.children},
+            "pids": {c.name: c.pid for c in self.children} | ({self.etcd.name: self.etcd.pid} if self.etcd else {}),
             "metrics": {c.name: c.ready.get("metrics") for c in self.children},
             "replicas": [r for node in self.nodes for r in node.ready.get("replicas", [])],
         }
@@ -282,7 +282,7 @@ class Fleet:
 
     def stop(self) -> None:
         stop_all(self.children)
-        if self.etcd is not None:
+        if self.etcd is not None:  # after the control planes, which may still write to it as they stop
             self.etcd.close()
 
 

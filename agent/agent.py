@@ -1,7 +1,7 @@
 """The node agent: registers the node's replicas with a control plane, streams telemetry, runs commands.
 
 Two tasks, both I/O; every decision is in :mod:`agent.states` (replica
-states), :mod:`agent.backoff` (reconnection delays) and
+states), :mod:`ferry.backoff` (reconnection delays) and
 :mod:`agent.inventory` (what to report):
 
 - **poller**: every telemetry interval (or at once after a command, or
@@ -37,12 +37,12 @@ import grpc
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from tritonclient.utils import InferenceServerException
 
-from agent.backoff import Backoff
 from agent.config import AgentSettings, clamp_interval
 from agent.inventory import Inventory, ReplicaSpec, merge_discovered
 from agent.states import Command, Observed, State, command, observe
 from agent.triton import TritonEndpoint
 from ferry import __version__
+from ferry.backoff import Backoff
 from ferry.grpcutil import channel_options
 from ferry.metrics import name
 from ferry.tls import TLSConfig
@@ -120,7 +120,7 @@ class Agent:
             for spec in source.replicas:
                 if not self.inventory.upsert(dataclasses.replace(spec, endpoint=i)):
                     log.warning("replica %s ignored: at most %d per agent", spec.replica_id, self.settings.max_replicas)
-        self._backoff = Backoff(self.settings.backoff_initial_seconds, self.settings.backoff_max_seconds, rng)
+        self._backoff = Backoff(self.settings.backoff_initial_seconds, self.settings.backoff_max_seconds, rng=rng)
         self._outbox: deque[fleet_pb2.CommandResult] = deque()
         self._send_now = asyncio.Event()
         self._poll_now = asyncio.Event()

@@ -6,10 +6,11 @@
 one message per follower per tick, whatever the number of replicas), and
 hands every ``LeaderUpdate`` table to ``adopt``. It closes the stream as soon
 as the leader changes or this control plane leads (checked at each report and
-on :meth:`wake`), presents the admin token (``metadata``), and after a failure waits a backoff (0.1 s doubling to
-``backoff_max_seconds``, 1 s) before it tries again. Reports travel over gRPC,
-not through the store: the store's write rate does not grow with the fleet,
-and telemetry keeps flowing while the store is away.
+on :meth:`wake`), presents the admin token (``metadata``), and after a failure waits a
+:class:`ferry.backoff.Backoff` (0.1 s doubling to ``backoff_max_seconds``, 1 s, jittered) before it tries
+again. Reports travel over gRPC, not through the store: the store's write
+rate does not grow with the fleet, and telemetry keeps flowing while the
+store is away.
 
 Cost: one report of O(replicas held here) per tick; O(1) per table received
 besides ``adopt``.
@@ -20,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 
 import grpc
 
 from controlplane.election import PlaneInfo
+from ferry.backoff import Backoff
 from ferry.grpcutil import channel_options
 from ferry.tls import TLSConfig
 from ferry.tls import channel as tls_channel
@@ -47,6 +50,7 @@ class LeaderLink:
         backoff_max_seconds: float = 1.0,
         metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self._tls = tls
         self._id = cp_id
@@ -54,7 +58,7 @@ class LeaderLink:
         self._report = report
         self._adopt = adopt
         self._interval = interval
-        self._backoff_max = backoff_max_seconds
+        self._backoff = Backoff(0.1, backoff_max_seconds, rng=rng)
         self._metadata = metadata  # the admin token: Follow is an Admin call
         self._wake = asyncio.Event()
         self.following: PlaneInfo | None = None  # the leader a stream is open to
@@ -68,7 +72,6 @@ class LeaderLink:
         return leader if leader is not None and leader.id != self._id and leader.address else None
 
     async def run(self) -> None:
-        delay = 0.1
         failed: PlaneInfo | None = None  # the target of the last failure, logged once at INFO
         while True:
             target = self._target()
@@ -77,7 +80,8 @@ class LeaderLink:
                 continue
             try:
                 await self._follow(target)
-                delay, failed = 0.1, None
+                failed = None
+                self._backoff.reset()
             except grpc.aio.AioRpcError as exc:
                 level = logging.DEBUG if failed == target else logging.INFO
                 log.log(level, "follow %s at %s: %s %s", target.id, target.address, exc.code().name, exc.details())
@@ -85,8 +89,7 @@ class LeaderLink:
             finally:
                 self.following = None
             if self._target() == target:  # still the same leader: back off before trying again
-                await self._sleep(delay)
-                delay = min(delay * 2, self._backoff_max)
+                await self._sleep(self._backoff.next_delay())
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()

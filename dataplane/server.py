@@ -37,7 +37,8 @@ from dataplane.router import Router
 from dataplane.service import InferenceServicer
 from dataplane.table import Table, TableHolder
 from dataplane.tenantset import TenantSet
-from dataplane.watch import Backoff, TableWatcher
+from dataplane.watch import TableWatcher
+from ferry.backoff import Backoff
 from ferry.config import TIERS, Limits, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.tls import TLSConfig

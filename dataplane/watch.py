@@ -6,8 +6,8 @@ when none), applies each snapshot through :class:`dataplane.table.TableHolder`
 and answers ``Ack(version, nonce, applied=true)``, or ``applied=false`` with
 the rejection's reason (the holder keeps its last good table). When the
 stream breaks or cannot be opened it moves to the next address of the list
-and waits per :class:`Backoff`: full jitter over an exponential ceiling
-(default 0.1 s doubling to 5 s), reset once a snapshot arrives. Meanwhile
+and waits per :class:`ferry.backoff.Backoff` (equal jitter over an exponential
+ceiling, default 0.1 s doubling to 5 s), reset once a snapshot arrives. Meanwhile
 the proxy keeps serving on its last table; a warning is logged once per
 outage when the table is older than ``table_stale_warn_seconds``.
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from collections.abc import Callable, Sequence
 
 import grpc
 
 from dataplane.metrics import ProxyMetrics
 from dataplane.table import TableHolder, TableRejected
+from ferry.backoff import Backoff
 from ferry.grpcutil import channel_options
 from ferry.logs import event
 from ferry.tls import TLSConfig
@@ -37,26 +37,6 @@ from ferry.tls import channel as tls_channel
 from ferry.v1 import tables_pb2, tables_pb2_grpc
 
 log = logging.getLogger("ferry.proxy.watch")
-
-
-class Backoff:
-    """Exponential backoff with full jitter: the n-th wait is uniform in [ceiling/2, ceiling]."""
-
-    def __init__(self, initial: float = 0.1, maximum: float = 5.0, *, rng: random.Random) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._rng = rng
-        self._ceiling = initial
-
-    def next(self) -> float:
-        """The next wait in seconds; the ceiling doubles up to the maximum."""
-        wait = self._ceiling * (0.5 + 0.5 * self._rng.random())
-        self._ceiling = min(self._ceiling * 2, self.maximum)
-        return wait
-
-    def reset(self) -> None:
-        """Back to the initial wait (after a successful exchange)."""
-        self._ceiling = self.initial
 
 
 class TableWatcher:
@@ -118,7 +98,7 @@ class TableWatcher:
                       version=self._holder.version, detail="serving the last table until a control plane answers")
                 warned = True
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._backoff.next())
+                await asyncio.wait_for(stop.wait(), self._backoff.next_delay())
 
     async def _watch(self, address: str, stop: asyncio.Event) -> bool:
         """One stream; returns whether any snapshot arrived on it."""

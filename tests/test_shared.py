@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import tomllib
 
 import pytest
 
 from ferry import config, tokens
-from ferry.cli.tomlw import dumps
 from ferry.errors import ConfigError
 
 KEY = config.hash_api_key("k")
@@ -61,8 +59,3 @@ def test_prompt_length_and_blocks(n, blocks):
     prompt = tokens.prompt_from_blocks([1, 2, 3], n)
     assert tokens.count_tokens(prompt) == n
     assert len(tokens.block_hashes(prompt)) == blocks == tokens.blocks_for(n)
-
-
-def test_toml_writer_round_trips():
-    data = {"proxy": {"region": "a", "max": 3, "on": True}, "tenants": [{"name": "x", "tiers": ["batch"]}]}
-    assert tomllib.loads(dumps(data)) == data

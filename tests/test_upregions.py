@@ -5,9 +5,9 @@ from __future__ import annotations
 import tomllib
 
 import pytest
+from tomli_w import dumps
 
 from controlplane.config import ControlPlaneSettings
-from ferry.cli.tomlw import dumps
 from ferry.cli.upregions import default_rtt, region_names, with_regions
 from ferry.config import parse
 

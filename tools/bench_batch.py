@@ -56,13 +56,13 @@ from typing import Any
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as triton
+from tomli_w import dumps
 from tritonclient.grpc import InferInput
 
 from agent.batch.reference import transform
 from agent.batch.server import FAULT_MODEL
 from agent.promtext import Samples, parse
 from ferry.cli.procs import Child, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.cli.up import wait_routable
 from ferry.config import hash_api_key
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc

@@ -29,10 +29,10 @@ from typing import Any
 
 import grpc
 import numpy as np
+from tomli_w import dumps
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ferry.cli.procs import Child, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.cli.up import wait_routable
 from ferry.config import hash_api_key
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc

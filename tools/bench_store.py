@@ -43,12 +43,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tomli_w import dumps
 
 from controlplane.fleet import FleetView
 from controlplane.table import TableVersions, compute_tables
 from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.config import ModelConfig
 from ferry.etcd import LocalEtcd
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc

@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tomli_w import dumps
 
 from agent.engine import EngineParams
 from ferry.cli.procs import Child, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.cli.up import wait_routable
 from ferry.config import hash_api_key
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc

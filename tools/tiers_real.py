@@ -1,8 +1,8 @@
 """The tier scenarios through real processes: a control plane, one proxy, one node of simulated replicas.
 
-Started as the end-to-end harness does (``tests.e2e.harness.Fleet``: loopback,
-port 0, ready files, stopped by PID). Load comes from this process over
-grpc.aio: interactive requests stream (TTFT = time to the first chunk),
+Started by :class:`tools.process_fleet.Fleet` (loopback, port 0, ready files,
+stopped by PID), as the end-to-end tests start theirs. Load comes from this
+process over grpc.aio: interactive requests stream (TTFT = time to the first chunk),
 batch ones are unary (preemptible at the proxy). Running requests per tier
 are the client's in-flight counts less the proxy's
 ``ferry_proxy_queue_depth``, scraped every 0.2 s. The fleet is small (four
@@ -40,7 +40,7 @@ import grpc
 
 from ferry.config import hash_api_key
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-from tests.e2e.harness import Fleet
+from tools.process_fleet import Fleet
 
 TIER = {"interactive": common_pb2.TIER_INTERACTIVE, "standard": common_pb2.TIER_STANDARD,
         "batch": common_pb2.TIER_BATCH}

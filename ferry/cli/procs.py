@@ -1,13 +1,20 @@
 """Child processes of ``ferry up``, the benchmarks and the end-to-end tests.
 
 A :class:`Child` runs one component (``python -m ferry COMPONENT …``) with a
-ready file; :meth:`Child.wait_ready` polls the file (every 20 ms, bounded by a
-deadline) and fails early, with the child's last log lines, if the child exits
-first. Children get SIGKILL when their parent dies (Linux ``PR_SET_PDEATHSIG``, set
-by the child itself from ``FERRY_PARENT_PID``: a ``preexec_fn`` would force a
-plain fork, and gRPC's fork handlers then crash the child before its exec), so
-an interrupted test or a killed ``ferry up`` leaves nothing behind. Stopping
-sends SIGTERM, waits, then SIGKILL.
+ready file; :meth:`Child.wait_ready` polls :meth:`Child.check_ready` (the
+ready file; every 20 ms, bounded by a deadline) and fails early, with the
+child's last log lines, if the child exits first. Another program is a
+subclass that overrides :meth:`Child.command` and :meth:`Child.check_ready`
+(:class:`ferry.etcd.LocalEtcd`: etcd, ready once ``GET /health`` says so);
+it starts, waits, reports its pid and stops the same way.
+
+Children get SIGKILL when their parent dies (Linux ``PR_SET_PDEATHSIG``): a
+Ferry component sets it itself from ``FERRY_PARENT_PID``, another program
+runs through :func:`dying_with_parent`, a tiny Python shim that sets it and
+then ``exec``s the program (a ``preexec_fn`` would force a plain fork, and
+gRPC's fork handlers then crash the child before its exec), so an interrupted
+test or a killed ``ferry up`` leaves nothing behind. Stopping sends SIGCONT
+(in case the child is paused) and SIGTERM to its pid, waits, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -18,9 +25,21 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ferry.process import log_tail, read_ready_file
+
+_SHIM = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def dying_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGKILL when this process dies (a program that is not a Ferry component)."""
+    return [sys.executable, "-c", _SHIM, str(os.getpid()), *argv]
 
 
 class ChildFailed(RuntimeError):
@@ -28,12 +47,13 @@ class ChildFailed(RuntimeError):
 
 
 class Child:
-    """One component process with a ready file and a log file in ``workdir``."""
+    """One component process with a ready file and a log file (default ``workdir/NAME.log``) in ``workdir``."""
 
-    def __init__(self, name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
+                 log_path: Path | None = None) -> None:
         self.name = name
         self.ready_path = workdir / f"{name}.ready.json"
-        self.log_path = workdir / f"{name}.log"
+        self.log_path = log_path if log_path is not None else workdir / f"{name}.log"
         self.args = args
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
@@ -44,15 +64,25 @@ class Child:
         assert self.proc is not None, f"{self.name} not started"
         return self.proc.pid
 
-    def start(self) -> Child:
-        """Start the process (its stdout and stderr go to its log file)."""
+    def command(self) -> list[str]:
+        """The argv of the process: ``python -m ferry ARGS --ready-file PATH``."""
+        return [sys.executable, "-m", "ferry", *self.args, "--ready-file", str(self.ready_path)]
+
+    def check_ready(self) -> dict[str, Any] | None:
+        """What the child reports once it is ready (its ready file), or None while it is not."""
+        return read_ready_file(self.ready_path)
+
+    def start(self) -> Self:
+        """Start the process (its stdout and stderr go to its log file); :meth:`wait_ready` waits for it."""
+        if self.alive():
+            raise ChildFailed(f"{self.name} already running (pid {self.pid})")
         self.ready_path.unlink(missing_ok=True)
+        self.ready = {}
         env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
                "FERRY_PARENT_PID": str(os.getpid()), **(self.env or {})}
-        cmd = [sys.executable, "-m", "ferry", *self.args, "--ready-file", str(self.ready_path)]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env,
             )
         return self
@@ -61,10 +91,10 @@ class Child:
         return self.proc is not None and self.proc.poll() is None
 
     def wait_ready(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Block until the child wrote its ready file; raise ChildFailed with its log tail otherwise."""
+        """Block until the child is ready (:meth:`check_ready`); raise ChildFailed with its log tail otherwise."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            payload = read_ready_file(self.ready_path)
+            payload = self.check_ready()
             if payload is not None:
                 self.ready = payload
                 return payload
@@ -89,10 +119,11 @@ class Child:
                 self.proc.wait()
 
     def stop(self, timeout: float = 5.0) -> int | None:
-        """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit code."""
+        """SIGCONT and SIGTERM, wait up to ``timeout`` seconds, then SIGKILL. Returns the exit code."""
         if self.proc is None:
             return None
         if self.alive():
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
@@ -103,10 +134,11 @@ class Child:
 
 
 def stop_all(children: list[Child], timeout: float = 5.0) -> None:
-    """Stop children in reverse start order, SIGTERM to all first so they stop in parallel."""
+    """Stop children in reverse start order, SIGCONT and SIGTERM to all first so they stop in parallel."""
     for child in reversed(children):
         if child.alive():
             assert child.proc is not None
+            child.proc.send_signal(signal.SIGCONT)
             child.proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for child in reversed(children):

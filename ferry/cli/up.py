@@ -8,15 +8,17 @@ names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
 ``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
-of every component), and runs until SIGINT or SIGTERM, then stops every child.
+of every component; ``pids`` also holds etcd's when it started one), and runs
+until SIGINT or SIGTERM, then stops every child.
 It makes up a fresh admin token for the Admin API, hands it to its control
 planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
 it in the ready file, where ``ferryctl --ready-file`` finds it.
 
 ``--store`` chooses where the fleet's state lives: ``memory`` (the default:
 the embedded store, one control plane), ``etcd`` (a local etcd started
-through :mod:`ferry.etcd` in a temporary data dir that is deleted at the end;
-the ready file gains ``etcd``) or ``etcd://host:port`` (an external one).
+through :mod:`ferry.etcd`, a child like the others, in a temporary data dir
+that is deleted at the end, stopped after the control planes; the ready file
+gains ``etcd``, its client address, and ``pids["etcd"]``) or ``etcd://host:port`` (an external one).
 With etcd, the control planes elect a leader and every proxy and node is
 given every control plane's address (each node's list starts at a different
 one, so the agents spread over them).
@@ -46,14 +48,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tomli_w import dumps
 
 from ferry import clienttls, tlsgen
 from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, ChildFailed, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.cli.upregions import region_names, with_regions
 from ferry.config import hash_api_key
-from ferry.etcd import EtcdFailed, LocalEtcd, etcd_binary
+from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
 from ferry.v1 import admin_pb2
 
@@ -106,6 +108,17 @@ def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any
     return config, keys
 
 
+def write_config(user_path: str | None, models: list[str], regions: list[str],
+                 path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Write the run's config file at ``path``: the user's ``--config`` (if any) with the made-up tenants,
+    models and region layout it lacks. Returns the config written and the API keys made up."""
+    user = tomllib.loads(Path(user_path).read_text(encoding="utf-8")) if user_path else {}
+    config, keys = build_config(user, models)
+    config = with_regions(config, regions)
+    path.write_text(dumps(config), encoding="utf-8")
+    return config, keys
+
+
 class Fleet:
     """The processes of one ``ferry up`` run."""
 
@@ -128,12 +141,9 @@ class Fleet:
 
     def start(self) -> dict[str, Any]:
         args = self.args
-        user = tomllib.loads(Path(args.config).read_text()) if args.config else {}
-        config, self.api_keys = build_config(user, self.models)
         regions = region_names(getattr(args, "regions", 1), args.region)
-        config = with_regions(config, regions)
         config_path = self.workdir / "ferry.toml"
-        config_path.write_text(dumps(config))
+        _, self.api_keys = write_config(args.config, self.models, regions, config_path)
         cfg = ["--config", str(config_path)]
         token_path = self.workdir / "admin-token"
         token_path.touch(mode=0o600)
@@ -207,10 +217,8 @@ class Fleet:
             if etcd_binary() is None:
                 raise ChildFailed("--store etcd needs an etcd binary on PATH (tools/ensure_etcd.sh installs it), "
                                   "or give --store etcd://host:port")
-            try:
-                self.etcd = LocalEtcd(log_path=self.workdir / "etcd.log").start()
-            except EtcdFailed as exc:
-                raise ChildFailed(str(exc)) from exc
+            self.etcd = LocalEtcd(log_path=self.workdir / "etcd.log")
+            self.etcd.start(self.args.timeout)  # raises EtcdFailed, a ChildFailed
             return f"etcd://{self.etcd.endpoint}"
         if store.startswith("etcd://"):
             return store
@@ -264,7 +272,7 @@ class Fleet:
             "admin_token": self.admin_token,
             "tls": self.tls_section(),
             "workdir": str(self.workdir),
-            "pids": {c.name: c.pid for c in self.children},
+            "pids": {c.name: c.pid for c in self.children} | ({self.etcd.name: self.etcd.pid} if self.etcd else {}),
             "metrics": {c.name: c.ready.get("metrics") for c in self.children},
             "replicas": [r for node in self.nodes for r in node.ready.get("replicas", [])],
         }
@@ -274,7 +282,7 @@ class Fleet:
 
     def stop(self) -> None:
         stop_all(self.children)
-        if self.etcd is not None:
+        if self.etcd is not None:  # after the control planes, which may still write to it as they stop
             self.etcd.close()
 
 

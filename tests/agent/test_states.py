@@ -1,12 +1,9 @@
-"""The pure pieces of the agent: replica state machine, backoff, interval clamp, inventory messages."""
+"""The pure pieces of the agent: replica state machine, interval clamp, inventory messages."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from agent.backoff import Backoff
 from agent.config import AgentSettings, clamp_interval
 from agent.inventory import Inventory, ReplicaSpec, discovered_id, merge_discovered
 from agent.states import Command, Observed, ReplicaStatus, State, command, observe
@@ -63,21 +60,6 @@ def test_observe(status, seen, expected):
 )
 def test_command(status, cmd, expected):
     assert command(status, cmd) == expected
-
-
-@pytest.mark.parametrize(
-    ("initial", "cap", "expected_nominal"),
-    [(0.1, 5.0, [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]), (1.0, 1.0, [1.0, 1.0, 1.0])],
-    ids=["doubling-to-cap", "flat"],
-)
-def test_backoff_is_jittered_exponential(initial, cap, expected_nominal):
-    backoff = Backoff(initial, cap, random.Random(3))
-    delays = [backoff.next_delay() for _ in expected_nominal]
-    for delay, nominal in zip(delays, expected_nominal, strict=True):
-        assert nominal / 2 <= delay <= nominal
-    assert len(set(delays)) > 1 or len(delays) < 2
-    backoff.reset()
-    assert backoff.next_delay() <= initial
 
 
 @pytest.mark.parametrize(("given", "used"), [(0.1, 0.25), (0.5, 0.5), (5.0, 1.0)], ids=["low", "inside", "high"])

@@ -31,7 +31,8 @@ from agent.batch.reference import transform
 from agent.batch.server import FAULT_MODEL
 from agent.promtext import Samples, parse
 from ferry.v1 import common_pb2, inference_pb2
-from tests.e2e.harness import Fleet, wait_for
+from tests.e2e.harness import wait_for
+from tools.process_fleet import Fleet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 WARMING = common_pb2.REPLICA_STATE_WARMING

@@ -1,4 +1,4 @@
-"""The Tables.Watch client: ACK/NACK, serving on the last table, reconnect and resync, backoff."""
+"""The Tables.Watch client: ACK/NACK, serving on the last table, reconnect and resync."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.config import ProxySettings
 from dataplane.server import Proxy
-from dataplane.watch import Backoff
 from ferry.v1 import inference_pb2_grpc
 from tests.dataplane.conftest import FAST, PAID, TENANTS, request
 from tests.dataplane.fakes import Behaviour, FakeControlPlane, FakeReplica, route, snapshot
@@ -86,13 +85,3 @@ async def test_no_table_yet_is_unavailable() -> None:
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "table" in info.value.details()
     finally:
         await proxy.stop(0)
-
-
-def test_backoff_doubles_to_the_cap_with_jitter_and_resets() -> None:
-    backoff = Backoff(0.1, 5.0, rng=random.Random(3))
-    waits = [backoff.next() for _ in range(10)]
-    ceilings = [min(0.1 * 2**i, 5.0) for i in range(10)]
-    assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True))
-    assert len({round(w / c, 6) for w, c in zip(waits, ceilings, strict=True)}) > 1  # jittered
-    backoff.reset()
-    assert backoff.next() <= 0.1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Fleet
+from tools.process_fleet import Fleet
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

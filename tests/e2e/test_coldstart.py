@@ -18,7 +18,8 @@ import grpc
 import pytest
 
 from ferry.v1 import common_pb2, inference_pb2
-from tests.e2e.harness import Fleet, wait_for
+from tests.e2e.harness import wait_for
+from tools.process_fleet import Fleet
 
 WARMUP = 6.0
 

@@ -25,7 +25,8 @@ from typing import Any
 import grpc
 
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2
-from tests.e2e.harness import Fleet, wait_for
+from tests.e2e.harness import wait_for
+from tools.process_fleet import Fleet
 
 STREAM_TOKENS = 1200  # ~2.5 s at the harness's 2 ms decode steps: streams straddle every change
 UNARY_WORKERS, STREAM_WORKERS = 3, 2

@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from ferry.v1 import common_pb2, inference_pb2
-from tests.e2e.harness import Fleet, wait_for
+from tests.e2e.harness import wait_for
+from tools.process_fleet import Fleet
 
 # One replica of two slots; tiny tier queues with a 1 s timeout.
 TIGHT = {"replica": {"max_running": 2}, "proxy": {"queue_bounds": [2, 2, 2], "queue_timeouts": [1.0, 1.0, 1.0]}}

@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from tomli_w import dumps
 
 from ferry.cli.ctl import AdminClient
 from ferry.cli.procs import Child, stop_all
-from ferry.cli.tomlw import dumps
 from ferry.cli.up import wait_routable
 from ferry.config import hash_api_key
 from ferry.etcd import LocalEtcd
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
-from tests.e2e.harness import FAST_REPLICA, wait_for
+from tests.e2e.harness import wait_for
+from tools.process_fleet import FAST_REPLICA
 
 TTL = 2.0  # leader_lease_seconds and grace_seconds of these fleets
 TICK = 0.5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,6 +23,14 @@ def _healthy(endpoint: str) -> bool:
         return False
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _ctl(*args: str) -> subprocess.CompletedProcess[str]:
     code = "import sys; from ferry.cli.ctl import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
@@ -36,6 +45,9 @@ def test_ferry_up_with_etcd_and_two_control_planes(tmp_path: Path) -> None:
         info = wait_for(lambda: proc.poll() is None and read_ready_file(ready), 60, "ferry up to be ready")
         assert len(info["control_planes"]) == 2 and info["control_plane"] == info["control_planes"][0]
         assert _healthy(info["etcd"])
+        etcd_pid = info["pids"]["etcd"]  # a child like the others, with its pid in the ready file
+        assert _alive(etcd_pid) and set(info["pids"]) == {"etcd", "controlplane-1", "controlplane-2", "proxy",
+                                                          "node-1", "node-2"}
         status = _ctl("--ready-file", str(ready), "status", "--json")
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
@@ -57,6 +69,7 @@ def test_ferry_up_with_etcd_and_two_control_planes(tmp_path: Path) -> None:
         while _healthy(info["etcd"]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _healthy(info["etcd"]), "ferry up must stop the etcd it started"
+        assert not _alive(etcd_pid)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Fleet
+from tools.process_fleet import Fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUSES: dict[str, Counter[str]] = {}

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ferry.v1 import common_pb2, fleet_pb2, fleet_pb2_grpc, inference_pb2, tables_pb2, tables_pb2_grpc
-from tests.e2e.harness import Fleet
+from tools.process_fleet import Fleet
 
 SETTINGS = settings(max_examples=700, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

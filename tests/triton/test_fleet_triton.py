@@ -22,7 +22,8 @@ import grpc
 import pytest
 
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2
-from tests.e2e.harness import Fleet, wait_for
+from tests.e2e.harness import wait_for
+from tools.process_fleet import Fleet
 from tools.triton.launch import TritonProcess
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(180)]

@@ -121,7 +121,7 @@ def load_file(path: str | Path | None) -> FileConfig:
     if path is None:
         return FileConfig()
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(str(path), "file not found") from exc
     except tomllib.TOMLDecodeError as exc:

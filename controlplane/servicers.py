@@ -19,7 +19,6 @@ leads (the message names the leader it knows).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -36,6 +35,7 @@ from controlplane.tenantrpc import TenantRpcs
 from controlplane.usagerpc import UsageRpcs
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated
 from ferry.grpcutil import status_for
+from ferry.tasks import cancel_and_wait
 from ferry.tls import peer_common_name
 from ferry.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
 
@@ -74,9 +74,7 @@ async def _duplex(
         return False
     finally:
         if not read_task.done():
-            read_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await read_task
+            await cancel_and_wait([read_task])
 
 
 def _body_error(kind: str | None, first: str) -> InvalidArgument:

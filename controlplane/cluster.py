@@ -15,8 +15,8 @@
   O(regions) per tick, never O(replicas).
 
 Only the leader computes and publishes tables; any control plane serves
-agents, proxies and ferryctl. The controller asks :meth:`leading` each pass
-of its loop and rebases its table versions when a new term starts. Cost: see
+agents, proxies and ferryctl. The peer service asks :meth:`leading` each pass
+of the table loop and rebases the table versions when a new term starts. Cost: see
 each part; nothing here is O(replicas) per tick but the report.
 """
 

@@ -46,7 +46,11 @@ log = logging.getLogger(__name__)
 
 
 class AllocationService:
-    """Allocation requests, slots and the leader's passes; see the module docstring."""
+    """Allocation requests, slots and the leader's passes.
+
+    State: whether a pass is due. Dependencies: settings, catalog, clocks, the allocator, the intent
+    cache, the intent writer, the peer service, the members held here, ``notify``.
+    """
 
     def __init__(
         self,

@@ -65,7 +65,11 @@ log = logging.getLogger(__name__)
 
 
 class Controller:
-    """Builds and wires the services of one control plane and runs its loops; see the module docstring."""
+    """Builds and wires the services of one control plane and runs its loops.
+
+    State: the shared state objects and the services, the loops' tasks. Dependencies: settings, store,
+    catalog, clocks, metrics, and for the election the admin credentials and TLS.
+    """
 
     def __init__(
         self,

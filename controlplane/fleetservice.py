@@ -62,7 +62,12 @@ KIND = fleet_pb2.Command
 
 
 class FleetService:
-    """Agents, members, drains, cordons and the views of nodes, replicas and models; see the module docstring."""
+    """Agents, members, drains, cordons and the views of nodes, replicas and models.
+
+    State: the members, the agents' sessions, the member leases, the drains this control plane is
+    telling its agents. Dependencies: settings, catalog, clocks, metrics, the intent cache, the intent
+    writer, the peer service, the table versions, ``notify``.
+    """
 
     def __init__(
         self,

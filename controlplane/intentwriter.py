@@ -60,7 +60,11 @@ class Written:
 
 
 class IntentWriter:
-    """Writes operator intent to the store and waits for the leader's tables to reflect it; see the module."""
+    """Writes operator intent to the store and waits for the leader's tables to reflect it.
+
+    State: the store written to. Dependencies: the intent cache (the echo), the table service (the
+    wait for the tables), the timeout.
+    """
 
     def __init__(self, store: Store, intent: IntentCache, tables: TableService, *, timeout: float) -> None:
         self.store = store

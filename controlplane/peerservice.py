@@ -52,7 +52,12 @@ log = logging.getLogger(__name__)
 
 
 class PeerService:
-    """Leadership, the shared fleet and both sides of ``Admin.Follow``; see the module docstring."""
+    """Leadership, the shared fleet and both sides of ``Admin.Follow``.
+
+    State: the cluster (None alone or before :meth:`join`), ``leading``, the term, the address.
+    Dependencies: settings, store, clocks, metrics, the members held here, the table versions, the
+    proxies' watchers and usage, ``notify``, the leader link's credentials and TLS.
+    """
 
     def __init__(
         self,

@@ -46,7 +46,11 @@ ACTIONS = {
 
 
 class RolloutService:
-    """Writes rollout records and shows them against the tables; see the module docstring."""
+    """Writes rollout records and shows them against the tables.
+
+    State: none. Dependencies: settings, catalog, the wall clock, the intent cache, the intent writer,
+    the peer service (members, for the catalog), the table versions.
+    """
 
     def __init__(
         self,

@@ -23,7 +23,11 @@ from ferry.v1 import admin_pb2
 
 
 class StatusService:
-    """Builds ``Admin.GetStatus``; see the module docstring."""
+    """Builds ``Admin.GetStatus``.
+
+    State: none. Dependencies: settings, the intent writer (the store's health), the clock, the members
+    held here, the intent cache, the peer service, the table versions, the watchers.
+    """
 
     def __init__(
         self,

@@ -65,7 +65,12 @@ log = logging.getLogger(__name__)
 
 
 class TableService:
-    """Computes, versions and serves the tables; see the module docstring."""
+    """Computes, versions and serves the tables.
+
+    State: the table versions, the watchers, the proxies' usage, the spill planner, the pending
+    recomputation. Dependencies: settings, catalog, clocks, metrics, the intent cache, the peer service,
+    ``before_pass``.
+    """
 
     def __init__(
         self,

@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 
 
 class TenantService:
-    """Seeds, lists, puts and removes the tenants of the store; see the module docstring."""
+    """Seeds, lists, puts and removes the tenants of the store.
+
+    State: the config file's tenants. Dependencies: settings, the store (the seed), the wall clock,
+    the intent cache, the intent writer, the table versions.
+    """
 
     def __init__(
         self,

@@ -1,6 +1,7 @@
 """Agent streams: one session per connected node, each with a bounded queue of commands.
 
-A session is opened when a stream's ``register`` is accepted and belongs to
+A session (its commands in a bounded FIFO :class:`ferry.mailbox.Mailbox`) is
+opened when a stream's ``register`` is accepted and belongs to
 the member that registration created. A node that registers again on another
 stream replaces the session: the earlier stream is closed with a reason and
 its handler ends it with ABORTED. Commands wait in the session's outbox until
@@ -15,11 +16,11 @@ Cost: O(1) per operation.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 
 from controlplane.fleet import Member
 from ferry.errors import Overloaded
+from ferry.mailbox import Mailbox
 from ferry.v1 import fleet_pb2
 
 
@@ -29,9 +30,11 @@ class AgentSession:
     def __init__(self, member: Member, queue_size: int) -> None:
         self.member = member
         self._limit = queue_size
-        # One slot above the limit is kept for the closing sentinel.
-        self._outbox: asyncio.Queue[fleet_pb2.Command | None] = asyncio.Queue(maxsize=queue_size + 1)
-        self.closed_reason: str | None = None
+        self._outbox: Mailbox[fleet_pb2.Command] = Mailbox.fifo(queue_size)
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._outbox.closed_reason
 
     @property
     def node(self) -> str:
@@ -41,20 +44,15 @@ class AgentSession:
         """Queue ``command`` for the agent; ``Overloaded`` when the outbox is full or the stream closed."""
         if self.closed_reason is not None:
             raise Overloaded(f"agent stream of node {self.node!r} is closed: {self.closed_reason}", retry_after=1.0)
-        if self._outbox.qsize() >= self._limit:
+        if not self._outbox.offer(command):
             raise Overloaded(f"command queue of node {self.node!r} is full ({self._limit})", retry_after=1.0)
-        self._outbox.put_nowait(command)
 
     async def next_command(self) -> fleet_pb2.Command | None:
         """The next command to send, or None once the session is closed."""
-        if self.closed_reason is not None:
-            return None
-        return await self._outbox.get()
+        return await self._outbox.next()
 
     def close(self, reason: str) -> None:
-        if self.closed_reason is None:
-            self.closed_reason = reason
-            self._outbox.put_nowait(None)
+        self._outbox.close(reason)
 
 
 class Agents:

@@ -15,8 +15,8 @@
   O(regions) per tick, never O(replicas).
 
 Only the leader computes and publishes tables; any control plane serves
-agents, proxies and ferryctl. The controller asks :meth:`leading` each pass
-of its loop and rebases its table versions when a new term starts. Cost: see
+agents, proxies and ferryctl. The peer service asks :meth:`leading` each pass
+of the table loop and rebases the table versions when a new term starts. Cost: see
 each part; nothing here is O(replicas) per tick but the report.
 """
 
@@ -37,6 +37,7 @@ from controlplane.remote import RemoteFleet
 from controlplane.store import MEMBERS_PREFIX, KeyValue, Store, table_key
 from controlplane.table import Published
 from ferry.errors import FerryError
+from ferry.tasks import TaskGroup
 from ferry.tls import TLSConfig
 from ferry.v1 import admin_pb2, fleet_pb2, tables_pb2
 
@@ -76,16 +77,16 @@ class Cluster:
         self._clock = clock
         self._tick = settings.tick_seconds
         self._heads_at = float("-inf")
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup(logger=log)
 
     def leading(self) -> bool:
         return self.election.is_leader()
 
     async def start(self, wait_seconds: float) -> None:
         """Start the tasks; wait (up to ``wait_seconds``) for the members' mirror and a first election pass."""
-        self._tasks = [asyncio.create_task(self.members.run(), name="controlplane-members"),
-                       asyncio.create_task(self.election.run(), name="controlplane-election"),
-                       asyncio.create_task(self.link.run(), name="controlplane-leader-link")]
+        self._tasks.start(self.members.run(), name="controlplane-members")
+        self._tasks.start(self.election.run(), name="controlplane-election")
+        self._tasks.start(self.link.run(), name="controlplane-leader-link")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_seconds):
                 await self.members.synced.wait()
@@ -93,12 +94,7 @@ class Cluster:
 
     async def stop(self) -> None:
         self.followers.close_all("the control plane is stopping")
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self._tasks.stop()
         await self.election.resign()
 
     def published(self, published: Published) -> None:

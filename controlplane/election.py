@@ -49,6 +49,7 @@ from controlplane.store import (
     controlplane_key,
 )
 from ferry.errors import FerryError
+from ferry.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +136,7 @@ class Election:
                     async with asyncio.timeout(self.ttl / 3):
                         await self._wake.wait()
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(tasks, logger=log)
 
     async def step(self) -> None:
         """One pass: hold a lease, write membership, campaign if the key is free."""

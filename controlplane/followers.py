@@ -1,7 +1,7 @@
 """The leader's side of ``Admin.Follow``: one session per follower control plane.
 
 A session holds what the follower last reported (its regions, when) and a
-mailbox of tables to send with one slot per region: a newer table of a region
+keep-latest :class:`ferry.mailbox.Mailbox` of tables to send, one slot per region: a newer table of a region
 replaces one not yet sent, so a slow follower gets the latest version of each
 region, never a backlog. A follower that opens a second stream replaces its
 first, which is closed with a reason.
@@ -14,10 +14,10 @@ table, O(1) per report.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from ferry.errors import Overloaded
+from ferry.mailbox import Mailbox
 from ferry.v1 import tables_pb2
 
 
@@ -29,28 +29,21 @@ class FollowerSession:
         self.opened_at = now
         self.last_report_at = now
         self.regions: frozenset[str] = frozenset()
-        self._pending: dict[str, tables_pb2.TableSnapshot] = {}
-        self._wake = asyncio.Event()
-        self.closed_reason: str | None = None
+        self._outbox: Mailbox[tables_pb2.TableSnapshot] = Mailbox.latest(key=lambda s: s.region)
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._outbox.closed_reason
 
     def offer(self, snapshot: tables_pb2.TableSnapshot) -> None:
-        self._pending[snapshot.region] = snapshot
-        self._wake.set()
+        self._outbox.offer(snapshot)
 
     def close(self, reason: str) -> None:
-        if self.closed_reason is None:
-            self.closed_reason = reason
-        self._wake.set()
+        self._outbox.close(reason)
 
     async def next(self) -> tables_pb2.TableSnapshot | None:
         """The next table to send (regions in name order); None once the session is closed."""
-        while self.closed_reason is None:
-            if self._pending:
-                region = min(self._pending)
-                return self._pending.pop(region)
-            self._wake.clear()
-            await self._wake.wait()
-        return None
+        return await self._outbox.next()
 
 
 class Followers:

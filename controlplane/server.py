@@ -1,4 +1,4 @@
-"""One control plane in a process: store, controller, servicers and a gRPC server, wired.
+"""One control plane in a process: store, controller (its services), servicers and a gRPC server, wired.
 
 :class:`ControlPlane` is what ``ferry controlplane`` runs and what tests start
 in-process: ``await cp.start("127.0.0.1:0")`` returns the bound port once the
@@ -28,13 +28,17 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from controlplane.adminauth import AdminAuth, AdminAuthInterceptor
+from controlplane.adminrpc import FleetRpcs
 from controlplane.admission import Admission
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
 from controlplane.memstore import MemoryStore
 from controlplane.metrics import Metrics
+from controlplane.rolloutrpc import RolloutRpcs
 from controlplane.servicers import AdminServicer, FleetServicer, TablesServicer
 from controlplane.store import Store
+from controlplane.tenantrpc import TenantRpcs
+from controlplane.usagerpc import UsageRpcs
 from ferry.config import ModelConfig, TenantConfig
 from ferry.grpcutil import split_address, start_server
 from ferry.tls import TLSConfig
@@ -69,6 +73,7 @@ class ControlPlane:
         self.store: Store = store if store is not None else MemoryStore(clock=clock)
         self._owns_store = store is None
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._wall = wall
         self.controller = Controller(
             self.settings, store=self.store, catalog=catalog, clock=clock, wall=wall,
             metrics=Metrics(self.registry), elect=elect, admin_metadata=self.admin_auth.metadata(), tls=tls,
@@ -81,13 +86,21 @@ class ControlPlane:
         """Sync, compute, serve on ``listen``, join the election; returns the bound port."""
         await self.controller.start()
         c = self.controller
+        admin = AdminServicer(
+            fleet=c.fleet_service, tables=c.table_service, peers=c.peers, status=c.status_service,
+            fleet_rpcs=FleetRpcs(c.fleet_service, c.table_service, c.allocation_service),
+            usage_rpcs=UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
+            tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
+        )
         services = [
-            (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c, self.admission), SERVICE_NAMES[0]),
-            (tables_pb2_grpc.add_TablesServicer_to_server, TablesServicer(c), SERVICE_NAMES[1]),
-            (admin_pb2_grpc.add_AdminServicer_to_server, AdminServicer(c), SERVICE_NAMES[2]),
+            (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),
+             SERVICE_NAMES[0]),
+            (tables_pb2_grpc.add_TablesServicer_to_server, TablesServicer(c.table_service, c.metrics),
+             SERVICE_NAMES[1]),
+            (admin_pb2_grpc.add_AdminServicer_to_server, admin, SERVICE_NAMES[2]),
         ]
         try:
-            guard = AdminAuthInterceptor(self.admin_auth, lambda: c.reject("admin_unauthenticated"))
+            guard = AdminAuthInterceptor(self.admin_auth, lambda: c.metrics.reject("admin_unauthenticated"))
             credentials = self.tls.server_credentials(require_client_cert=True) if self.tls else None
             self._server, self.port = await start_server(services, listen, interceptors=[guard],
                                                          credentials=credentials)

@@ -1,6 +1,6 @@
 """``Admin.GetStatus``: the control side as one control plane sees it, built from plain state (pure).
 
-:func:`build_status` takes what the controller holds (role and leader, the
+:func:`build_status` takes what the status service gathers (role and leader, the
 control planes in the store, the follower sessions when leading, the store's
 health, the tables served, the proxies watching here, counts) at ``now`` and
 returns the ``GetStatusResponse``, sorted for stable output. Proxies are only

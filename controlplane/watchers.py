@@ -1,6 +1,7 @@
 """Table watchers (proxy streams) and what each proxy last applied.
 
-Each watch stream has a :class:`Watcher` with a one-slot mailbox: a newer
+Each watch stream has a :class:`Watcher` with a one-slot keep-latest
+:class:`ferry.mailbox.Mailbox`: a newer
 table replaces one not yet sent, so a slow proxy gets the latest version, never
 a backlog (bounded memory per stream; the skipped versions are superseded).
 Every send carries a nonce, the stream's send count; an ``Ack`` is taken only
@@ -23,11 +24,11 @@ Cost: O(watchers of the region) per published version, O(1) per ack.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ferry.errors import Overloaded
+from ferry.mailbox import Mailbox
 from ferry.v1 import tables_pb2
 
 MAX_ERROR_CHARS = 1024
@@ -59,9 +60,7 @@ class Watcher:
 
     def __init__(self, status: ProxyStatus) -> None:
         self.status = status
-        self._pending: tables_pb2.TableSnapshot | None = None
-        self._wake = asyncio.Event()
-        self.closed_reason: str | None = None
+        self._outbox: Mailbox[tables_pb2.TableSnapshot] = Mailbox.latest()
         self.sent = 0
         self.acked_nonce = 0
 
@@ -69,30 +68,28 @@ class Watcher:
     def region(self) -> str:
         return self.status.region
 
+    @property
+    def closed_reason(self) -> str | None:
+        return self._outbox.closed_reason
+
     def offer(self, snapshot: tables_pb2.TableSnapshot) -> None:
-        self._pending = snapshot
-        self._wake.set()
+        self._outbox.offer(snapshot)
 
     def close(self, reason: str) -> None:
-        if self.closed_reason is None:
-            self.closed_reason = reason
-        self._wake.set()
+        self._outbox.close(reason)
 
     async def next(self) -> tables_pb2.TableSnapshot | None:
         """The next table to send, stamped with its nonce; None once the watcher is closed."""
-        while self.closed_reason is None:
-            if self._pending is not None:
-                snapshot, self._pending = self._pending, None
-                self.sent += 1
-                stamped = tables_pb2.TableSnapshot()
-                stamped.CopyFrom(snapshot)
-                stamped.nonce = str(self.sent)
-                if not self.status.first_sent_version:
-                    self.status.first_sent_version = stamped.version
-                return stamped
-            self._wake.clear()
-            await self._wake.wait()
-        return None
+        snapshot = await self._outbox.next()
+        if snapshot is None:
+            return None
+        self.sent += 1
+        stamped = tables_pb2.TableSnapshot()
+        stamped.CopyFrom(snapshot)
+        stamped.nonce = str(self.sent)
+        if not self.status.first_sent_version:
+            self.status.first_sent_version = stamped.version
+        return stamped
 
 
 class Watchers:

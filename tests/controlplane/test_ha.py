@@ -155,3 +155,16 @@ async def _role(pair: Pair, i: int, role: str) -> bool:
 async def _one_leader(pair: Pair) -> bool:
     roles = sorted([(await pair.status(0)).role, (await pair.status(1)).role])
     return roles == ["follower", "leader"]
+
+
+async def test_a_tenant_written_on_the_follower_is_in_its_tables_when_the_call_returns(pair: Pair) -> None:
+    proxy = FakeProxy(pair.channels[1], "p2")
+    await proxy.send_subscribe()
+    await proxy.until(lambda t: True)
+    tenant = admin_pb2.TenantView(name="acme", api_key_sha256="a" * 64)
+    await pair.admin(1).PutTenant(admin_pb2.PutTenantRequest(tenant=tenant), timeout=WAIT)
+    held = pair.cps[1].controller.tables.get("local")
+    assert held is not None and held.snapshot.tenants_managed
+    assert [t.name for t in held.snapshot.tenants] == ["acme"]  # relayed by the leader before the answer
+    await pair.admin(1).DeleteTenant(admin_pb2.DeleteTenantRequest(name="acme"), timeout=WAIT)
+    assert not pair.cps[1].controller.tables.get("local").snapshot.tenants  # type: ignore[union-attr]

@@ -285,7 +285,7 @@ async def test_rollout_errors_name_the_field(harness: Harness, request_: Any, co
 async def test_rollout_is_refused_while_the_store_is_away(harness: Harness) -> None:
     controller = harness.cp.controller
     flaky = FlakyStore(harness.cp.store)  # type: ignore[arg-type]
-    controller.store = flaky  # type: ignore[assignment]
+    controller.writer.store = flaky  # type: ignore[assignment]
     flaky.down = True
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await harness.admin.Rollout(A(model="chat", version="v2", canary_percent=5, action=A.ACTION_CANARY),

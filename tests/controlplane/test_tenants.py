@@ -302,7 +302,7 @@ async def test_the_number_of_tenants_is_bounded() -> None:
 
 async def test_writes_are_refused_while_the_store_is_away(plane: Harness) -> None:
     flaky = FlakyStore(plane.cp.store)  # type: ignore[arg-type]
-    plane.cp.controller.store = flaky  # type: ignore[assignment]
+    plane.cp.controller.writer.store = flaky  # type: ignore[assignment]
     flaky.down = True
     for call, request_ in ((plane.admin.PutTenant, put(api_key=KEY)),
                            (plane.admin.DeleteTenant, admin_pb2.DeleteTenantRequest(name="acme"))):

@@ -17,7 +17,8 @@ scorers:
    filtering first would give, without an O(n) pass in the common case.
 2. **Scorer** (:func:`score`, lower is better)::
 
-       occupancy = (max(queued + running - counted, 0) x trust + inflight) / max_concurrency
+       load      = max(queued + running - counted, 0) x trust              (:func:`load`)
+       occupancy = (load + inflight) / max_concurrency                  (:func:`occupancy`)
        kv_use    = 1 - (kv_free - need_blocks) / kv_total       clamped to [0, 1]; 0 if kv_total unknown
        staleness = (age - fresh) / (stale - fresh)              clamped to [0, 1]
        score     = occupancy + kv_weight * kv_use + stale_weight * staleness
@@ -150,18 +151,34 @@ def draw(pool: Sequence[Replica], need: Need, rng: random.Random) -> tuple[Repli
     return roomy[i], roomy[j]
 
 
+def load(replica: Replica, counted: int = 0, trust: float = 1.0) -> float:
+    """The pushed load of ``replica`` that is not this proxy's: ``max(queued + running - counted, 0) x trust``.
+
+    ``counted``: this proxy's in-flight requests the push already includes
+    (:meth:`dataplane.policy.LocalLoad.mark`); ``trust``: the share of the push
+    that still stands at its age (:meth:`dataplane.policy.LocalLoad.trust`).
+    The one copy of the formula: the score, the remote pick, the spill rooms
+    and the picker's load share all read it.
+    """
+    return max(replica.queued + replica.running - counted, 0) * trust
+
+
+def occupancy(replica: Replica, inflight: int, counted: int = 0, trust: float = 1.0) -> float:
+    """``(load + inflight) / max_concurrency``: the replica's slots taken, this proxy's ``inflight`` included."""
+    return (load(replica, counted, trust) + inflight) / replica.max_concurrency
+
+
 def score(replica: Replica, need: Need, inflight: int, age: float, params: ScoreParams = DEFAULT_PARAMS,
           counted: int = 0, trust: float = 1.0) -> float:
     """The load score of ``replica`` for this request (lower is better); see the module docstring."""
-    pushed = max(replica.queued + replica.running - counted, 0) * trust
-    occupancy = (pushed + inflight) / replica.max_concurrency
+    taken = occupancy(replica, inflight, counted, trust)
     kv_use = 0.0
     if replica.kv_blocks_total > 0:
         left = replica.kv_blocks_free - need.blocks(replica.kv_block_tokens)
         kv_use = min(max(1.0 - left / replica.kv_blocks_total, 0.0), 1.0)
     span = params.stale_seconds - params.fresh_seconds
     staleness = min(max((age - params.fresh_seconds) / span, 0.0), 1.0)
-    return occupancy + params.kv_weight * kv_use + params.stale_weight * staleness
+    return taken + params.kv_weight * kv_use + params.stale_weight * staleness
 
 
 def better(a: Replica, b: Replica, cost: Callable[[Replica], float], rng: random.Random) -> Replica:

@@ -84,7 +84,7 @@ from dataplane.decide import (
     region,
 )
 from dataplane.outlier import OutlierDetector, OutlierParams, Timing
-from dataplane.pick import Branch, Decision, Need, ScoreParams
+from dataplane.pick import Branch, Decision, Need, ScoreParams, load
 from dataplane.policy import LocalLoad
 from dataplane.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
 from dataplane.retrybudget import RetryBudget
@@ -200,10 +200,10 @@ class Picker:
         self.outliers.forget(present)
         self._prompted = {rid: n for rid, n in self._prompted.items() if rid in present}
         self.view = make_view(table, self.params)
-        pushed = counted = 0
+        pushed, counted = 0.0, 0
         for entry in table.models.values():
             for r in entry.default:
-                pushed += r.queued + r.running
+                pushed += load(r)
                 counted += self.local.counted.get(r.replica_id, 0)
         if pushed >= SHARE_MIN_LOAD:  # this proxy's share of the load its pools carry, smoothed over tables
             self.share += SHARE_WEIGHT * (min(1.0, counted / pushed) - self.share)

@@ -1,4 +1,11 @@
-"""What the request path does after a replica failed: the retry budget's word and stream continuation.
+"""What the request path does after a replica failed: the retry policy, the retry budget's word, continuation.
+
+:func:`retry_reason` is the retry policy: retry on another replica when the
+failure is a :class:`ferry.errors.ReplicaFailed` marked retryable (no output
+reached the client; a transport or replica error, not a bad request), the
+request's tier is in ``retry_tiers`` (default: interactive only) and
+attempts are left (``max_attempts``, default 2 = one retry). It returns the
+metric reason label, or None for no retry; pure, shared with the simulator.
 
 :class:`Failover` owns, per proxy, the decision to retry after an error
 (:mod:`dataplane.retrybudget`, the budget being the
@@ -16,17 +23,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from dataplane.config import ProxySettings
 from dataplane.continuation import Delivered, continuable, continuation, cut_error
 from dataplane.forward import Call
 from dataplane.metrics import ProxyMetrics
 from dataplane.retrybudget import RetryBudget, charged
-from ferry.errors import DeadlineExceeded, FerryError
+from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
 from ferry.logs import event
 
 log = logging.getLogger(__name__)
+
+
+def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: int,
+                 retry_tiers: Collection[str]) -> str | None:
+    """The retry reason label if the request should try another replica, else None."""
+    if not isinstance(error, ReplicaFailed) or not error.retryable or error.output_started:
+        return None
+    if tier not in retry_tiers or attempts >= max_attempts:
+        return None
+    kind = getattr(error, "kind", "")
+    return kind if isinstance(kind, str) and kind else "replica_failed"
 
 
 class Failover:

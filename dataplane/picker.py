@@ -1,7 +1,7 @@
 """One proxy's decision state and the calls around :func:`dataplane.decide.decide`, shared with the simulator.
 
 :class:`Picker` owns what a proxy keeps between requests for its decision:
-its in-flight load and prefill backlog (:class:`dataplane.policy.LocalLoad`),
+its in-flight load and prefill backlog (:class:`dataplane.pick.LocalLoad`),
 where it sent each prefix key (:class:`dataplane.decide.Placements`), its
 hot-prefix sketch (:class:`dataplane.prefix.HotKeys`), what it learned of
 prefix reuse (:class:`Reuse`), its outlier detector
@@ -84,8 +84,7 @@ from dataplane.decide import (
     region,
 )
 from dataplane.outlier import OutlierDetector, OutlierParams, Timing
-from dataplane.pick import Branch, Decision, Need, ScoreParams, load
-from dataplane.policy import LocalLoad
+from dataplane.pick import Branch, Decision, LocalLoad, Need, ScoreParams, load
 from dataplane.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
 from dataplane.retrybudget import RetryBudget
 from dataplane.spill import LocalQueue

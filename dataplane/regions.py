@@ -13,9 +13,9 @@ caller builds the view once per table it applies
 :func:`pick_remote`: power of two choices among a remote region's replicas
 on :func:`dataplane.pick.occupancy`, (queued + running in the table -
 ``counted`` + this proxy's in-flight to it) / max_concurrency, ``counted`` being the in-flight the pushed load
-already includes (:meth:`dataplane.policy.LocalLoad.mark`) and the pushed
+already includes (:meth:`dataplane.pick.LocalLoad.mark`) and the pushed
 load weighed by how much of it still stands at its age
-(:meth:`dataplane.policy.LocalLoad.trust`), as the local pick does; no
+(:meth:`dataplane.pick.LocalLoad.trust`), as the local pick does; no
 prefix affinity across regions (the remote caches are not this region's).
 :meth:`RemoteView.rooms`: per usable region, the requests this proxy may
 still send there (:func:`dataplane.spill.room` on the region's slots, its

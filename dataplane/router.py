@@ -4,7 +4,7 @@ Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.auth`),
 validates (:mod:`dataplane.validate`), checks the tier against the plan,
 resolves the model, version and prefix keys in the current table
 (:meth:`dataplane.picker.Picker.prepare`), and takes an in-flight slot
-(:class:`dataplane.policy.InflightLimit`), in that order, so the first
+(:class:`dataplane.limits.InflightLimit`), in that order, so the first
 problem found is the one reported. When the table has spill routes, the
 decision's region step runs once here: a request sent to another region
 skips this region's tier queues. Then :meth:`Router.infer` or
@@ -14,7 +14,7 @@ the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
 prefill detour, P2C), **forward** with the remaining deadline, **record**
 (the proxy's in-flight load, prefill backlog and placements; the outlier
 detector's feed). A failure before any output is retried when
-:func:`dataplane.policy.retry_reason` says so and the retry budget allows
+:func:`dataplane.failover.retry_reason` says so and the retry budget allows
 (:class:`dataplane.failover.Failover`); a stream cut after output is
 continued on another replica (:mod:`dataplane.continuation`) or ends
 UNAVAILABLE saying how many tokens were delivered. A request whose version
@@ -45,14 +45,13 @@ from dataplane.coldwait import ColdStarts
 from dataplane.config import ProxySettings
 from dataplane.continuation import Delivered, cut_error
 from dataplane.decide import Ask
-from dataplane.failover import Failover
+from dataplane.failover import Failover, retry_reason
 from dataplane.forward import Call, Forwarder, Outcome, Piece
 from dataplane.idempotency import Idempotency
-from dataplane.limits import TenantInflight
+from dataplane.limits import InflightLimit, TenantInflight
 from dataplane.metrics import UNKNOWN, ProxyMetrics
-from dataplane.pick import Branch, Decision
+from dataplane.pick import Branch, Decision, LocalLoad
 from dataplane.picker import Attempt, Picker, Routing
-from dataplane.policy import InflightLimit, LocalLoad, retry_reason
 from dataplane.queues import Ticket
 from dataplane.table import Replica, Table, TableHolder
 from dataplane.tenantlimits import TenantLimits

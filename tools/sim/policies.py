@@ -13,7 +13,7 @@ stale as the refresh makes it) and what it sent itself.
   replicas of its outlier detector (fed with simulated results: first-token
   and end times, cached tokens, refusals), the learned detour threshold and
   the remembered placements. A request the replica refuses is retried as
-  the router retries it (:func:`dataplane.policy.retry_reason`, the retry
+  the router retries it (:func:`dataplane.failover.retry_reason`, the retry
   budget); one the decision cannot place (longer than every context) is
   refused, as the proxy refuses it. Admission is the proxy's tier queues
   (:class:`dataplane.queues.TierQueues`, sized from every table as
@@ -53,8 +53,9 @@ from typing import Protocol
 
 from dataplane.config import ProxySettings
 from dataplane.decide import Ask
+from dataplane.failover import retry_reason
+from dataplane.pick import LocalLoad
 from dataplane.picker import Attempt, Picker, Routing
-from dataplane.policy import LocalLoad, retry_reason
 from dataplane.queues import Shed, Ticket, TierQueues
 from dataplane.retrybudget import charged
 from dataplane.table import Pool, Table

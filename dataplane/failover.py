@@ -12,9 +12,9 @@ metric reason label, or None for no retry; pure, shared with the simulator.
 :class:`dataplane.picker.Picker`'s, so the simulator spends the same one)
 and the stream continuation decision (:mod:`dataplane.continuation`). The
 router calls it at a handful of points. Outlier ejection and the region
-step are part of the decision (:mod:`dataplane.decide`). Settings: the
-``max_continuations`` and ``simulate_region_rtt`` keys of ``[proxy]``
-(:mod:`dataplane.config`).
+step are part of the decision (:mod:`dataplane.decide`). Settings:
+:class:`dataplane.config.RetrySettings` (``max_continuations``), and the
+``simulate_region_rtt`` key of ``[proxy]`` (:class:`dataplane.config.RegionSettings`).
 
 Cost per request: O(1).
 """
@@ -25,7 +25,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 
-from dataplane.config import ProxySettings
+from dataplane.config import RetrySettings
 from dataplane.continuation import Delivered, continuable, continuation, cut_error
 from dataplane.forward import Call
 from dataplane.metrics import ProxyMetrics
@@ -50,9 +50,10 @@ def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: i
 class Failover:
     """Retry budget and stream continuation for one proxy."""
 
-    def __init__(self, settings: ProxySettings, metrics: ProxyMetrics, budget: RetryBudget, *,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, settings: RetrySettings, metrics: ProxyMetrics, budget: RetryBudget, *,
+                 clock: Callable[[], float], simulate_region_rtt: bool = False) -> None:
         self._settings = settings
+        self._simulate_rtt = simulate_region_rtt
         self._metrics = metrics
         self._clock = clock
         self.budget = budget
@@ -91,5 +92,5 @@ class Failover:
 
     async def cross_region(self, rtt_ms: float) -> None:
         """On one machine, a forward to another region waits the configured round trip (``simulate_region_rtt``)."""
-        if rtt_ms and self._settings.simulate_region_rtt:
+        if rtt_ms and self._simulate_rtt:
             await asyncio.sleep(rtt_ms / 1000.0)

@@ -12,7 +12,9 @@
   tenant cannot take every slot of the proxy's overall bound; without one it
   only counts, for a caller that holds each tenant to its own cap
   (:class:`dataplane.tenantlimits.TenantLimits`, a tenant's
-  ``max_concurrency``). The map holds only tenants with requests in flight,
+  ``max_concurrency``; :class:`dataplane.queues.TierQueues`, a tenant's
+  running requests per tier under its ceiling). The map holds only tenants
+  with requests in flight,
   so it is bounded by the overall bound. The message names the limit, never
   the tenant's key.
 
@@ -27,6 +29,8 @@ Pure; O(1) per call.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from ferry.errors import ConfigError, Overloaded
 
@@ -63,6 +67,10 @@ class TenantInflight:
     def count(self, tenant: str) -> int:
         """``tenant``'s requests in flight."""
         return self._counts.get(tenant, 0)
+
+    def tenants(self) -> Iterator[str]:
+        """The tenants with requests in flight, in the order they last started to have some."""
+        return iter(self._counts)
 
     def enter(self, tenant: str) -> None:
         """Take one of ``tenant``'s slots; raises Overloaded when all ``limit`` are taken."""

@@ -377,11 +377,6 @@ class ProxySettings:
                                  for name, values in routed.items() if values}
         return dataclasses.replace(base, **built)
 
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        """Every key of the ``[proxy]`` section, sorted."""
-        return tuple(sorted(_owners()))
-
     if not TYPE_CHECKING:
         def __getattr__(self, key: str) -> Any:
             """A flat ``[proxy]`` key read through to its part (for callers of the flat settings; code reads parts)."""

@@ -18,13 +18,12 @@ start; O(1) per table applied.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from dataplane import coldstart
 from dataplane.admission import ANSWER_MARGIN
-from dataplane.config import ProxySettings
+from dataplane.config import ColdStartSettings
 from dataplane.table import Table, TableHolder
-from ferry.config import TIERS
 
 # Re-resolve the request's routing on a new table: (its version there, whether it has a ready replica).
 Reroute = Callable[[Table], tuple[str, bool]]
@@ -33,11 +32,13 @@ Reroute = Callable[[Table], tuple[str, bool]]
 class ColdStarts:
     """Cold-start decisions and waits for one proxy (module doc)."""
 
-    def __init__(self, settings: ProxySettings, holder: TableHolder, clock: Callable[[], float]) -> None:
+    def __init__(self, settings: ColdStartSettings, holder: TableHolder, clock: Callable[[], float], *,
+                 timeouts: Mapping[str, float], floor: float) -> None:
         self._settings = settings
         self._holder = holder
         self._clock = clock
-        self._timeouts = dict(zip(TIERS, settings.queue_timeouts, strict=True))
+        self._timeouts = dict(timeouts)  # each tier's queue timeout ([proxy] queue_timeouts)
+        self._floor = floor  # the least retry-after ([proxy] retry_after_seconds)
         self._applied = asyncio.Event()  # pulsed at every table applied
 
     def table_applied(self, _table: Table) -> None:
@@ -46,7 +47,7 @@ class ColdStarts:
         self._applied = asyncio.Event()
 
     def _refusal(self, model: str, version: str, warming: coldstart.Warming) -> coldstart.WarmingUp:
-        expected = coldstart.expected_ready(warming, self._clock(), floor=self._settings.retry_after_seconds,
+        expected = coldstart.expected_ready(warming, self._clock(), floor=self._floor,
                                             warmup_seconds=self._settings.coldstart_warmup_seconds)
         return coldstart.WarmingUp(model, version, warming, expected)
 

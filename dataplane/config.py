@@ -1,7 +1,30 @@
-"""Settings of the data-plane proxy: the ``[proxy]`` section of the config file.
+"""Settings of the data-plane proxy: the ``[proxy]`` section of the config file, one part per component.
 
-Read with ``ferry.config.load_file(path).section(ProxySettings, "proxy")``;
-tenants and request limits come from the shared ``[[tenants]]`` and
+The section's keys are flat (``max_inflight``, ``queue_bounds``, …); each
+belongs to the narrow frozen part of the component that reads it, and
+:class:`ProxySettings` composes the parts with the proxy's id and region:
+
+- ``server`` (:class:`ServerSettings`): the router's request bounds;
+- ``queues`` (:class:`QueueSettings`): the tier queues and their admission,
+  tenant ceilings and shards (:class:`dataplane.admission.Admission`);
+- ``pick`` (:class:`PickSettings`): the decision
+  (:meth:`dataplane.picker.Picker.from_settings`);
+- ``outliers`` (:class:`OutlierSettings`): outlier ejection;
+- ``retries`` (:class:`RetrySettings`): retries, the retry budget and
+  stream continuation (:class:`dataplane.failover.Failover`);
+- ``regions`` (:class:`RegionSettings`): spill to other regions;
+- ``coldstart`` (:class:`ColdStartSettings`): :class:`dataplane.coldwait.ColdStarts`;
+- ``idempotency`` (:class:`IdempotencySettings`);
+- ``table`` (:class:`TableSettings`): the table holder's bounds and ring;
+- ``watch`` (:class:`WatchSettings`): the table watch and its usage reports.
+
+Read with :func:`load`, or ``ProxySettings.from_section(mapping)`` (each key
+routed to the part with a field of its name, values coerced as
+:func:`ferry.config.from_mapping` does); each part checks its own keys and
+raises ConfigError naming ``proxy.<key>``. Code reads the parts
+(``settings.queues.queue_bounds``); a flat read (``settings.queue_bounds``)
+still works at run time for callers of the flat settings, unseen by the
+type checker. Tenants and request limits come from the shared ``[[tenants]]`` and
 ``[limits]`` sections (:class:`ferry.config.FileConfig`). Flags override a few
 fields (:func:`load`). Every field has a default, so a proxy runs without a
 file; unknown keys fail at load time with their dotted name.
@@ -60,66 +83,57 @@ the first one: upgrade control planes first, or set 0 meanwhile.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import socket
-from collections.abc import Sequence
+import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from dataplane.outlier import OutlierParams
 from dataplane.prefix import DEPTHS
 from dataplane.queues import QueueParams
+from dataplane.retrybudget import RetryBudget
 from dataplane.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.table import MAX_VNODES, TableParams
-from ferry.config import TIERS, FileConfig, Limits, TenantConfig, load_file
+from ferry.config import TIERS, FileConfig, Limits, TenantConfig, from_mapping, load_file
 from ferry.errors import ConfigError
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ProxySettings:
-    """The ``[proxy]`` section; see the module docstring for the defaults."""
+def _positive(values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming the first key whose value is not above 0 (NaN included)."""
+    for key, value in values.items():
+        if not value > 0:  # also rejects NaN
+            raise ConfigError(f"proxy.{key}", "must be positive")
 
-    proxy_id: str = ""  # empty: "<hostname>-<pid>" (see resolved())
-    region: str = "local"
+
+def _at_least_zero(values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming the first key whose value is below 0 (NaN included)."""
+    for key, value in values.items():
+        if not value >= 0:
+            raise ConfigError(f"proxy.{key}", "must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """The request bounds of the router: default deadline, in-flight bound and its retry-after, anonymous use."""
+
     default_deadline_seconds: float = 300.0
     max_inflight: int = 4096
     retry_after_seconds: float = 1.0
-    max_attempts: int = 2
-    retry_tiers: tuple[str, ...] = ("interactive",)
-    retry_budget_ratio: float = 0.1  # retries and continuations at most 10 % of requests per window …
-    retry_budget_min_per_second: float = 10.0  # … plus this many per second (dataplane.retrybudget)
-    retry_budget_window_seconds: float = 10.0
-    simulate_region_rtt: bool = False  # sleep a spill target's rtt_ms before a cross-region forward (one machine)
-    spill_queue_ms: float = 100.0  # spill on queue when the local wait would exceed this and the rtt (dataplane.spill)
-    spill_headroom: float = 1.25  # a spill target's slots x this: what spills may fill there (as this proxy sees)
-    max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.continuation)
-    outlier_consecutive_failures: int = 5  # outlier ejection (dataplane.outlier): failures in a row …
-    outlier_latency_factor: float = 5.0  # … or a decode or prefill rate above this many times the peers' median
-    outlier_window_seconds: float = 10.0  # the rates' time constant
-    outlier_min_decode_tokens: int = 4  # tokens after the first that make a decode sample
-    outlier_min_prefill_tokens: int = 4096  # uncached prompt tokens that make a prefill sample
-    outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
-    outlier_max_ejection_seconds: float = 60.0
-    outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
-    table_stale_warn_seconds: float = 10.0
-    telemetry_fresh_seconds: float = 1.0
-    telemetry_stale_seconds: float = 6.0
-    reconnect_initial_seconds: float = 0.1
-    reconnect_max_seconds: float = 5.0
-    max_table_replicas: int = 100_000
-    max_table_models: int = 10_000
-    prefix_depths: tuple[int, ...] = DEPTHS
-    load_factor: float = DEFAULT_LOAD_FACTOR
-    ring_vnodes: int = DEFAULT_VNODES
-    load_smoothing_seconds: float = 10.0
-    walk_limit: int = 8
-    detour_factor: float = 24.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
-    place_factor: float = 3.0  # a new key leaves its home for a less busy one of its walk by this x adv. x mean
-    placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.decide.Placements)
-    hot_keys: int = 256
-    hot_window: int = 1024
-    # admission (dataplane.queues, dataplane.admission, dataplane.idempotency): per tier in the order
-    # interactive, standard, batch
+
+    def __post_init__(self) -> None:
+        _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
+                   "retry_after_seconds": self.retry_after_seconds})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueSettings:
+    """The tier queues' settings (:mod:`dataplane.queues`, :mod:`dataplane.admission`), per tier in TIERS order."""
+
     admission: bool = True
     admission_capacity_share: float = 1.0   # share of the fleet's concurrency this proxy dispatches
     queue_bounds: tuple[int, ...] = (256, 512, 4096)
@@ -135,74 +149,9 @@ class ProxySettings:
     tenant_shard_hold_seconds: float = 1.0  # a tenant stays confined this long after it was last seen heavy
     interactive_replica_share: float = 0.0  # this share of each model's replicas runs interactive only (0: off)
     tenant_metric_labels: int = 100  # tenants named in the per-tenant admission metrics; the rest are "_other"
-    idempotency_entries: int = 10_000
-    idempotency_ttl_seconds: float = 300.0
-    coldstart_warmup_seconds: float = 30.0  # expected warm-up of a replica: sizes a cold start's retry-after
-    usage_report_seconds: float = 1.0  # a usage report on the table watch this often (dataplane.usage); 0: none
-    usage_max_rows: int = 1024  # (model, tier) rows per report
-
-    def queue_params(self) -> QueueParams:
-        """What the tier queues need of these settings."""
-        return QueueParams(bounds=dict(zip(TIERS, self.queue_bounds, strict=True)),
-                           timeouts=dict(zip(TIERS, self.queue_timeouts, strict=True)),
-                           max_queued=self.queue_max_total, free_share=self.free_queue_share,
-                           quantum=self.fair_quantum_tokens, headroom_seconds=self.interactive_headroom_seconds,
-                           headroom_max_share=self.interactive_headroom_max_share, tenant_ceiling=self.tenant_ceiling,
-                           shard_max_share=self.tenant_shard_max_share,
-                           shard_hold_seconds=self.tenant_shard_hold_seconds,
-                           interactive_replica_share=self.interactive_replica_share,
-                           reserved=dict(zip(TIERS, self.tier_reserved, strict=True)))
-
-    def table_params(self) -> TableParams:
-        """What the table holder needs of these settings."""
-        return TableParams(max_models=self.max_table_models, max_replicas=self.max_table_replicas,
-                           load_factor=self.load_factor, vnodes=self.ring_vnodes,
-                           smoothing_seconds=self.load_smoothing_seconds)
 
     def __post_init__(self) -> None:
-        positive = {
-            "default_deadline_seconds": self.default_deadline_seconds,
-            "max_inflight": self.max_inflight,
-            "retry_after_seconds": self.retry_after_seconds,
-            "max_attempts": self.max_attempts,
-            "table_stale_warn_seconds": self.table_stale_warn_seconds,
-            "reconnect_initial_seconds": self.reconnect_initial_seconds,
-            "reconnect_max_seconds": self.reconnect_max_seconds,
-            "max_table_replicas": self.max_table_replicas,
-            "max_table_models": self.max_table_models,
-            "walk_limit": self.walk_limit,
-            "retry_budget_window_seconds": self.retry_budget_window_seconds,
-            "load_smoothing_seconds": self.load_smoothing_seconds,
-            "hot_keys": self.hot_keys,
-            "hot_window": self.hot_window,
-            "coldstart_warmup_seconds": self.coldstart_warmup_seconds,
-            "usage_max_rows": self.usage_max_rows,
-            "tenant_metric_labels": self.tenant_metric_labels,
-        }
-        for key, value in positive.items():
-            if not value > 0:  # also rejects NaN
-                raise ConfigError(f"proxy.{key}", "must be positive")
-        if not 0 <= self.telemetry_fresh_seconds < self.telemetry_stale_seconds:
-            raise ConfigError("proxy.telemetry_stale_seconds", "must exceed telemetry_fresh_seconds (>= 0)")
-        if self.reconnect_max_seconds < self.reconnect_initial_seconds:
-            raise ConfigError("proxy.reconnect_max_seconds", "must be at least reconnect_initial_seconds")
-        for tier in self.retry_tiers:
-            if tier not in TIERS:
-                raise ConfigError("proxy.retry_tiers", f"unknown tier {tier!r} (known: {', '.join(TIERS)})")
-        if not self.region:
-            raise ConfigError("proxy.region", "must not be empty")
-        depths = self.prefix_depths
-        if not depths or depths[0] < 1 or any(b <= a for a, b in itertools.pairwise(depths)):
-            raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
-        if not self.load_factor > 1.0:
-            raise ConfigError("proxy.load_factor", "must be above 1")
-        if not 0 < self.ring_vnodes <= MAX_VNODES:
-            raise ConfigError("proxy.ring_vnodes", f"must be 1..{MAX_VNODES}")
-        for key, value in (("retry_budget_ratio", self.retry_budget_ratio),
-                           ("retry_budget_min_per_second", self.retry_budget_min_per_second),
-                           ("max_continuations", self.max_continuations)):
-            if not value >= 0:
-                raise ConfigError(f"proxy.{key}", "must be >= 0")
+        _positive({"tenant_metric_labels": self.tenant_metric_labels})
         for key, tiered in (("queue_bounds", self.queue_bounds), ("queue_timeouts", self.queue_timeouts),
                             ("tier_reserved", self.tier_reserved)):
             if len(tiered) != len(TIERS) or not all(v >= 0 for v in tiered):
@@ -217,22 +166,251 @@ class ProxySettings:
                 raise ConfigError(f"proxy.{key}", "must be >= 0" + (" and <= 1" if key.endswith("share") else ""))
         if not 0 < self.admission_capacity_share <= 1 or not 0 < self.free_queue_share <= 1:
             raise ConfigError("proxy.admission_capacity_share", "shares must be in (0, 1]")
-        if not self.detour_factor >= 0:
-            raise ConfigError("proxy.detour_factor", "must be >= 0")
-        if not self.place_factor >= 0:
-            raise ConfigError("proxy.place_factor", "must be >= 0")
-        if not self.placements >= 0:
-            raise ConfigError("proxy.placements", "must be >= 0")
+
+    def timeouts(self) -> dict[str, float]:
+        """Queue timeout per tier."""
+        return dict(zip(TIERS, self.queue_timeouts, strict=True))
+
+    def queue_params(self) -> QueueParams:
+        """What the tier queues need of these settings."""
+        return QueueParams(bounds=dict(zip(TIERS, self.queue_bounds, strict=True)),
+                           timeouts=self.timeouts(),
+                           max_queued=self.queue_max_total, free_share=self.free_queue_share,
+                           quantum=self.fair_quantum_tokens, headroom_seconds=self.interactive_headroom_seconds,
+                           headroom_max_share=self.interactive_headroom_max_share, tenant_ceiling=self.tenant_ceiling,
+                           shard_max_share=self.tenant_shard_max_share,
+                           shard_hold_seconds=self.tenant_shard_hold_seconds,
+                           interactive_replica_share=self.interactive_replica_share,
+                           reserved=dict(zip(TIERS, self.tier_reserved, strict=True)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PickSettings:
+    """The decision's settings (:class:`dataplane.picker.Picker`, :class:`dataplane.decide.DecideParams`)."""
+
+    prefix_depths: tuple[int, ...] = DEPTHS
+    walk_limit: int = 8
+    detour_factor: float = 24.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
+    place_factor: float = 3.0  # a new key leaves its home for a less busy one of its walk by this x adv. x mean
+    placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.decide.Placements)
+    hot_keys: int = 256
+    hot_window: int = 1024
+    telemetry_fresh_seconds: float = 1.0
+    telemetry_stale_seconds: float = 6.0
+
+    def __post_init__(self) -> None:
+        _positive({"walk_limit": self.walk_limit, "hot_keys": self.hot_keys, "hot_window": self.hot_window})
+        if not 0 <= self.telemetry_fresh_seconds < self.telemetry_stale_seconds:
+            raise ConfigError("proxy.telemetry_stale_seconds", "must exceed telemetry_fresh_seconds (>= 0)")
+        depths = self.prefix_depths
+        if not depths or depths[0] < 1 or any(b <= a for a, b in itertools.pairwise(depths)):
+            raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
+        _at_least_zero({"detour_factor": self.detour_factor, "place_factor": self.place_factor,
+                        "placements": self.placements})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutlierSettings:
+    """Outlier ejection's settings (:class:`dataplane.outlier.OutlierParams`, checked there)."""
+
+    outlier_consecutive_failures: int = 5  # failures in a row …
+    outlier_latency_factor: float = 5.0  # … or a decode or prefill rate above this many times the peers' median
+    outlier_window_seconds: float = 10.0  # the rates' time constant
+    outlier_min_decode_tokens: int = 4  # tokens after the first that make a decode sample
+    outlier_min_prefill_tokens: int = 4096  # uncached prompt tokens that make a prefill sample
+    outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
+    outlier_max_ejection_seconds: float = 60.0
+    outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
+
+    def params(self) -> OutlierParams:
+        """The outlier detector's parameters (raises ConfigError naming ``proxy.outlier``)."""
+        return OutlierParams(
+            consecutive_failures=self.outlier_consecutive_failures, latency_factor=self.outlier_latency_factor,
+            window_seconds=self.outlier_window_seconds, min_decode_tokens=self.outlier_min_decode_tokens,
+            min_prefill_tokens=self.outlier_min_prefill_tokens,
+            base_ejection_seconds=self.outlier_base_ejection_seconds,
+            max_ejection_seconds=self.outlier_max_ejection_seconds, max_ejected_share=self.outlier_max_ejected_share)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetrySettings:
+    """Retries and stream continuation (:func:`dataplane.failover.retry_reason`, :mod:`dataplane.retrybudget`)."""
+
+    max_attempts: int = 2
+    retry_tiers: tuple[str, ...] = ("interactive",)
+    retry_budget_ratio: float = 0.1  # retries and continuations at most 10 % of requests per window …
+    retry_budget_min_per_second: float = 10.0  # … plus this many per second (dataplane.retrybudget)
+    retry_budget_window_seconds: float = 10.0
+    max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.continuation)
+
+    def __post_init__(self) -> None:
+        _positive({"max_attempts": self.max_attempts, "retry_budget_window_seconds": self.retry_budget_window_seconds})
+        for tier in self.retry_tiers:
+            if tier not in TIERS:
+                raise ConfigError("proxy.retry_tiers", f"unknown tier {tier!r} (known: {', '.join(TIERS)})")
+        _at_least_zero({"retry_budget_ratio": self.retry_budget_ratio,
+                        "retry_budget_min_per_second": self.retry_budget_min_per_second,
+                        "max_continuations": self.max_continuations})
+
+    def budget(self) -> RetryBudget:
+        """A fresh retry budget of these settings."""
+        return RetryBudget(ratio=self.retry_budget_ratio, min_per_second=self.retry_budget_min_per_second,
+                           window_seconds=self.retry_budget_window_seconds)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RegionSettings:
+    """Spill to other regions (:mod:`dataplane.spill`, the decision's region step) and the simulated round trip."""
+
+    spill_queue_ms: float = 100.0  # spill on queue when the local wait would exceed this and the rtt (dataplane.spill)
+    spill_headroom: float = 1.25  # a spill target's slots x this: what spills may fill there (as this proxy sees)
+    simulate_region_rtt: bool = False  # sleep a spill target's rtt_ms before a cross-region forward (one machine)
+
+    def __post_init__(self) -> None:
         if not self.spill_queue_ms >= 0 or not 0 < self.spill_headroom <= 4:
             raise ConfigError("proxy.spill_queue_ms", "need spill_queue_ms >= 0 and 0 < spill_headroom <= 4")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ColdStartSettings:
+    """Cold start's settings (:class:`dataplane.coldwait.ColdStarts`)."""
+
+    coldstart_warmup_seconds: float = 30.0  # expected warm-up of a replica: sizes a cold start's retry-after
+
+    def __post_init__(self) -> None:
+        _positive({"coldstart_warmup_seconds": self.coldstart_warmup_seconds})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class IdempotencySettings:
+    """The idempotency keys' bounds (:class:`dataplane.idempotency.Idempotency`)."""
+
+    idempotency_entries: int = 10_000
+    idempotency_ttl_seconds: float = 300.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TableSettings:
+    """The table holder's bounds and ring defaults (:class:`dataplane.table.TableParams`)."""
+
+    max_table_replicas: int = 100_000
+    max_table_models: int = 10_000
+    load_factor: float = DEFAULT_LOAD_FACTOR
+    ring_vnodes: int = DEFAULT_VNODES
+    load_smoothing_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        _positive({"max_table_replicas": self.max_table_replicas, "max_table_models": self.max_table_models,
+                   "load_smoothing_seconds": self.load_smoothing_seconds})
+        if not self.load_factor > 1.0:
+            raise ConfigError("proxy.load_factor", "must be above 1")
+        if not 0 < self.ring_vnodes <= MAX_VNODES:
+            raise ConfigError("proxy.ring_vnodes", f"must be 1..{MAX_VNODES}")
+
+    def table_params(self) -> TableParams:
+        """What the table holder needs of these settings."""
+        return TableParams(max_models=self.max_table_models, max_replicas=self.max_table_replicas,
+                           load_factor=self.load_factor, vnodes=self.ring_vnodes,
+                           smoothing_seconds=self.load_smoothing_seconds)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WatchSettings:
+    """The table watch (:class:`dataplane.watch.TableWatcher`) and the usage reports it carries."""
+
+    table_stale_warn_seconds: float = 10.0
+    reconnect_initial_seconds: float = 0.1
+    reconnect_max_seconds: float = 5.0
+    usage_report_seconds: float = 1.0  # a usage report on the table watch this often (dataplane.usage); 0: none
+    usage_max_rows: int = 1024  # (model, tier) rows per report
+
+    def __post_init__(self) -> None:
+        _positive({"table_stale_warn_seconds": self.table_stale_warn_seconds,
+                   "reconnect_initial_seconds": self.reconnect_initial_seconds,
+                   "reconnect_max_seconds": self.reconnect_max_seconds, "usage_max_rows": self.usage_max_rows})
+        if self.reconnect_max_seconds < self.reconnect_initial_seconds:
+            raise ConfigError("proxy.reconnect_max_seconds", "must be at least reconnect_initial_seconds")
         if not 0 <= self.usage_report_seconds <= 60:
             raise ConfigError("proxy.usage_report_seconds", "must be 0 (no reports) to 60")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProxySettings:
+    """The ``[proxy]`` section: the proxy's id and region, and one part per component; see the module docstring."""
+
+    proxy_id: str = ""  # empty: "<hostname>-<pid>" (see resolved())
+    region: str = "local"
+    server: ServerSettings = dataclasses.field(default_factory=ServerSettings)
+    queues: QueueSettings = dataclasses.field(default_factory=QueueSettings)
+    pick: PickSettings = dataclasses.field(default_factory=PickSettings)
+    outliers: OutlierSettings = dataclasses.field(default_factory=OutlierSettings)
+    retries: RetrySettings = dataclasses.field(default_factory=RetrySettings)
+    regions: RegionSettings = dataclasses.field(default_factory=RegionSettings)
+    coldstart: ColdStartSettings = dataclasses.field(default_factory=ColdStartSettings)
+    idempotency: IdempotencySettings = dataclasses.field(default_factory=IdempotencySettings)
+    table: TableSettings = dataclasses.field(default_factory=TableSettings)
+    watch: WatchSettings = dataclasses.field(default_factory=WatchSettings)
+
+    def __post_init__(self) -> None:
+        if not self.region:
+            raise ConfigError("proxy.region", "must not be empty")
+
+    @classmethod
+    def from_section(cls, data: Mapping[str, Any], where: str = "proxy") -> ProxySettings:
+        """Build from the flat keys of the ``[proxy]`` section (or keyword values of the same names).
+
+        Each key goes to the part that has a field of its name, coerced as the
+        file's values are (:func:`ferry.config.from_mapping`); an unknown key
+        raises ConfigError naming it and the known ones.
+        """
+        if not isinstance(data, Mapping):
+            raise ConfigError(where, "must be a table")
+        owners = _owners()
+        parts = _parts()
+        routed: dict[str, dict[str, Any]] = {name: {} for name in (*parts, "")}
+        for key, value in data.items():
+            if key not in owners:
+                raise ConfigError(f"{where}.{key}", f"unknown key (known: {', '.join(sorted(owners))})")
+            routed[owners[key]][key] = value
+        base = from_mapping(cls, routed.pop(""), where)
+        built: dict[str, Any] = {name: from_mapping(parts[name], values, where)
+                                 for name, values in routed.items() if values}
+        return dataclasses.replace(base, **built)
+
+    if not TYPE_CHECKING:
+        def __getattr__(self, key: str) -> Any:
+            """A flat ``[proxy]`` key read through to its part (for callers of the flat settings; code reads parts)."""
+            owner = _owners().get(key)
+            if not owner:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+            return getattr(getattr(self, owner), key)
 
     def resolved(self) -> ProxySettings:
         """These settings with an empty ``proxy_id`` replaced by ``<hostname>-<pid>``."""
         if self.proxy_id:
             return self
         return dataclasses.replace(self, proxy_id=f"{socket.gethostname()}-{os.getpid()}")
+
+
+IDENTITY = ("proxy_id", "region")  # the keys ProxySettings holds itself; every other field is a part
+
+
+@functools.cache
+def _parts() -> dict[str, type[Any]]:
+    """:class:`ProxySettings` field -> the class of its part."""
+    hints = typing.get_type_hints(ProxySettings)
+    return {f.name: hints[f.name] for f in dataclasses.fields(ProxySettings) if f.name not in IDENTITY}
+
+
+@functools.cache
+def _owners() -> dict[str, str]:
+    """Flat key -> the :class:`ProxySettings` field of the part holding it ("" for the identity keys)."""
+    owners = dict.fromkeys(IDENTITY, "")
+    for name, part in _parts().items():
+        for f in dataclasses.fields(part):
+            assert f.name not in owners, f.name  # a key belongs to one part
+            owners[f.name] = name
+    return owners
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -252,7 +430,7 @@ def load(
 ) -> ProxyConfig:
     """Read the config file (None: defaults) and apply the flag overrides; raises ConfigError."""
     file: FileConfig = load_file(path)
-    settings = file.section(ProxySettings, "proxy")
+    settings = ProxySettings.from_section(file.sections.get("proxy", {}))
     if region:
         settings = dataclasses.replace(settings, region=region)
     if proxy_id:

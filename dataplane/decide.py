@@ -17,7 +17,7 @@ Inputs:
   nodes already tried, the tier queues' avoid set, and whether the region
   step applies (first attempt of a request that names no version).
 - ``local`` (:class:`Local`): what this proxy knows now: its in-flight and
-  prefill backlog per replica (:class:`dataplane.policy.LocalLoad`), the
+  prefill backlog per replica (:class:`dataplane.pick.LocalLoad`), the
   replicas ejected by outlier detection, the learned detour threshold, where
   it sent each prefix key lately (:class:`Placements`), and its local tier
   queue (read only when the table has spill routes).
@@ -47,7 +47,7 @@ Steps:
    replicas): the first replica that passes the filters and whose key share
    (the load bound) is above the key's draw. A key new to this proxy (the
    first turn of a conversation: nothing of it is cached anywhere) takes the
-   least busy (prefill backlog, :class:`dataplane.policy.LocalLoad`, then
+   least busy (prefill backlog, :class:`dataplane.pick.LocalLoad`, then
    the load score) of the first ``place_choices`` (4) such replicas, when
    the first's backlog is deeper than that one's by ``place_margin``
    prompt tokens (:class:`Local`; the picker's ``place_factor`` 3 x the
@@ -83,8 +83,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 
-from dataplane.pick import DEFAULT_PARAMS, Branch, Decision, Need, ScoreParams, fits, pick, score
-from dataplane.policy import LocalLoad
+from dataplane.pick import DEFAULT_PARAMS, Branch, Decision, LocalLoad, Need, ScoreParams, fits, pick, score
 from dataplane.pool import Pool, Replica, context_limit
 from dataplane.regions import EMPTY, RemoteView, pick_remote, remote_view
 from dataplane.ring import key_draw

@@ -1,13 +1,20 @@
-"""What the request path does after a replica failed: the retry budget's word and stream continuation.
+"""What the request path does after a replica failed: the retry policy, the retry budget's word, continuation.
+
+:func:`retry_reason` is the retry policy: retry on another replica when the
+failure is a :class:`ferry.errors.ReplicaFailed` marked retryable (no output
+reached the client; a transport or replica error, not a bad request), the
+request's tier is in ``retry_tiers`` (default: interactive only) and
+attempts are left (``max_attempts``, default 2 = one retry). It returns the
+metric reason label, or None for no retry; pure, shared with the simulator.
 
 :class:`Failover` owns, per proxy, the decision to retry after an error
 (:mod:`dataplane.retrybudget`, the budget being the
 :class:`dataplane.picker.Picker`'s, so the simulator spends the same one)
 and the stream continuation decision (:mod:`dataplane.continuation`). The
 router calls it at a handful of points. Outlier ejection and the region
-step are part of the decision (:mod:`dataplane.decide`). Settings: the
-``max_continuations`` and ``simulate_region_rtt`` keys of ``[proxy]``
-(:mod:`dataplane.config`).
+step are part of the decision (:mod:`dataplane.decide`). Settings:
+:class:`dataplane.config.RetrySettings` (``max_continuations``), and the
+``simulate_region_rtt`` key of ``[proxy]`` (:class:`dataplane.config.RegionSettings`).
 
 Cost per request: O(1).
 """
@@ -16,25 +23,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-from dataplane.config import ProxySettings
+from dataplane.config import RetrySettings
 from dataplane.continuation import Delivered, continuable, continuation, cut_error
 from dataplane.forward import Call
 from dataplane.metrics import ProxyMetrics
 from dataplane.retrybudget import RetryBudget, charged
-from ferry.errors import DeadlineExceeded, FerryError
+from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
 from ferry.logs import event
 
 log = logging.getLogger(__name__)
 
 
+def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: int,
+                 retry_tiers: Collection[str]) -> str | None:
+    """The retry reason label if the request should try another replica, else None."""
+    if not isinstance(error, ReplicaFailed) or not error.retryable or error.output_started:
+        return None
+    if tier not in retry_tiers or attempts >= max_attempts:
+        return None
+    kind = getattr(error, "kind", "")
+    return kind if isinstance(kind, str) and kind else "replica_failed"
+
+
 class Failover:
     """Retry budget and stream continuation for one proxy."""
 
-    def __init__(self, settings: ProxySettings, metrics: ProxyMetrics, budget: RetryBudget, *,
-                 clock: Callable[[], float]) -> None:
+    def __init__(self, settings: RetrySettings, metrics: ProxyMetrics, budget: RetryBudget, *,
+                 clock: Callable[[], float], simulate_region_rtt: bool = False) -> None:
         self._settings = settings
+        self._simulate_rtt = simulate_region_rtt
         self._metrics = metrics
         self._clock = clock
         self.budget = budget
@@ -73,5 +92,5 @@ class Failover:
 
     async def cross_region(self, rtt_ms: float) -> None:
         """On one machine, a forward to another region waits the configured round trip (``simulate_region_rtt``)."""
-        if rtt_ms and self._settings.simulate_region_rtt:
+        if rtt_ms and self._simulate_rtt:
             await asyncio.sleep(rtt_ms / 1000.0)

@@ -1,7 +1,7 @@
 """One proxy's decision state and the calls around :func:`dataplane.decide.decide`, shared with the simulator.
 
 :class:`Picker` owns what a proxy keeps between requests for its decision:
-its in-flight load and prefill backlog (:class:`dataplane.policy.LocalLoad`),
+its in-flight load and prefill backlog (:class:`dataplane.pick.LocalLoad`),
 where it sent each prefix key (:class:`dataplane.decide.Placements`), its
 hot-prefix sketch (:class:`dataplane.prefix.HotKeys`), what it learned of
 prefix reuse (:class:`Reuse`), its outlier detector
@@ -70,7 +70,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Sequence
 
-from dataplane.config import ProxySettings
+from dataplane.config import OutlierSettings, PickSettings, RegionSettings, RetrySettings
 from dataplane.decide import (
     DEFAULT_DECIDE,
     Ask,
@@ -83,9 +83,8 @@ from dataplane.decide import (
     make_view,
     region,
 )
-from dataplane.outlier import OutlierDetector, OutlierParams, Timing
-from dataplane.pick import Branch, Decision, Need, ScoreParams
-from dataplane.policy import LocalLoad
+from dataplane.outlier import OutlierDetector, Timing
+from dataplane.pick import Branch, Decision, LocalLoad, Need, ScoreParams, load
 from dataplane.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
 from dataplane.retrybudget import RetryBudget
 from dataplane.spill import LocalQueue
@@ -170,27 +169,25 @@ class Picker:
         self.share = 1.0  # this proxy's share of its pools' load (apply_table); alone until seen otherwise
 
     @classmethod
-    def from_settings(cls, settings: ProxySettings, rng: random.Random) -> Picker:
-        """A proxy's picker as its ``[proxy]`` settings describe it (the router's, and the simulator's)."""
+    def from_settings(cls, pick: PickSettings, rng: random.Random, *, region: str = "",
+                      regions: RegionSettings | None = None, capacity_share: float = 1.0,
+                      outliers: OutlierSettings | None = None, retries: RetrySettings | None = None) -> Picker:
+        """A proxy's picker as its ``[proxy]`` settings describe it (the router's, and the simulator's).
+
+        ``pick``: the decision's keys; ``region``: this proxy's; ``regions``: the
+        spill step's; ``capacity_share``: this proxy's share of a region's slots
+        (``admission_capacity_share``); ``outliers`` and ``retries``: the outlier
+        detector's and the retry budget's (defaults when None).
+        """
+        regions = regions or RegionSettings()
         params = DecideParams(
-            walk_limit=settings.walk_limit, region=settings.region,
-            spill_queue_ms=settings.spill_queue_ms,
-            spill_headroom=settings.spill_headroom, capacity_share=settings.admission_capacity_share,
-            score=ScoreParams(fresh_seconds=settings.telemetry_fresh_seconds,
-                              stale_seconds=settings.telemetry_stale_seconds))
-        outliers = OutlierDetector(OutlierParams(
-            consecutive_failures=settings.outlier_consecutive_failures, latency_factor=settings.outlier_latency_factor,
-            window_seconds=settings.outlier_window_seconds, min_decode_tokens=settings.outlier_min_decode_tokens,
-            min_prefill_tokens=settings.outlier_min_prefill_tokens,
-            base_ejection_seconds=settings.outlier_base_ejection_seconds,
-            max_ejection_seconds=settings.outlier_max_ejection_seconds,
-            max_ejected_share=settings.outlier_max_ejected_share))
-        budget = RetryBudget(ratio=settings.retry_budget_ratio, min_per_second=settings.retry_budget_min_per_second,
-                             window_seconds=settings.retry_budget_window_seconds)
-        return cls(rng, params=params, depths=settings.prefix_depths, detour_factor=settings.detour_factor,
-                   place_factor=settings.place_factor,
-                   hot=HotKeys(capacity=settings.hot_keys, window=settings.hot_window),
-                   placements=settings.placements, outliers=outliers, budget=budget)
+            walk_limit=pick.walk_limit, region=region, spill_queue_ms=regions.spill_queue_ms,
+            spill_headroom=regions.spill_headroom, capacity_share=capacity_share,
+            score=ScoreParams(fresh_seconds=pick.telemetry_fresh_seconds, stale_seconds=pick.telemetry_stale_seconds))
+        return cls(rng, params=params, depths=pick.prefix_depths, detour_factor=pick.detour_factor,
+                   place_factor=pick.place_factor, hot=HotKeys(capacity=pick.hot_keys, window=pick.hot_window),
+                   placements=pick.placements, outliers=OutlierDetector((outliers or OutlierSettings()).params()),
+                   budget=(retries or RetrySettings()).budget())
 
     def apply_table(self, table: Table) -> View:
         """A table was applied: its frozen view; the in-flight counts its loads include; departed replicas forgotten."""
@@ -200,10 +197,10 @@ class Picker:
         self.outliers.forget(present)
         self._prompted = {rid: n for rid, n in self._prompted.items() if rid in present}
         self.view = make_view(table, self.params)
-        pushed = counted = 0
+        pushed, counted = 0.0, 0
         for entry in table.models.values():
             for r in entry.default:
-                pushed += r.queued + r.running
+                pushed += load(r)
                 counted += self.local.counted.get(r.replica_id, 0)
         if pushed >= SHARE_MIN_LOAD:  # this proxy's share of the load its pools carry, smoothed over tables
             self.share += SHARE_WEIGHT * (min(1.0, counted / pushed) - self.share)

@@ -30,7 +30,8 @@ caller's (:mod:`dataplane.admission`).
   the tier could hold (``tenant_ceiling`` x its weighted share among the
   tenants with work; alone, all of them), the DRR passing over a tenant at
   its ceiling, so one tenant's traffic cannot fill the replicas the others
-  share (their step time grows with what runs).
+  share (their step time grows with what runs); each tenant's running
+  requests per tier are counted by :class:`dataplane.limits.TenantInflight`.
 - :meth:`TierQueues.avoid`: where the pick should not send a request
   (:mod:`dataplane.placement`): a batch or standard request, the replicas
   kept for interactive (``interactive_replica_share``, whose slots the
@@ -71,6 +72,7 @@ from collections import deque
 from collections.abc import Mapping
 
 from dataplane.fairshare import DeficitRoundRobin, tenant_ceilings
+from dataplane.limits import TenantInflight
 from dataplane.placement import Placement
 from dataplane.sharding import MAX_SHARE, Shards
 from dataplane.shedding import PLAN_RANK, QUEUE_FULL, DrainRate, retry_after, shed_reason, victim_order
@@ -142,7 +144,8 @@ class TierQueues:
         self._order: dict[str, deque[Ticket]] = {t: deque() for t in TIERS}
         self._running: dict[str, dict[Ticket, None]] = {t: {} for t in TIERS}
         self.drain = {t: DrainRate() for t in TIERS}
-        self._tenants: dict[str, dict[str, list[float]]] = {t: {} for t in TIERS}  # tenant -> [running, weight]
+        self._held = {t: TenantInflight() for t in TIERS}  # each tenant's running requests, per tier
+        self._weights: dict[str, dict[str, float]] = {t: {} for t in TIERS}  # a running tenant's plan weight
         self.placement = Placement(params.shard_max_share, params.shard_hold_seconds,
                                    params.interactive_replica_share)
         self._quotas_key: tuple[object, ...] = ()
@@ -242,7 +245,7 @@ class TierQueues:
 
     def ceilings(self, tier: str, room: int) -> dict[str, int]:
         """Each tenant's concurrency ceiling in ``tier``: a share of ``room`` (:func:`tenant_ceilings`)."""
-        weights = {t: w for t, (n, w) in self._tenants[tier].items() if n > 0}
+        weights = {t: self._weights[tier][t] for t in self._held[tier].tenants()}
         weights.update(self._queues[tier].weights())
         return tenant_ceilings(room, weights, self.params.tenant_ceiling)
 
@@ -271,8 +274,8 @@ class TierQueues:
             room = top - sum(self.running(t) for t in TIERS[:TIERS.index(tier)])  # what this tier could hold
             fair = self.ceilings(tier, room)
             ceilings = {t: self.placement.shards.ceiling(t, c) for t, c in fair.items()}
-            held = self._tenants[tier]
-            blocked = {t for t, cap in ceilings.items() if t in held and held[t][0] >= cap}
+            held = self._held[tier]
+            blocked = {t for t, cap in ceilings.items() if 0 < held.count(t) >= cap}
             while len(queue) and total < top and len(running) < limit:
                 ticket = queue.pop(blocked)
                 if ticket is None:
@@ -280,7 +283,7 @@ class TierQueues:
                 ticket.state = "running"
                 running[ticket] = None
                 self._hold(ticket, 1)
-                if held[ticket.tenant][0] >= ceilings.get(ticket.tenant, limit):
+                if held.count(ticket.tenant) >= ceilings.get(ticket.tenant, limit):
                     blocked.add(ticket.tenant)
                 self.drain[tier].add(now)
                 started.append(ticket)
@@ -314,11 +317,14 @@ class TierQueues:
 
     def _hold(self, ticket: Ticket, delta: int) -> None:
         """Count ``ticket`` in (+1) or out (-1) of its tenant's running requests in its tier."""
-        held = self._tenants[ticket.tier]
-        entry = held.setdefault(ticket.tenant, [0.0, PLAN_WEIGHT.get(ticket.plan, 1.0)])
-        entry[0] += delta
-        if entry[0] <= 0:
-            del held[ticket.tenant]
+        held, weights = self._held[ticket.tier], self._weights[ticket.tier]
+        if delta > 0:
+            held.enter(ticket.tenant)
+            weights.setdefault(ticket.tenant, PLAN_WEIGHT.get(ticket.plan, 1.0))
+            return
+        held.leave(ticket.tenant)
+        if not held.count(ticket.tenant):
+            weights.pop(ticket.tenant, None)
 
     def preemptions(self) -> list[Ticket]:
         """Running tickets to preempt now, batch first, then standard, newest first; counted until requeued.

@@ -11,11 +11,11 @@ caller builds the view once per table it applies
 (:func:`dataplane.decide.make_view`).
 
 :func:`pick_remote`: power of two choices among a remote region's replicas
-on (queued + running in the table - ``counted`` + this proxy's in-flight to
-it) / max_concurrency, ``counted`` being the in-flight the pushed load
-already includes (:meth:`dataplane.policy.LocalLoad.mark`) and the pushed
+on :func:`dataplane.pick.occupancy`, (queued + running in the table -
+``counted`` + this proxy's in-flight to it) / max_concurrency, ``counted`` being the in-flight the pushed load
+already includes (:meth:`dataplane.pick.LocalLoad.mark`) and the pushed
 load weighed by how much of it still stands at its age
-(:meth:`dataplane.policy.LocalLoad.trust`), as the local pick does; no
+(:meth:`dataplane.pick.LocalLoad.trust`), as the local pick does; no
 prefix affinity across regions (the remote caches are not this region's).
 :meth:`RemoteView.rooms`: per usable region, the requests this proxy may
 still send there (:func:`dataplane.spill.room` on the region's slots, its
@@ -31,6 +31,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Mapping
 
+from dataplane.pick import load, occupancy
 from dataplane.pool import Replica
 from dataplane.spill import DEFAULT_HEADROOM, SpillTarget, room
 from dataplane.table import Table
@@ -54,7 +55,7 @@ class RemoteView:
         for (region, m), replicas in self.replicas.items():
             if m == model and replicas:
                 out[region] = room(sum(r.max_concurrency for r in replicas),
-                                   sum(max(r.queued + r.running - counted.get(r.replica_id, 0), 0) for r in replicas),
+                                   sum(load(r, counted.get(r.replica_id, 0)) for r in replicas),
                                    sum(inflight.get(r.replica_id, 0) for r in replicas), headroom=headroom, share=share)
         return out
 
@@ -98,8 +99,7 @@ def pick_remote(replicas: tuple[Replica, ...], inflight: Mapping[str, int], rng:
     a, b = rng.sample(left, 2)
 
     def score(r: Replica) -> float:
-        others = max(r.queued + r.running - (counted.get(r.replica_id, 0) if counted else 0), 0)
-        weight = trust(r.telemetry_age + table_age) if trust else 1.0
-        return (others * weight + inflight.get(r.replica_id, 0)) / r.max_concurrency
+        return occupancy(r, inflight.get(r.replica_id, 0), counted.get(r.replica_id, 0) if counted else 0,
+                         trust(r.telemetry_age + table_age) if trust else 1.0)
 
     return a if score(a) <= score(b) else b

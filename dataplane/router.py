@@ -4,7 +4,7 @@ Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.auth`),
 validates (:mod:`dataplane.validate`), checks the tier against the plan,
 resolves the model, version and prefix keys in the current table
 (:meth:`dataplane.picker.Picker.prepare`), and takes an in-flight slot
-(:class:`dataplane.policy.InflightLimit`), in that order, so the first
+(:class:`dataplane.limits.InflightLimit`), in that order, so the first
 problem found is the one reported. When the table has spill routes, the
 decision's region step runs once here: a request sent to another region
 skips this region's tier queues. Then :meth:`Router.infer` or
@@ -14,7 +14,7 @@ the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
 prefill detour, P2C), **forward** with the remaining deadline, **record**
 (the proxy's in-flight load, prefill backlog and placements; the outlier
 detector's feed). A failure before any output is retried when
-:func:`dataplane.policy.retry_reason` says so and the retry budget allows
+:func:`dataplane.failover.retry_reason` says so and the retry budget allows
 (:class:`dataplane.failover.Failover`); a stream cut after output is
 continued on another replica (:mod:`dataplane.continuation`) or ends
 UNAVAILABLE saying how many tokens were delivered. A request whose version
@@ -45,14 +45,13 @@ from dataplane.coldwait import ColdStarts
 from dataplane.config import ProxySettings
 from dataplane.continuation import Delivered, cut_error
 from dataplane.decide import Ask
-from dataplane.failover import Failover
+from dataplane.failover import Failover, retry_reason
 from dataplane.forward import Call, Forwarder, Outcome, Piece
 from dataplane.idempotency import Idempotency
-from dataplane.limits import TenantInflight
+from dataplane.limits import InflightLimit, TenantInflight
 from dataplane.metrics import UNKNOWN, ProxyMetrics
-from dataplane.pick import Branch, Decision
+from dataplane.pick import Branch, Decision, LocalLoad
 from dataplane.picker import Attempt, Picker, Routing
-from dataplane.policy import InflightLimit, LocalLoad, retry_reason
 from dataplane.queues import Ticket
 from dataplane.table import Replica, Table, TableHolder
 from dataplane.tenantlimits import TenantLimits
@@ -116,19 +115,25 @@ class Router:
         self._forwarder = forwarder
         self._metrics = metrics
         self._clock = clock
-        self._admission = InflightLimit(settings.max_inflight, settings.retry_after_seconds)
-        self._tenants = TenantInflight(limits.max_inflight_per_tenant, settings.retry_after_seconds)
-        self.picker = Picker.from_settings(settings, rng)  # the decision and its state (dataplane.picker)
+        server, queues = settings.server, settings.queues
+        self._admission = InflightLimit(server.max_inflight, server.retry_after_seconds)
+        self._tenants = TenantInflight(limits.max_inflight_per_tenant, server.retry_after_seconds)
+        self.picker = Picker.from_settings(  # the decision and its state (dataplane.picker)
+            settings.pick, rng, region=settings.region, regions=settings.regions,
+            capacity_share=queues.admission_capacity_share, outliers=settings.outliers, retries=settings.retries)
         self.picker.on_eject = self._ejected
-        self.failover = Failover(settings, metrics, self.picker.budget, clock=clock)  # retries, continuation
+        self.failover = Failover(settings.retries, metrics, self.picker.budget, clock=clock,  # retries, continuation
+                                 simulate_region_rtt=settings.regions.simulate_region_rtt)
         self.tenant_limits = TenantLimits()
-        self.usage = UsageWindow(start=clock(), max_rows=settings.usage_max_rows)  # reported on the table watch
+        self.usage = UsageWindow(start=clock(), max_rows=settings.watch.usage_max_rows)  # reported on the table watch
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
-            clock=clock, max_entries=settings.idempotency_entries, ttl=settings.idempotency_ttl_seconds)
-        self.admission = Admission(settings.queue_params(), clock=clock, registry=metrics.registry,
-                                   capacity_share=settings.admission_capacity_share,
-                                   tenant_labels=settings.tenant_metric_labels)
-        self.cold = ColdStarts(settings, holder, clock)  # versions warming up (dataplane.coldwait)
+            clock=clock, max_entries=settings.idempotency.idempotency_entries,
+            ttl=settings.idempotency.idempotency_ttl_seconds)
+        self.admission = Admission(queues.queue_params(), clock=clock, registry=metrics.registry,
+                                   capacity_share=queues.admission_capacity_share,
+                                   tenant_labels=queues.tenant_metric_labels)
+        self.cold = ColdStarts(settings.coldstart, holder, clock,  # versions warming up (dataplane.coldwait)
+                               timeouts=queues.timeouts(), floor=server.retry_after_seconds)
         holder.on_applied(self.apply_table)
         if holder.table is not None:
             self.apply_table(holder.table)
@@ -136,7 +141,7 @@ class Router:
     def apply_table(self, table: Table) -> None:
         """A table was applied: the decision's view and state, the tier queues' capacities, the cold-start waits."""
         self.picker.apply_table(table)
-        if self._settings.admission:
+        if self._settings.queues.admission:
             self.admission.apply(table)
         self.cold.table_applied(table)
 
@@ -158,10 +163,10 @@ class Router:
         time_remaining: float | None,
     ) -> None:
         """Authenticate, validate, resolve and admit; raises FerryError. Pair with :meth:`end`."""
-        remaining = self._settings.default_deadline_seconds if time_remaining is None else time_remaining
+        remaining = self._settings.server.default_deadline_seconds if time_remaining is None else time_remaining
         state.deadline = state.started + remaining
         state.tenant = self._auth.authenticate(metadata)
-        valid = validate_request(request, self._limits, self._settings.prefix_depths[-1])
+        valid = validate_request(request, self._limits, self._settings.pick.prefix_depths[-1])
         state.request, state.tier_label = valid, valid.tier
         check_tier(valid.tier, state.tenant)
         table = self._holder.table
@@ -297,8 +302,8 @@ class Router:
             error,
             tier=state.tier_label,
             attempts=state.attempts,
-            max_attempts=self._settings.max_attempts,
-            retry_tiers=self._settings.retry_tiers,
+            max_attempts=self._settings.retries.max_attempts,
+            retry_tiers=self._settings.retries.retry_tiers,
         )
         if reason is None:
             return False

@@ -74,11 +74,11 @@ class Proxy:
         self.holder = TableHolder(
             self.settings.region,
             clock=clock,
-            params=self.settings.table_params(),
+            params=self.settings.table.table_params(),
         )
         self.pool = ClientPool(client_factory or default_factory(
             self.limits.max_message_bytes, tls if replica_tls else None))
-        self.authenticator = Authenticator(tenants, allow_anonymous=self.settings.allow_anonymous)
+        self.authenticator = Authenticator(tenants, allow_anonymous=self.settings.server.allow_anonymous)
         self.router = Router(
             settings=self.settings,
             limits=self.limits,
@@ -92,20 +92,19 @@ class Proxy:
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock)
         self.watcher: TableWatcher | None = None
         if self.control_planes:
+            watch = self.settings.watch
             self.watcher = TableWatcher(
                 self.control_planes,
                 self.holder,
                 proxy_id=self.settings.proxy_id,
                 region=self.settings.region,
-                backoff=Backoff(
-                    self.settings.reconnect_initial_seconds, self.settings.reconnect_max_seconds, rng=self._rng
-                ),
+                backoff=Backoff(watch.reconnect_initial_seconds, watch.reconnect_max_seconds, rng=self._rng),
                 metrics=self.metrics,
-                stale_warn_seconds=self.settings.table_stale_warn_seconds,
+                stale_warn_seconds=watch.table_stale_warn_seconds,
                 clock=clock,
                 tls=tls,
                 usage=self._usage_report,
-                usage_seconds=self.settings.usage_report_seconds,
+                usage_seconds=watch.usage_report_seconds,
             )
         # The tenants served: the config file's, or the set the table carries (dataplane.tenantset).
         self.tenants = TenantSet(tenants, self.authenticator, self.router.tenant_limits)

@@ -4,7 +4,9 @@
 against its tenant's :class:`ferry.config.TenantConfig` limits, each 0 for
 none: ``requests_per_second`` and ``tokens_per_second`` are token buckets
 holding one second's worth (burst = rate), refilled continuously;
-``max_concurrency`` counts the tenant's requests in flight at this proxy.
+``max_concurrency`` caps the tenant's requests in flight at this proxy,
+counted by the proxy's one per-tenant counter
+(:class:`dataplane.limits.TenantInflight`).
 A refusal is :class:`ferry.errors.Overloaded` naming the limit, with the
 retry-after the bucket needs to refill (concurrency: ``concurrency_retry``,
 default 1 s). These static limits sit beside the queue-driven shedding of
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 
+from dataplane.limits import TenantInflight
 from ferry.config import TenantConfig
 from ferry.errors import Overloaded
 
@@ -53,12 +56,12 @@ class TenantLimits:
     def __init__(self, *, concurrency_retry: float = 1.0) -> None:
         self._requests: dict[str, Bucket] = {}
         self._tokens: dict[str, Bucket] = {}
-        self._inflight: dict[str, int] = {}
+        self._inflight = TenantInflight()  # requests in flight of tenants with a max_concurrency
         self.concurrency_retry = concurrency_retry
 
     def admit(self, tenant: TenantConfig, tokens: int, now: float) -> bool:
         """Count the request in; raises Overloaded when over a limit. True when it must be released."""
-        if tenant.max_concurrency and self._inflight.get(tenant.name, 0) >= tenant.max_concurrency:
+        if tenant.max_concurrency and self._inflight.count(tenant.name) >= tenant.max_concurrency:
             raise Overloaded(f"tenant {tenant.name}: max_concurrency of {tenant.max_concurrency} reached",
                              self.concurrency_retry)
         for rate, buckets, amount, key in ((tenant.requests_per_second, self._requests, 1, "requests_per_second"),
@@ -72,7 +75,7 @@ class TenantLimits:
             if wait > 0:
                 raise Overloaded(f"tenant {tenant.name}: {key} limit of {rate:g} reached", round(max(wait, 0.001), 3))
         if tenant.max_concurrency:
-            self._inflight[tenant.name] = self._inflight.get(tenant.name, 0) + 1
+            self._inflight.enter(tenant.name)
             return True
         return False
 
@@ -84,8 +87,4 @@ class TenantLimits:
 
     def release(self, tenant: TenantConfig) -> None:
         """A request admitted with ``admit() == True`` ended."""
-        left = self._inflight.get(tenant.name, 0) - 1
-        if left > 0:
-            self._inflight[tenant.name] = left
-        else:
-            self._inflight.pop(tenant.name, None)
+        self._inflight.leave(tenant.name)

@@ -422,8 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sim_reqs = simulated.requests([p.due_s for p in planned], [r.input_tokens for r in rows],
                                   [p.max_tokens for p in planned], blocks)
     floor = simulated.ttft_floor(sim_reqs, engine)
-    settings = (load_file(args.ferry_config).section(ProxySettings, "proxy") if args.ferry_config
-                else ProxySettings())
+    settings = (ProxySettings.from_section(load_file(args.ferry_config).sections.get("proxy", {}))
+                if args.ferry_config else ProxySettings())
     what = "the bundled excerpt" if trace.resolve() == BUNDLED.resolve() else "the full trace"
     window_text = f"minutes {start:g} to {start + minutes:g}" if minutes is not None else f"from minute {start:g}"
     print(f"bench_peers: {len(rows)} requests of {trace} ({what}, {window_text}), {args.replicas} replicas, "

@@ -52,7 +52,7 @@ class Rig:
         routes = [route(r, **(loads or {}).get(rid, {})) for rid, r in self.replicas.items()]
         self.cp.current = snapshot(1, routes, extra_models=("empty",))
         await self.cp.start()
-        proxy_settings = ProxySettings(proxy_id="p-test", **{**FAST, **(settings or {})})
+        proxy_settings = ProxySettings.from_section({"proxy_id": "p-test", **FAST, **(settings or {})})
         self.proxy = Proxy(settings=proxy_settings, tenants=TENANTS, control_planes=[self.cp.address],
                            registry=CollectorRegistry(), rng=random.Random(7))
         port = await self.proxy.start("127.0.0.1:0")

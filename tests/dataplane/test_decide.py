@@ -13,9 +13,8 @@ import pytest
 
 import dataplane.picker
 from dataplane.decide import Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
-from dataplane.pick import Branch, Decision, Need
+from dataplane.pick import Branch, Decision, LocalLoad, Need
 from dataplane.picker import Picker
-from dataplane.policy import LocalLoad
 from dataplane.pool import Pool, Replica, make_pool
 from dataplane.prefix import HotKeys
 from dataplane.ring import key_draw

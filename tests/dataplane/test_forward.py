@@ -9,8 +9,10 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from dataplane.clients import ClientPool
+from dataplane.failover import retry_reason
 from dataplane.forward import ForwardFailed, failure
-from dataplane.policy import InflightLimit, LocalLoad, retry_reason
+from dataplane.limits import InflightLimit
+from dataplane.pick import LocalLoad
 from ferry.errors import DeadlineExceeded, NoReplica, Overloaded
 
 

@@ -58,10 +58,8 @@ BAD_SETTINGS = [
 
 @pytest.mark.parametrize(("values", "key"), [b[1:] for b in BAD_SETTINGS], ids=[b[0] for b in BAD_SETTINGS])
 def test_bad_settings_name_the_key(values: dict, key: str) -> None:
-    from ferry.config import from_mapping
-
     with pytest.raises(ConfigError) as info:
-        from_mapping(ProxySettings, values, "proxy")
+        ProxySettings.from_section(values)
     assert info.value.key == key
 
 

@@ -17,9 +17,8 @@ import pytest
 
 from agent.engine import EngineParams
 from dataplane.decide import Ask, Local, Routing, decide, make_view
-from dataplane.pick import Branch, Need
+from dataplane.pick import Branch, LocalLoad, Need
 from dataplane.placement import Placement
-from dataplane.policy import LocalLoad
 from dataplane.pool import Pool
 from dataplane.queues import QueueParams, Ticket, TierQueues
 from dataplane.sharding import NONE, plan, rendezvous

@@ -11,8 +11,7 @@ import random
 
 import pytest
 
-from dataplane.pick import Need, pick, score
-from dataplane.policy import LocalLoad
+from dataplane.pick import LocalLoad, Need, pick, score
 from dataplane.pool import Replica
 from dataplane.regions import pick_remote
 

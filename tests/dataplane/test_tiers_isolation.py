@@ -290,10 +290,10 @@ def test_noisy_tenant_in_the_simulator(ceiling: float, max_ratio: float | None) 
 def test_settings_carry_the_isolation_parameters(kw: dict[str, float], field: str | None) -> None:
     if field is not None:
         with pytest.raises(ConfigError) as info:
-            ProxySettings(**kw)  # type: ignore[arg-type]
+            ProxySettings.from_section(kw)
         assert field in str(info.value)
         return
-    params = ProxySettings(**kw).queue_params()  # type: ignore[arg-type]
+    params = ProxySettings.from_section(kw).queues.queue_params()
     assert (params.tenant_ceiling, params.headroom_seconds, params.headroom_max_share) == (0.0, 0.5, 0.1)
     assert (params.shard_max_share, params.shard_hold_seconds) == (0.25, 3.0)
     assert params.interactive_replica_share == 0.5

@@ -122,10 +122,10 @@ def test_rows_are_bounded_and_the_rest_counted_as_dropped() -> None:
 ])
 def test_settings(fields: dict[str, float], ok: bool) -> None:
     if ok:
-        ProxySettings(**fields)  # type: ignore[arg-type]
+        ProxySettings.from_section(fields)
     else:
         with pytest.raises(ConfigError):
-            ProxySettings(**fields)  # type: ignore[arg-type]
+            ProxySettings.from_section(fields)
 
 
 @pytest.mark.timeout(20)

@@ -59,7 +59,7 @@ async def test_serves_on_last_table_without_control_plane_and_resyncs(rig) -> No
 async def test_moves_along_the_list_of_control_planes() -> None:
     replica = await FakeReplica("r1").start()
     cp = await FakeControlPlane(snapshot(4, [route(replica)])).start()
-    proxy = Proxy(settings=ProxySettings(proxy_id="p2", **FAST), tenants=TENANTS,
+    proxy = Proxy(settings=ProxySettings.from_section({"proxy_id": "p2", **FAST}), tenants=TENANTS,
                   control_planes=["127.0.0.1:1", cp.address], registry=CollectorRegistry(), rng=random.Random(1))
     port = await proxy.start()
     try:
@@ -75,7 +75,7 @@ async def test_moves_along_the_list_of_control_planes() -> None:
 
 
 async def test_no_table_yet_is_unavailable() -> None:
-    proxy = Proxy(settings=ProxySettings(proxy_id="p3", **FAST), tenants=TENANTS,
+    proxy = Proxy(settings=ProxySettings.from_section({"proxy_id": "p3", **FAST}), tenants=TENANTS,
                   control_planes=["127.0.0.1:1"], registry=CollectorRegistry())
     port = await proxy.start()
     try:

@@ -46,7 +46,8 @@ class Rig:
         self.replica = await FakeReplica("r1", self.behaviour).start()
         self.cp.current = snapshot(1, [route(self.replica)])
         await self.cp.start()
-        self.proxy = Proxy(settings=ProxySettings(proxy_id="p-sec", reconnect_initial_seconds=0.05), tenants=TENANTS,
+        settings = ProxySettings.from_section({"proxy_id": "p-sec", "reconnect_initial_seconds": 0.05})
+        self.proxy = Proxy(settings=settings, tenants=TENANTS,
                            limits=self.limits, control_planes=[self.cp.address], registry=self.registry,
                            rng=random.Random(3))
         port = await self.proxy.start("127.0.0.1:0")

@@ -62,7 +62,7 @@ def test_the_proxy_tier_queue_holds_what_the_slots_cannot_take_and_refuses_past_
     """Two replicas of two slots: four start at once, the rest wait in the proxy's interactive queue; with a
     0.5 s queue timeout and answers of some 1.6 s, the others are refused (by their expected wait, or at the
     timeout), never sent and never lost."""
-    settings = ProxySettings(queue_timeouts=(0.5, 10.0, 60.0))
+    settings = ProxySettings.from_section({"queue_timeouts": (0.5, 10.0, 60.0)})
     engine = EngineParams(max_running=2, kv_blocks_total=256, prefix_cache_blocks=256)
     requests = [SimRequest(i, 0.001 * i, 100, 200, (10_000 + i,)) for i in range(20)]
     fleet = Fleet(FleetConfig(replicas=2, proxies=1, engine=engine), lambda p, rng: Ferry(rng, settings), requests)

@@ -13,7 +13,7 @@ stale as the refresh makes it) and what it sent itself.
   replicas of its outlier detector (fed with simulated results: first-token
   and end times, cached tokens, refusals), the learned detour threshold and
   the remembered placements. A request the replica refuses is retried as
-  the router retries it (:func:`dataplane.policy.retry_reason`, the retry
+  the router retries it (:func:`dataplane.failover.retry_reason`, the retry
   budget); one the decision cannot place (longer than every context) is
   refused, as the proxy refuses it. Admission is the proxy's tier queues
   (:class:`dataplane.queues.TierQueues`, sized from every table as
@@ -53,8 +53,9 @@ from typing import Protocol
 
 from dataplane.config import ProxySettings
 from dataplane.decide import Ask
+from dataplane.failover import retry_reason
+from dataplane.pick import LocalLoad
 from dataplane.picker import Attempt, Picker, Routing
-from dataplane.policy import LocalLoad, retry_reason
 from dataplane.queues import Shed, Ticket, TierQueues
 from dataplane.retrybudget import charged
 from dataplane.table import Pool, Table
@@ -141,7 +142,10 @@ class Ferry:
 
     def __init__(self, rng: random.Random, settings: ProxySettings | None = None) -> None:
         self.settings = settings or ProxySettings()
-        self.picker = Picker.from_settings(self.settings, rng)
+        s = self.settings
+        self.picker = Picker.from_settings(s.pick, rng, region=s.region, regions=s.regions,
+                                           capacity_share=s.queues.admission_capacity_share, outliers=s.outliers,
+                                           retries=s.retries)
         self._routing: dict[int, Routing] = {}
         self._attempts: dict[int, Attempt] = {}
         self._tries: dict[int, int] = {}
@@ -151,14 +155,14 @@ class Ferry:
 
     def apply(self, table: Table) -> None:
         self.picker.apply_table(table)
-        if not self.settings.admission:
+        if not self.settings.queues.admission:
             return
         entry = table.models.get(MODEL)
         replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
             if entry is not None else {}
-        capacity = int(sum(replicas.values()) * self.settings.admission_capacity_share)
+        capacity = int(sum(replicas.values()) * self.settings.queues.admission_capacity_share)
         if self.queues is None:
-            self.queues = TierQueues(self.settings.queue_params(), capacity)
+            self.queues = TierQueues(self.settings.queues.queue_params(), capacity)
         self.queues.capacity = capacity
         self.queues.set_replicas(replicas)
 
@@ -167,7 +171,7 @@ class Ferry:
         if queues is None or queues.capacity <= 0:
             return [req.index], []
         ticket = Ticket(tenant=req.tenant, plan="enterprise", tier=TIERS[0], cost=req.prompt_tokens + req.max_tokens,
-                        deadline=now + self.settings.default_deadline_seconds)
+                        deadline=now + self.settings.server.default_deadline_seconds)
         try:
             evicted = queues.offer(ticket, now)
         except Shed:
@@ -192,7 +196,7 @@ class Ferry:
         return self._dispatch(now)
 
     def wait_limit(self, req: SimRequest) -> float | None:
-        return self.settings.queue_timeouts[0] if self.queues is not None else None
+        return self.settings.queues.queue_timeouts[0] if self.queues is not None else None
 
     def expire(self, req: SimRequest, now: float) -> bool:
         ticket = self._tickets.get(req.index)
@@ -245,7 +249,8 @@ class Ferry:
         self.picker.failed(attempt, now=now)
         error = ReplicaFailed(replica_id, "queue full", output_started=False, retryable=True)
         if retry_reason(error, tier=TIERS[0], attempts=self._tries.get(req.index, 0),
-                        max_attempts=self.settings.max_attempts, retry_tiers=self.settings.retry_tiers) is not None \
+                        max_attempts=self.settings.retries.max_attempts,
+                        retry_tiers=self.settings.retries.retry_tiers) is not None \
                 and (not charged(error) or self.picker.budget.try_spend(now)):
             return True
         self._forget(req.index)

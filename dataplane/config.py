@@ -90,7 +90,7 @@ import socket
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dataplane.outlier import OutlierParams
 from dataplane.prefix import DEPTHS
@@ -376,14 +376,6 @@ class ProxySettings:
         built: dict[str, Any] = {name: from_mapping(parts[name], values, where)
                                  for name, values in routed.items() if values}
         return dataclasses.replace(base, **built)
-
-    if not TYPE_CHECKING:
-        def __getattr__(self, key: str) -> Any:
-            """A flat ``[proxy]`` key read through to its part (for callers of the flat settings; code reads parts)."""
-            owner = _owners().get(key)
-            if not owner:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
-            return getattr(getattr(self, owner), key)
 
     def resolved(self) -> ProxySettings:
         """These settings with an empty ``proxy_id`` replaced by ``<hostname>-<pid>``."""

@@ -40,8 +40,8 @@ def test_config_file_and_flag_overrides(tmp_path: Path) -> None:
     path = tmp_path / "ferry.toml"
     path.write_text(CONFIG)
     config = load(path)
-    assert config.settings.region == "eu" and config.settings.max_inflight == 8
-    assert config.settings.retry_tiers == ("interactive", "standard") and config.settings.proxy_id
+    assert config.settings.region == "eu" and config.settings.server.max_inflight == 8
+    assert config.settings.retries.retry_tiers == ("interactive", "standard") and config.settings.proxy_id
     assert config.limits.max_tokens == 64 and config.tenants[0].name == "acme"
     overridden = load(path, region="us", proxy_id="px")
     assert (overridden.settings.region, overridden.settings.proxy_id) == ("us", "px")

@@ -57,6 +57,7 @@ from google.protobuf import json_format
 
 from ferry import clienttls
 from ferry.cli import completion, ctlflow, ctlrollout, ctltenants, ctltop
+from ferry.cli.ctlerrors import UsageError
 from ferry.cli.ctlviews import (
     change_row,
     merge_status,
@@ -73,10 +74,6 @@ from ferry.v1 import admin_pb2, admin_pb2_grpc
 TIMEOUT = 5.0
 ALLOC_TIMEOUT = 30.0
 TOKEN_ENV = "FERRY_ADMIN_TOKEN"
-
-
-class UsageError(Exception):
-    """A missing or contradictory argument: exit 2."""
 
 
 def admin_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -362,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         address = _address(args)
         with clienttls.sync_channel(address, _credentials(args)) as channel:
             COMMANDS[args.command](AdminClient(channel, _token(args)), args)
-    except (UsageError, ctltenants.TenantUsage) as exc:
+    except UsageError as exc:
         print(f"ferryctl: {exc}", file=sys.stderr)
         return 2
     except grpc.RpcError as exc:

@@ -17,6 +17,7 @@ import argparse
 import json
 from typing import Any
 
+from ferry.cli.ctlerrors import UsageError
 from ferry.cli.ctlviews import print_table
 from ferry.v1 import admin_pb2
 
@@ -51,7 +52,6 @@ def rollout_row(view: Any) -> dict[str, Any]:
 
 def _request(args: argparse.Namespace) -> admin_pb2.RolloutRequest | None:
     """The change the arguments ask for (None: a listing); raises UsageError for a contradiction."""
-    from ferry.cli.ctl import UsageError  # ctl imports this module
 
     action = args.promote or args.rollback or args.canary is not None
     if not action:

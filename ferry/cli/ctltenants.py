@@ -27,6 +27,7 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from ferry.cli.ctlerrors import UsageError
 from ferry.cli.ctlviews import print_table
 from ferry.v1 import admin_pb2
 
@@ -34,10 +35,6 @@ HELP = "tenants kept in the store: list, add NAME, set NAME, remove NAME (API ke
 ACTIONS = ("list", "add", "set", "remove")
 TIMEOUT = 10.0
 KEY_HASH_SHOWN = 12  # characters of the key hash in the human table
-
-
-class TenantUsage(Exception):
-    """A missing or contradictory argument (ferryctl exits 2)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,7 +71,7 @@ def _tiers(text: str) -> list[str]:
 def build_put(args: argparse.Namespace) -> tuple[admin_pb2.PutTenantRequest, str | None]:
     """The ``PutTenant`` request of ``add`` or ``set``, and the generated key (None unless --generate-key)."""
     if not args.name:
-        raise TenantUsage(f"tenants {args.action}: give the tenant's NAME")
+        raise UsageError(f"tenants {args.action}: give the tenant's NAME")
     view = admin_pb2.TenantView(name=args.name)
     request = admin_pb2.PutTenantRequest(create_only=args.action == "add")
     fields: list[str] = []
@@ -100,10 +97,10 @@ def build_put(args: argparse.Namespace) -> tuple[admin_pb2.PutTenantRequest, str
         fields.append("api_key_sha256")
     if args.action == "add":
         if "api_key_sha256" not in fields:
-            raise TenantUsage("tenants add: give --api-key, --api-key-sha256 or --generate-key")
+            raise UsageError("tenants add: give --api-key, --api-key-sha256 or --generate-key")
     else:
         if not fields:
-            raise TenantUsage("tenants set: give at least one of --plan, --tiers, --rps, --tps, --concurrency or a key")
+            raise UsageError("tenants set: give at least one of --plan, --tiers, --rps, --tps, --concurrency or a key")
         request.fields.extend(fields)
     request.tenant.CopyFrom(view)
     return request, generated
@@ -121,7 +118,7 @@ def run(stub: Any, args: argparse.Namespace) -> None:
     """Carry out ``ferryctl tenants`` over the Admin stub ``stub``."""
     if args.action == "list":
         if args.name:
-            raise TenantUsage("tenants list takes no NAME")
+            raise UsageError("tenants list takes no NAME")
         reply = stub.ListTenants(admin_pb2.ListTenantsRequest(), timeout=TIMEOUT)
         rows = [tenant_row(t) for t in reply.tenants]
         data = {"managed": reply.managed, "max_tenants": reply.max_tenants, "tenants": rows}
@@ -137,7 +134,7 @@ def run(stub: Any, args: argparse.Namespace) -> None:
         return
     if args.action == "remove":
         if not args.name:
-            raise TenantUsage("tenants remove: give the tenant's NAME")
+            raise UsageError("tenants remove: give the tenant's NAME")
         reply = stub.DeleteTenant(admin_pb2.DeleteTenantRequest(name=args.name), timeout=TIMEOUT)
         emit(args, {"name": args.name, "deleted": reply.deleted},
              lambda: print(f"tenant {args.name} removed; its API key is refused within a table push"))

@@ -35,7 +35,7 @@ unit: venv
 	GRPC_VERBOSITY=ERROR $(VENV)/bin/pytest -q -m 'not e2e and not etcd and not triton and not slow'
 
 bench: venv
-	$(PY) -m tools.bench_overhead
+	$(PY) -m tools.bench.overhead
 
 proto: venv
 	$(PY) -m tools.genproto

@@ -1,1 +1,10 @@
-"""Node agent, the simulated LLM replica and its engine model."""
+"""The node agent, the simulated LLM replica, and the batch runtime.
+
+The agent (:mod:`.agent`) registers its node's replicas with a control plane,
+streams their telemetry and runs the commands it gets; it reads each replica
+over KServe v2 (:mod:`.triton`, a real Triton or a simulated replica) and
+its Prometheus text (:mod:`.promtext` over :mod:`.httptext`). Pure:
+:mod:`.inventory` (what the node holds), :mod:`.states` (the per-replica
+state machine). :mod:`.replica` is the simulated replica, :mod:`.batch` the
+fixed-batch runtime; :mod:`.main` is ``ferry node``.
+"""

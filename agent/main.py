@@ -1,6 +1,6 @@
 """``ferry node``: one node's simulated replicas and its agent, in one process.
 
-Each ``--replica MODEL[:VERSION]`` starts a :class:`agent.replica.SimulatedReplica`
+Each ``--replica MODEL[:VERSION]`` starts a :class:`agent.replica.server.SimulatedReplica`
 (id ``{node}-r{i}``, version ``v1`` by default, engine parameters from the
 ``[replica]`` section, the node's GPUs shared evenly); ``--triton`` also adopts
 every LLM model of a real Triton endpoint. ``--batch-runtime`` also runs
@@ -42,9 +42,9 @@ from agent.agent import Agent, Endpoint, NodeInfo
 from agent.batch.host import HostedRuntime, RuntimeSpec, add_arguments, spec_from_args
 from agent.batch.runtime import BATCHES_IN_FLIGHT
 from agent.config import AgentSettings
-from agent.engine import EngineParams
 from agent.inventory import ReplicaSpec
-from agent.replica import SimulatedReplica
+from agent.replica.engine import EngineParams
+from agent.replica.server import SimulatedReplica
 from ferry import logs, tls
 from ferry.config import load_file
 from ferry.errors import ConfigError

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from controlplane.gang import Policy
-from controlplane.spill import parse_rtt
+from controlplane.allocation.gang import Policy
+from controlplane.regions.weights import parse_rtt
 from ferry.errors import ConfigError
 
 
@@ -21,7 +21,7 @@ class ControlPlaneSettings:
     """Timing and bounds of one control plane."""
 
     id: str = "controlplane"
-    # Reserved share of each region's capacity per tier: interactive, standard, batch (controlplane.quotas).
+    # Reserved share of each region's capacity per tier: interactive, standard, batch (controlplane.tables.quotas).
     tier_reserved: tuple[float, ...] = (0.7, 0.2, 0.1)
     # Timing (seconds).
     tick_seconds: float = 0.5  # recompute every table at least this often
@@ -49,19 +49,19 @@ class ControlPlaneSettings:
     max_pending_allocations: int = 256  # allocation requests waiting for a node, fleet-wide
     max_alloc_replicas: int = 64  # replicas one Allocate call may ask for
     max_alloc_gpus: int = 64  # GPUs one replica may ask for
-    max_tenants: int = 10_000  # tenants kept in the store (controlplane.tenants), pushed in every table
-    # Gang allocation (controlplane.gang.Policy).
+    max_tenants: int = 10_000  # tenants kept in the store (controlplane.tenants.records), pushed in every table
+    # Gang allocation (controlplane.allocation.gang.Policy).
     alloc_gang_gpus: int = 8  # a replica of at least this many GPUs may drain small ones
     alloc_replica_weight: float = 10.0  # drain cost of a moved replica, in requests in flight
     alloc_drain_budget: float = 40.0  # drain cost a young large request may impose
     alloc_aging_seconds: float = 30.0  # from this age a large request drains the cheapest node at any cost
     # The Admin API's token: its sha256 in hex (the token itself comes from --admin-token-file or
-    # FERRY_ADMIN_TOKEN, see controlplane.adminauth). Without any, every Admin call is refused.
+    # FERRY_ADMIN_TOKEN, see controlplane.api.auth). Without any, every Admin call is refused.
     admin_token_sha256: str = ""
     # The agents' join token: its sha256 in hex (the token itself may come from --join-token-file or
-    # FERRY_JOIN_TOKEN, see controlplane.admission). Without one and without mutual TLS, any agent may join.
+    # FERRY_JOIN_TOKEN, see controlplane.api.join). Without one and without mutual TLS, any agent may join.
     join_token_sha256: str = ""
-    # Regions (controlplane.regions): round trips between regions, "a:b" = ms (symmetric); none: no spill.
+    # Regions (controlplane.regions.planner): round trips between regions, "a:b" = ms (symmetric); none: no spill.
     region_rtt_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     spill_budget_ms: float = 500.0  # the interactive latency budget a spilled request must still fit
     spill_headroom: float = 0.9  # a region keeps work up to this share of its capacity, takes spill up to it

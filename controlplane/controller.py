@@ -3,18 +3,18 @@
 :class:`Controller` owns no operation of its own: each lives in the service
 that holds its state (see each module):
 
-- :class:`controlplane.peerservice.PeerService`: leadership, the shared fleet,
+- :class:`controlplane.cluster.service.PeerService`: leadership, the shared fleet,
   ``Admin.Follow`` both ways;
-- :class:`controlplane.tableservice.TableService`: the computation loop, the
+- :class:`controlplane.tables.service.TableService`: the computation loop, the
   table versions, the proxies' watch streams;
-- :class:`controlplane.intentwriter.IntentWriter`: every operator write of
+- :class:`controlplane.store.writer.IntentWriter`: every operator write of
   intent (check the store, conditional put, echo, the leader's tables);
-- :class:`controlplane.fleetservice.FleetService`: agents, members, drains,
+- :class:`controlplane.fleet.service.FleetService`: agents, members, drains,
   cordons, node, replica and model views;
-- :class:`controlplane.tenantservice.TenantService`,
-  :class:`controlplane.rolloutservice.RolloutService`,
-  :class:`controlplane.allocationservice.AllocationService`,
-  :class:`controlplane.statusservice.StatusService`.
+- :class:`controlplane.tenants.service.TenantService`,
+  :class:`controlplane.rollout.service.RolloutService`,
+  :class:`controlplane.allocation.service.AllocationService`,
+  :class:`controlplane.cluster.statusservice.StatusService`.
 
 The state they share is built here: members (:class:`FleetView`), intent
 (owned by the store, mirrored by :class:`IntentCache`), telemetry in memory,
@@ -36,26 +36,26 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.agents import Agents
-from controlplane.allocationservice import AllocationService
-from controlplane.allocator import GangAllocator
+from controlplane.allocation.allocator import GangAllocator
+from controlplane.allocation.service import AllocationService
+from controlplane.cluster.service import PeerService
+from controlplane.cluster.statusservice import StatusService
 from controlplane.config import ControlPlaneSettings
-from controlplane.fleet import FleetView
-from controlplane.fleetservice import FleetService
-from controlplane.intent import IntentCache
-from controlplane.intentwriter import IntentWriter
-from controlplane.members import MemberLeases
+from controlplane.fleet.agents import Agents
+from controlplane.fleet.members import MemberLeases
+from controlplane.fleet.service import FleetService
+from controlplane.fleet.view import FleetView
 from controlplane.metrics import Metrics
-from controlplane.peerservice import PeerService
-from controlplane.regions import SpillPlanner
-from controlplane.rolloutservice import RolloutService
-from controlplane.statusservice import StatusService
-from controlplane.store import Store
-from controlplane.table import TableVersions, initial_version
-from controlplane.tableservice import TableService
-from controlplane.tenantservice import TenantService
-from controlplane.usage import ProxyUsage
-from controlplane.watchers import Watchers
+from controlplane.regions.planner import SpillPlanner
+from controlplane.rollout.service import RolloutService
+from controlplane.store.base import Store
+from controlplane.store.intent import IntentCache
+from controlplane.store.writer import IntentWriter
+from controlplane.tables.compute import TableVersions, initial_version
+from controlplane.tables.service import TableService
+from controlplane.tables.usage import ProxyUsage
+from controlplane.tables.watchers import Watchers
+from controlplane.tenants.service import TenantService
 from ferry.config import ModelConfig, TenantConfig
 from ferry.errors import Unavailable
 from ferry.tasks import TaskGroup
@@ -94,10 +94,10 @@ class Controller:
         )
         self.agents = Agents(control_plane_id=s.id, max_streams=s.max_agents, queue_size=s.command_queue_size)
         self.watchers = Watchers(max_watchers=s.max_watchers, max_proxies=s.max_proxies, clock=clock)
-        self.proxy_usage = ProxyUsage(clock=clock, max_proxies=s.max_proxies)  # controlplane.usage
+        self.proxy_usage = ProxyUsage(clock=clock, max_proxies=s.max_proxies)  # controlplane.tables.usage
         self.tables = TableVersions(initial_version(wall()), history=s.table_history)
         spill = SpillPlanner(s.region_rtt_ms, budget_ms=s.spill_budget_ms, headroom=s.spill_headroom,
-                             service_ms=s.spill_service_ms)  # region spill weights (controlplane.regions)
+                             service_ms=s.spill_service_ms)  # region spill weights (controlplane.regions.planner)
         self.intent = IntentCache(store, on_change=self.notify, on_drain=self._drain_changed)
         allocator = GangAllocator(store, self.intent, s.alloc_policy(), wall=wall, clock=clock,
                                   grace_seconds=s.grace_seconds, timeout=s.store_timeout_seconds,

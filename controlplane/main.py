@@ -4,15 +4,15 @@ Flags: ``--listen`` (gRPC, default 127.0.0.1:0), ``--metrics-listen``
 (Prometheus, default 127.0.0.1:0), ``--ready-file`` (JSON ``{"grpc",
 "metrics", "pid", "id"}`` written atomically once it serves),
 ``--config`` (TOML: the ``[controlplane]`` section, the ``[[models]]``
-catalog and the ``[[tenants]]`` seeded into an empty store, :mod:`controlplane.tenantrpc`),
+catalog and the ``[[tenants]]`` seeded into an empty store, :mod:`controlplane.api.tenants`),
 ``--id`` (overrides ``controlplane.id``; every control plane on one store needs its own),
 ``--store`` (``memory://``, the default: the embedded store, one control plane alone;
 or ``etcd://host:port``: the fleet's state in etcd, and an election among every control plane on it),
 ``--admin-token-file`` (a file holding the Admin API's token; else env ``FERRY_ADMIN_TOKEN``, else
-``controlplane.admin_token_sha256``: see :mod:`controlplane.adminauth`;
+``controlplane.admin_token_sha256``: see :mod:`controlplane.api.auth`;
 without any, every Admin call is refused), ``--join-token-file`` (the agents'
 join token; else env ``FERRY_JOIN_TOKEN``, else ``controlplane.join_token_sha256``:
-see :mod:`controlplane.admission`), and either ``--tls-ca``, ``--tls-cert``,
+see :mod:`controlplane.api.join`), and either ``--tls-ca``, ``--tls-cert``,
 ``--tls-key`` (mutual TLS on the port and to the leader) or ``--insecure``
 (plain text; with neither it refuses to start, exit 2). Exit codes: 0 after
 a clean stop, 2 for a bad config or flag, 1 when it cannot start (the store
@@ -30,12 +30,13 @@ import sys
 
 from prometheus_client import REGISTRY
 
-from controlplane import adminauth, admission
-from controlplane.adminauth import AdminAuth
-from controlplane.admission import Admission
+from controlplane.api import auth as adminauth
+from controlplane.api import join as admission
+from controlplane.api.auth import AdminAuth
+from controlplane.api.join import Admission
 from controlplane.config import ControlPlaneSettings
-from controlplane.etcdstore import EtcdStore, parse_endpoint
 from controlplane.server import ControlPlane
+from controlplane.store.etcd import EtcdStore, parse_endpoint
 from ferry import logs, tls
 from ferry.config import ModelConfig, TenantConfig, load_file
 from ferry.errors import ConfigError, FerryError

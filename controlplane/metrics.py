@@ -33,7 +33,7 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_region_shed_ratio`` | gauge: shed / offered requests, 0..1 | model, region, tier |
 
 The ``ferry_region_*`` series are the leader's merge of every proxy's last
-usage report (:mod:`controlplane.usage`); a follower exports none of them.
+usage report (:mod:`controlplane.tables.usage`); a follower exports none of them.
 
 Models and regions are bounded by the catalog and the fleet; a pair that
 disappears loses its series at the next observation.
@@ -46,11 +46,11 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from controlplane.fleet import Member, is_live, load_of, replica_state
-from controlplane.gang import BRANCHES, Placement
-from controlplane.table import TableVersions
-from controlplane.usage import Figures
-from controlplane.watchers import ProxyStatus
+from controlplane.allocation.gang import BRANCHES, Placement
+from controlplane.fleet.view import Member, is_live, load_of, replica_state
+from controlplane.tables.compute import TableVersions
+from controlplane.tables.usage import Figures
+from controlplane.tables.watchers import ProxyStatus
 from ferry.metrics import name
 from ferry.v1 import admin_pb2, common_pb2
 
@@ -66,7 +66,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.members = Gauge(name("controlplane_members"), "Live nodes in the fleet.", registry=registry)
         self.spill_weight = Gauge(name("controlplane_spill_weight"),
-                                  "Share of a region's interactive traffic spilled to another (controlplane.regions).",
+                                  "Share of a region's interactive traffic spilled to another (regions.planner).",
                                   ["source", "target"], registry=registry)
         self.tier_quota = Gauge(name("controlplane_tier_quota"), "Concurrency slots a tier may run (table quota).",
                                 ["region", "tier"], registry=registry)

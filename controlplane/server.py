@@ -11,11 +11,11 @@ process and a store. With ``elect=True`` (every etcd-backed control plane) it
 joins the election once its server is bound, advertising ``advertise``
 (default: the bound ``host:port``) to the other control planes. Every call of
 the ``Admin`` service must carry the admin token of ``admin_auth``
-(:mod:`controlplane.adminauth`; default: none, so the Admin API refuses
+(:mod:`controlplane.api.auth`; default: none, so the Admin API refuses
 everything); a follower presents it to the leader on ``Admin.Follow``.
 With ``tls`` (:mod:`ferry.tls`) the port is mutual TLS and a client
 certificate with common name ``admin`` also opens the Admin API; agents are
-admitted by ``admission`` (:mod:`controlplane.admission`: join token or
+admitted by ``admission`` (:mod:`controlplane.api.join`: join token or
 certificate common name ``agent``).
 """
 
@@ -27,18 +27,18 @@ from collections.abc import Callable, Sequence
 import grpc
 from prometheus_client import CollectorRegistry
 
-from controlplane.adminauth import AdminAuth, AdminAuthInterceptor
-from controlplane.adminrpc import FleetRpcs
-from controlplane.admission import Admission
+from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
+from controlplane.api.fleet import FleetRpcs
+from controlplane.api.join import Admission
+from controlplane.api.rollout import RolloutRpcs
+from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer
+from controlplane.api.tenants import TenantRpcs
+from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
-from controlplane.memstore import MemoryStore
 from controlplane.metrics import Metrics
-from controlplane.rolloutrpc import RolloutRpcs
-from controlplane.servicers import AdminServicer, FleetServicer, TablesServicer
-from controlplane.store import Store
-from controlplane.tenantrpc import TenantRpcs
-from controlplane.usagerpc import UsageRpcs
+from controlplane.store.base import Store
+from controlplane.store.memory import MemoryStore
 from ferry.config import ModelConfig, TenantConfig
 from ferry.grpcutil import split_address, start_server
 from ferry.tls import TLSConfig

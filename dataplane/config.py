@@ -6,14 +6,14 @@ belongs to the narrow frozen part of the component that reads it, and
 
 - ``server`` (:class:`ServerSettings`): the router's request bounds;
 - ``queues`` (:class:`QueueSettings`): the tier queues and their admission,
-  tenant ceilings and shards (:class:`dataplane.admission.Admission`);
+  tenant ceilings and shards (:class:`dataplane.admission.gate.Admission`);
 - ``pick`` (:class:`PickSettings`): the decision
-  (:meth:`dataplane.picker.Picker.from_settings`);
+  (:meth:`dataplane.pick.picker.Picker.from_settings`);
 - ``outliers`` (:class:`OutlierSettings`): outlier ejection;
 - ``retries`` (:class:`RetrySettings`): retries, the retry budget and
-  stream continuation (:class:`dataplane.failover.Failover`);
+  stream continuation (:class:`dataplane.failover.recover.Failover`);
 - ``regions`` (:class:`RegionSettings`): spill to other regions;
-- ``coldstart`` (:class:`ColdStartSettings`): :class:`dataplane.coldwait.ColdStarts`;
+- ``coldstart`` (:class:`ColdStartSettings`): :class:`dataplane.admission.coldwait.ColdStarts`;
 - ``idempotency`` (:class:`IdempotencySettings`);
 - ``table`` (:class:`TableSettings`): the table holder's bounds and ring;
 - ``watch`` (:class:`WatchSettings`): the table watch and its usage reports.
@@ -40,7 +40,7 @@ a warning when the table has not been refreshed for 10 s; telemetry older
 than 1 s starts to cost score and counts as saturated at 6 s; reconnects to
 the control plane back off from 0.1 s, doubling, to 5 s, with jitter.
 
-The decision (:mod:`dataplane.decide`): prefix keys at depths 1, 2, 4, 8 and 16
+The decision (:mod:`dataplane.pick.decide`): prefix keys at depths 1, 2, 4, 8 and 16
 blocks of 512 tokens (``prefix_depths``); a hot-prefix sketch of 256 keys
 decayed every 1,024 requests; a ring with load factor 1.25 and 128 points
 per replica (the table's ring parameters override both), its key shares
@@ -48,12 +48,12 @@ from loads smoothed over 10 s; a walk of at most 8 replicas; 65,536 keys
 remembered with their replica (``placements``); a new key placed on the
 least busy of its walk's first four replicas when that saves 3 x the learned
 advantage x the mean prompt of backlog (``place_factor``); a detour factor
-of 24 (:mod:`dataplane.picker`). Region spill (:mod:`dataplane.spill`): an
+of 24 (:mod:`dataplane.pick.picker`). Region spill (:mod:`dataplane.regions.choice`): an
 interactive request the weights keep home spills on queue when it would
 wait here more than ``spill_queue_ms`` (100 ms) and the round trip; no
 spill on queue fills more than ``spill_headroom`` (1.25) times the target's slots.
 
-Admission (:mod:`dataplane.queues`, :mod:`dataplane.admission`): tier queues
+Admission (:mod:`dataplane.admission.queues`, :mod:`dataplane.admission.gate`): tier queues
 bounded at 256 / 512 / 4,096 (interactive / standard / batch) and 8,192 per
 model, queue timeouts 2 / 10 / 60 s, reserved shares 0.7 / 0.2 / 0.1 until a
 table brings the control plane's, free plans limited to half a queue, DRR
@@ -64,12 +64,13 @@ quantum 512 tokens; lower tiers leave the interactive dispatch rate x
 that ceiling with work waiting is confined to whole replicas of its own, the
 others kept off them, on at most ``tenant_shard_max_share`` (0.5; 0 turns it
 off) of the replicas, for ``tenant_shard_hold_seconds`` (1 s) after it was last
-seen heavy (:mod:`dataplane.sharding`); ``interactive_replica_share`` (0: off) of each
+seen heavy (:mod:`dataplane.admission.sharding`); ``interactive_replica_share`` (0: off) of each
 model's replicas (whole, rounded down, at least one left) run interactive work
-only (:mod:`dataplane.placement`; set it alike on every proxy); the proxy dispatches ``admission_capacity_share`` (1.0)
+only (:mod:`dataplane.admission.avoid`; set it alike on every proxy); the proxy dispatches
+``admission_capacity_share`` (1.0)
 of the replicas' concurrency; idempotency keys kept 300 s, 10,000 at most.
 
-Cold start (:mod:`dataplane.coldstart`): a replica is expected to warm up in
+Cold start (:mod:`dataplane.admission.coldstart`): a replica is expected to warm up in
 ``coldstart_warmup_seconds`` (30 s); a request for a version with replicas
 warming and none ready waits when that fits its tier's queue timeout and
 deadline, else ends UNAVAILABLE with a retry-after of the warm-up left.
@@ -92,12 +93,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dataplane.outlier import OutlierParams
-from dataplane.prefix import DEPTHS
-from dataplane.queues import QueueParams
-from dataplane.retrybudget import RetryBudget
-from dataplane.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
-from dataplane.table import MAX_VNODES, TableParams
+from dataplane.admission.queues import QueueParams
+from dataplane.failover.budget import RetryBudget
+from dataplane.pick.outlier import OutlierParams
+from dataplane.pick.prefix import DEPTHS
+from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
+from dataplane.table.local import MAX_VNODES, TableParams
 from ferry.config import TIERS, FileConfig, Limits, TenantConfig, from_mapping, load_file
 from ferry.errors import ConfigError
 
@@ -132,7 +133,7 @@ class ServerSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class QueueSettings:
-    """The tier queues' settings (:mod:`dataplane.queues`, :mod:`dataplane.admission`), per tier in TIERS order."""
+    """The tier queues' settings (:mod:`dataplane.admission.queues`, ``.gate``), per tier in TIERS order."""
 
     admission: bool = True
     admission_capacity_share: float = 1.0   # share of the fleet's concurrency this proxy dispatches
@@ -186,13 +187,13 @@ class QueueSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PickSettings:
-    """The decision's settings (:class:`dataplane.picker.Picker`, :class:`dataplane.decide.DecideParams`)."""
+    """The decision's settings (:class:`dataplane.pick.picker.Picker`, :class:`dataplane.pick.decide.DecideParams`)."""
 
     prefix_depths: tuple[int, ...] = DEPTHS
     walk_limit: int = 8
     detour_factor: float = 24.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
     place_factor: float = 3.0  # a new key leaves its home for a less busy one of its walk by this x adv. x mean
-    placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.decide.Placements)
+    placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.pick.decide.Placements)
     hot_keys: int = 256
     hot_window: int = 1024
     telemetry_fresh_seconds: float = 1.0
@@ -211,7 +212,7 @@ class PickSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OutlierSettings:
-    """Outlier ejection's settings (:class:`dataplane.outlier.OutlierParams`, checked there)."""
+    """Outlier ejection's settings (:class:`dataplane.pick.outlier.OutlierParams`, checked there)."""
 
     outlier_consecutive_failures: int = 5  # failures in a row …
     outlier_latency_factor: float = 5.0  # … or a decode or prefill rate above this many times the peers' median
@@ -234,14 +235,14 @@ class OutlierSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RetrySettings:
-    """Retries and stream continuation (:func:`dataplane.failover.retry_reason`, :mod:`dataplane.retrybudget`)."""
+    """Retries and stream continuation (:func:`dataplane.failover.recover.retry_reason`, ``.budget``)."""
 
     max_attempts: int = 2
     retry_tiers: tuple[str, ...] = ("interactive",)
     retry_budget_ratio: float = 0.1  # retries and continuations at most 10 % of requests per window …
-    retry_budget_min_per_second: float = 10.0  # … plus this many per second (dataplane.retrybudget)
+    retry_budget_min_per_second: float = 10.0  # … plus this many per second (dataplane.failover.budget)
     retry_budget_window_seconds: float = 10.0
-    max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.continuation)
+    max_continuations: int = 2  # a stream cut mid-way is continued at most this often (dataplane.failover.continuation)
 
     def __post_init__(self) -> None:
         _positive({"max_attempts": self.max_attempts, "retry_budget_window_seconds": self.retry_budget_window_seconds})
@@ -260,9 +261,9 @@ class RetrySettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RegionSettings:
-    """Spill to other regions (:mod:`dataplane.spill`, the decision's region step) and the simulated round trip."""
+    """Spill to other regions (:mod:`dataplane.regions.choice`, the region step) and the simulated round trip."""
 
-    spill_queue_ms: float = 100.0  # spill on queue when the local wait would exceed this and the rtt (dataplane.spill)
+    spill_queue_ms: float = 100.0  # spill on queue when the local wait would exceed this and the rtt (regions.choice)
     spill_headroom: float = 1.25  # a spill target's slots x this: what spills may fill there (as this proxy sees)
     simulate_region_rtt: bool = False  # sleep a spill target's rtt_ms before a cross-region forward (one machine)
 
@@ -273,7 +274,7 @@ class RegionSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ColdStartSettings:
-    """Cold start's settings (:class:`dataplane.coldwait.ColdStarts`)."""
+    """Cold start's settings (:class:`dataplane.admission.coldwait.ColdStarts`)."""
 
     coldstart_warmup_seconds: float = 30.0  # expected warm-up of a replica: sizes a cold start's retry-after
 
@@ -283,7 +284,7 @@ class ColdStartSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class IdempotencySettings:
-    """The idempotency keys' bounds (:class:`dataplane.idempotency.Idempotency`)."""
+    """The idempotency keys' bounds (:class:`dataplane.api.idempotency.Idempotency`)."""
 
     idempotency_entries: int = 10_000
     idempotency_ttl_seconds: float = 300.0
@@ -291,7 +292,7 @@ class IdempotencySettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TableSettings:
-    """The table holder's bounds and ring defaults (:class:`dataplane.table.TableParams`)."""
+    """The table holder's bounds and ring defaults (:class:`dataplane.table.local.TableParams`)."""
 
     max_table_replicas: int = 100_000
     max_table_models: int = 10_000
@@ -316,7 +317,7 @@ class TableSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WatchSettings:
-    """The table watch (:class:`dataplane.watch.TableWatcher`) and the usage reports it carries."""
+    """The table watch (:class:`dataplane.table.watch.TableWatcher`) and the usage reports it carries."""
 
     table_stale_warn_seconds: float = 10.0
     reconnect_initial_seconds: float = 0.1

@@ -5,7 +5,7 @@
 | ``ferry_proxy_requests_total`` | counter | model, tier, status (gRPC code name) |
 | ``ferry_proxy_request_duration_seconds`` | histogram | model, tier |
 | ``ferry_proxy_ttft_seconds`` | histogram | model, tier |
-| ``ferry_proxy_picks_total`` | counter | model, branch (:class:`dataplane.pick.Branch`) |
+| ``ferry_proxy_picks_total`` | counter | model, branch (:class:`dataplane.pick.p2c.Branch`) |
 | ``ferry_proxy_retries_total`` | counter | model, reason (failure kind) |
 | ``ferry_proxy_retry_budget_exhausted_total`` | counter | model |
 | ``ferry_proxy_spilled_total`` | counter | from, to (regions) |
@@ -62,7 +62,7 @@ class ProxyMetrics:
             ["model"], registry=reg,
         )
         self.spilled = Counter(
-            name("proxy_spilled_total"), "Requests sent to another region's replica (dataplane.spill).",
+            name("proxy_spilled_total"), "Requests sent to another region's replica (dataplane.regions.choice).",
             ["from", "to"], registry=reg,
         )
         self.ejections = Counter(

@@ -1,34 +1,34 @@
 """The request path of the proxy: admit, then a loop of decide, forward, record.
 
-Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.auth`),
-validates (:mod:`dataplane.validate`), checks the tier against the plan,
+Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.api.auth`),
+validates (:mod:`dataplane.api.validate`), checks the tier against the plan,
 resolves the model, version and prefix keys in the current table
-(:meth:`dataplane.picker.Picker.prepare`), and takes an in-flight slot
-(:class:`dataplane.limits.InflightLimit`), in that order, so the first
+(:meth:`dataplane.pick.picker.Picker.prepare`), and takes an in-flight slot
+(:class:`dataplane.admission.limits.InflightLimit`), in that order, so the first
 problem found is the one reported. When the table has spill routes, the
 decision's region step runs once here: a request sent to another region
 skips this region's tier queues. Then :meth:`Router.infer` or
-:meth:`Router.stream` loop: **decide** (:func:`dataplane.decide.decide`
-through :meth:`dataplane.picker.Picker.decide`: filters, ejected replicas,
+:meth:`Router.stream` loop: **decide** (:func:`dataplane.pick.decide.decide`
+through :meth:`dataplane.pick.picker.Picker.decide`: filters, ejected replicas,
 the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
 prefill detour, P2C), **forward** with the remaining deadline, **record**
 (the proxy's in-flight load, prefill backlog and placements; the outlier
 detector's feed). A failure before any output is retried when
-:func:`dataplane.failover.retry_reason` says so and the retry budget allows
-(:class:`dataplane.failover.Failover`); a stream cut after output is
-continued on another replica (:mod:`dataplane.continuation`) or ends
+:func:`dataplane.failover.recover.retry_reason` says so and the retry budget allows
+(:class:`dataplane.failover.recover.Failover`); a stream cut after output is
+continued on another replica (:mod:`dataplane.failover.continuation`) or ends
 UNAVAILABLE saying how many tokens were delivered. A request whose version
 has no ready replica but replicas warming waits for one, before the tier
 queue, as long as its tier and deadline allow, or ends UNAVAILABLE with a
-retry-after sized to the warm-up (:mod:`dataplane.coldstart`,
-:mod:`dataplane.coldwait`). :meth:`Router.end` gives the slot back. Every
+retry-after sized to the warm-up (:mod:`dataplane.admission.coldstart`,
+:mod:`dataplane.admission.coldwait`). :meth:`Router.end` gives the slot back. Every
 error is a :class:`ferry.errors.FerryError`; the servicer chooses the status.
 
 One listener on the table holder, :meth:`Router.apply_table`, updates the
 decision's view and the tier queues when a table is applied.
 
 State: the holder's current table (read once per request) and the picker
-(its decision state: :mod:`dataplane.picker`); nothing else survives a request.
+(its decision state: :mod:`dataplane.pick.picker`); nothing else survives a request.
 """
 
 from __future__ import annotations
@@ -39,24 +39,24 @@ import logging
 import random
 from collections.abc import AsyncGenerator, Callable, Iterable
 
-from dataplane.admission import Admission, Preempted
-from dataplane.auth import Authenticator
-from dataplane.coldwait import ColdStarts
+from dataplane.admission.coldwait import ColdStarts
+from dataplane.admission.gate import Admission, Preempted
+from dataplane.admission.limits import InflightLimit, TenantInflight
+from dataplane.admission.queues import Ticket
+from dataplane.admission.tenantlimits import TenantLimits
+from dataplane.api.auth import Authenticator
+from dataplane.api.idempotency import Idempotency
+from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
 from dataplane.config import ProxySettings
-from dataplane.continuation import Delivered, cut_error
-from dataplane.decide import Ask
-from dataplane.failover import Failover, retry_reason
-from dataplane.forward import Call, Forwarder, Outcome, Piece
-from dataplane.idempotency import Idempotency
-from dataplane.limits import InflightLimit, TenantInflight
+from dataplane.failover.continuation import Delivered, cut_error
+from dataplane.failover.recover import Failover, retry_reason
+from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
 from dataplane.metrics import UNKNOWN, ProxyMetrics
-from dataplane.pick import Branch, Decision, LocalLoad
-from dataplane.picker import Attempt, Picker, Routing
-from dataplane.queues import Ticket
-from dataplane.table import Replica, Table, TableHolder
-from dataplane.tenantlimits import TenantLimits
+from dataplane.pick.decide import Ask
+from dataplane.pick.p2c import Branch, Decision, LocalLoad
+from dataplane.pick.picker import Attempt, Picker, Routing
+from dataplane.table.local import Replica, Table, TableHolder
 from dataplane.usage import UsageWindow
-from dataplane.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
 from ferry.config import Limits, TenantConfig
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, NoReplica, ReplicaFailed, Unavailable
 from ferry.logs import event
@@ -87,10 +87,10 @@ class RequestState:
     admitted: bool = False
     region: str = ""  # the region of the replica that answered, when it is not the proxy's (spilled)
     rtt_ms: float = 0.0  # the round trip to that region
-    spilled: Decision | None = None  # the region step chose another region (dataplane.decide)
-    limited: bool = False  # counted in the tenant's concurrency cap (dataplane.tenantlimits)
-    ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission), when queued
-    cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.coldstart)
+    spilled: Decision | None = None  # the region step chose another region (dataplane.pick.decide)
+    limited: bool = False  # counted in the tenant's concurrency cap (dataplane.admission.tenantlimits)
+    ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission.gate), when queued
+    cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.admission.coldstart)
 
 
 class Router:
@@ -118,7 +118,7 @@ class Router:
         server, queues = settings.server, settings.queues
         self._admission = InflightLimit(server.max_inflight, server.retry_after_seconds)
         self._tenants = TenantInflight(limits.max_inflight_per_tenant, server.retry_after_seconds)
-        self.picker = Picker.from_settings(  # the decision and its state (dataplane.picker)
+        self.picker = Picker.from_settings(  # the decision and its state (dataplane.pick.picker)
             settings.pick, rng, region=settings.region, regions=settings.regions,
             capacity_share=queues.admission_capacity_share, outliers=settings.outliers, retries=settings.retries)
         self.picker.on_eject = self._ejected
@@ -132,7 +132,7 @@ class Router:
         self.admission = Admission(queues.queue_params(), clock=clock, registry=metrics.registry,
                                    capacity_share=queues.admission_capacity_share,
                                    tenant_labels=queues.tenant_metric_labels)
-        self.cold = ColdStarts(settings.coldstart, holder, clock,  # versions warming up (dataplane.coldwait)
+        self.cold = ColdStarts(settings.coldstart, holder, clock,  # versions warming up (dataplane.admission.coldwait)
                                timeouts=queues.timeouts(), floor=server.retry_after_seconds)
         holder.on_applied(self.apply_table)
         if holder.table is not None:
@@ -189,14 +189,14 @@ class Router:
             tenant=state.tenant.name,
             plan=state.tenant.plan,
         )
-        self._tenants.enter(state.tenant.name)  # dataplane.limits: one tenant cannot take every slot
+        self._tenants.enter(state.tenant.name)  # dataplane.admission.limits: one tenant cannot take every slot
         try:
             self._admission.enter()
         except FerryError:
             self._tenants.leave(state.tenant.name)
             raise
         state.admitted = True
-        # dataplane.tenantlimits: the tenant's own rate limits and concurrency cap (end() undoes the above)
+        # dataplane.admission.tenantlimits: the tenant's own rate limits and concurrency cap (end() undoes the above)
         state.limited = self.tenant_limits.admit(state.tenant, valid.prompt_tokens + valid.max_tokens, self._clock())
         if not valid.version:  # the region step: a request sent to another region skips this region's queues
             view = self.picker.view_of(table)
@@ -226,7 +226,7 @@ class Router:
         return state.version, bool(state.routing.pool.replicas)
 
     async def _warm_up(self, state: RequestState) -> None:
-        """A cold start allowed to wait (``state.cold_wait``): wait for its version (dataplane.coldwait)."""
+        """A cold start allowed to wait (``state.cold_wait``): wait for its version (dataplane.admission.coldwait)."""
         assert state.request is not None
         await self.cold.wait(model=state.request.model, version=state.version, seconds=state.cold_wait,
                              reroute=functools.partial(self._reroute, state))
@@ -257,7 +257,7 @@ class Router:
                           else frozenset()))
 
     def _decide(self, state: RequestState, failed: list[Replica]) -> Decision:
-        """The decision for the next attempt (dataplane.decide), off the replicas and nodes that failed."""
+        """The decision for the next attempt (dataplane.pick.decide), off the replicas and nodes that failed."""
         assert state.request is not None and state.table is not None and state.routing is not None
         now = self._clock()
         model = state.model_label

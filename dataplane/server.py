@@ -28,16 +28,16 @@ from collections.abc import Callable, Sequence
 import grpc
 from prometheus_client import CollectorRegistry
 
-from dataplane.auth import Authenticator
-from dataplane.clients import ClientFactory, ClientPool, default_factory
+from dataplane.api.auth import Authenticator
+from dataplane.api.service import InferenceServicer
 from dataplane.config import ProxySettings
-from dataplane.forward import Forwarder
+from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
+from dataplane.forward.kserve import Forwarder
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
-from dataplane.service import InferenceServicer
-from dataplane.table import Table, TableHolder
-from dataplane.tenantset import TenantSet
-from dataplane.watch import TableWatcher
+from dataplane.table.local import Table, TableHolder
+from dataplane.table.tenants import TenantSet
+from dataplane.table.watch import TableWatcher
 from ferry.backoff import Backoff
 from ferry.config import TIERS, Limits, TenantConfig
 from ferry.grpcutil import start_server
@@ -106,7 +106,7 @@ class Proxy:
                 usage=self._usage_report,
                 usage_seconds=watch.usage_report_seconds,
             )
-        # The tenants served: the config file's, or the set the table carries (dataplane.tenantset).
+        # The tenants served: the config file's, or the set the table carries (dataplane.table.tenants).
         self.tenants = TenantSet(tenants, self.authenticator, self.router.tenant_limits)
         self.holder.on_applied(self._on_table)
         self.metrics.watch_table_age(self.holder.age)

@@ -25,7 +25,7 @@ File layout (every section optional)::
     [proxy]          # dataplane.config.ProxySettings
     [controlplane]   # controlplane.config.ControlPlaneSettings
     [agent]          # agent.config.AgentSettings
-    [replica]        # agent.engine.EngineParams
+    [replica]        # agent.replica.engine.EngineParams
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class TenantConfig:
     api_key_sha256: str
     plan: str = "paid"
     tiers: tuple[str, ...] = TIERS
-    requests_per_second: float = 0.0   # rate limit per proxy (dataplane.tenantlimits); 0: none
+    requests_per_second: float = 0.0   # rate limit per proxy (dataplane.admission.tenantlimits); 0: none
     tokens_per_second: float = 0.0     # prompt + max_tokens per second per proxy; 0: none
     max_concurrency: int = 0           # requests in flight per proxy; 0: none
 

@@ -1,10 +1,10 @@
 """A local etcd server for ``ferry up``, the benchmarks and the tests (a shared helper: it imports no plane).
 
-:class:`LocalEtcd` is a :class:`ferry.cli.procs.Child` named ``etcd``: one
+:class:`LocalEtcd` is a :class:`ferry.procs.Child` named ``etcd``: one
 ``etcd`` process on 127.0.0.1 with a data dir of its own (a fresh temporary
 folder unless one is given; a folder it made is deleted by
 :meth:`LocalEtcd.close`), started, waited for, stopped (by pid) and reported
-(:attr:`~ferry.cli.procs.Child.pid`) as every other child of ``ferry up`` is.
+(:attr:`~ferry.procs.Child.pid`) as every other child of ``ferry up`` is.
 Ports are taken from the kernel (bind port 0, read it, release it) unless
 given, and kept across :meth:`LocalEtcd.restart`, so a test can kill etcd and
 bring it back on the same data dir and port. Readiness is ``GET /health``
@@ -12,7 +12,7 @@ answering ``"health": "true"``, polled every 20 ms up to a deadline; never a
 sleep.
 
 The child gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, through
-:func:`ferry.cli.procs.dying_with_parent`), so an interrupted test or
+:func:`ferry.procs.dying_with_parent`), so an interrupted test or
 ``ferry up`` leaves no etcd behind.
 Flags are those of a single-member cluster that elects itself in about 0.1 s
 (heartbeat 10 ms, election timeout 100 ms), with periodic compaction
@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from ferry.cli.procs import Child, ChildFailed, dying_with_parent
+from ferry.procs import Child, ChildFailed, dying_with_parent
 
 
 class EtcdFailed(ChildFailed):

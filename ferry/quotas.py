@@ -24,7 +24,7 @@ capacity), so interactive arrivals find a free slot instead of waiting for a
 preemption.
 
 The control plane carries the reserved shares and its quotas in the table
-(``controlplane.quotas``); each proxy recomputes the quotas with this same
+(``controlplane.tables.quotas``); each proxy recomputes the quotas with this same
 function from its own observed demand at every dispatch, so a reclaim takes
 effect at the proxy's next dispatch and, fleet-wide, at the next push.
 

@@ -20,11 +20,11 @@ def test_generated_stubs_are_fresh():
 
 
 SERVICERS = [
-    (fleet_pb2.DESCRIPTOR.services_by_name["Fleet"], "controlplane.servicers", "FleetServicer"),
-    (tables_pb2.DESCRIPTOR.services_by_name["Tables"], "controlplane.servicers", "TablesServicer"),
-    (admin_pb2.DESCRIPTOR.services_by_name["Admin"], "controlplane.servicers", "AdminServicer"),
-    (inference_pb2.DESCRIPTOR.services_by_name["Inference"], "dataplane.service", "InferenceServicer"),
-    (service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], "agent.replica", "ReplicaServicer"),
+    (fleet_pb2.DESCRIPTOR.services_by_name["Fleet"], "controlplane.api.servicers", "FleetServicer"),
+    (tables_pb2.DESCRIPTOR.services_by_name["Tables"], "controlplane.api.servicers", "TablesServicer"),
+    (admin_pb2.DESCRIPTOR.services_by_name["Admin"], "controlplane.api.servicers", "AdminServicer"),
+    (inference_pb2.DESCRIPTOR.services_by_name["Inference"], "dataplane.api.service", "InferenceServicer"),
+    (service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], "agent.replica.server", "ReplicaServicer"),
 ]
 
 

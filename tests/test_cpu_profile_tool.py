@@ -11,7 +11,7 @@ import pytest
 from tritonclient.grpc import InferInput, service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
-from dataplane.forward import Call, ForwardFailed, _text, request_message
+from dataplane.forward.kserve import Call, ForwardFailed, _text, request_message
 from tools import profile_cpu
 
 

@@ -32,11 +32,11 @@ class Clock:
     ids=["event", "plain", "broken-json", "json-not-object"],
 )
 def test_every_record_is_one_json_object(message: str, expected: dict[str, object]) -> None:
-    record = logging.LogRecord("dataplane.service", logging.WARNING, __file__, 1, message, None, None)
+    record = logging.LogRecord("dataplane.api.service", logging.WARNING, __file__, 1, message, None, None)
     line = logs.JsonFormatter().format(record)
     assert "\n" not in line
     body = json.loads(line)
-    assert body["level"] == "WARNING" and body["logger"] == "dataplane.service" and body["ts"] > 0
+    assert body["level"] == "WARNING" and body["logger"] == "dataplane.api.service" and body["ts"] > 0
     assert {k: body[k] for k in expected} == expected
 
 

@@ -1,4 +1,4 @@
-"""ferry.cli.procs.Child for a program that is not a Ferry component: its own command and readiness, same life cycle."""
+"""``Child`` for a program that is not a Ferry component: its own command and readiness, same life cycle."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ferry.cli.procs import Child, ChildFailed, dying_with_parent, stop_all
+from ferry.procs import Child, ChildFailed, dying_with_parent, stop_all
 
 
 class Sleeper(Child):

@@ -2,7 +2,7 @@
 
 import tomllib
 
-from ferry.cli.up import write_config
+from ferry.cli.up.main import write_config
 from ferry.config import parse
 
 

@@ -8,7 +8,7 @@ import pytest
 from tomli_w import dumps
 
 from controlplane.config import ControlPlaneSettings
-from ferry.cli.upregions import default_rtt, region_names, with_regions
+from ferry.cli.up.regions import default_rtt, region_names, with_regions
 from ferry.config import parse
 
 

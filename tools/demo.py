@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ferry.cli import ctl
-from ferry.cli.procs import Child, ChildFailed
+from ferry.cli.ctl import main as ctl
+from ferry.procs import Child, ChildFailed
 from tools import replay
 from tools.fetch_traces import default_trace, trace_file
 

@@ -1,7 +1,7 @@
 """A fleet of real processes on loopback, as ``ferry up`` runs: a control plane, proxies and nodes.
 
-For the benchmarks (:mod:`tools.tiers_real`) and the end-to-end tests. Each
-component is a :class:`ferry.cli.procs.Child` (port 0, ready file, log file
+For the benchmarks (:mod:`tools.bench.tiers_real`) and the end-to-end tests. Each
+component is a :class:`ferry.procs.Child` (port 0, ready file, log file
 in ``workdir``, stopped by PID). Unlike ``ferry up`` it lets its user kill any
 component by PID and restart the control plane on the same port, and it
 takes config overrides (merged into a small default config of two tenants,
@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 from tomli_w import dumps
 
-from ferry.cli.ctl import AdminClient
-from ferry.cli.procs import Child, stop_all
-from ferry.cli.up import wait_routable
+from ferry.cli.ctl.main import AdminClient
+from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
+from ferry.procs import Child, stop_all
 from ferry.v1 import admin_pb2, inference_pb2_grpc
 
 # Fast engine so tests stay short: ~2 ms decode steps, cheap prefill.

@@ -15,7 +15,7 @@ Layouts (``--layout``):
 
 - ``adopt`` (default, as the evaluation ran it): ``--replicas`` simulated
   replicas, each its own process started by this tool
-  (:class:`agent.replica.SimulatedReplica` behind Triton's gRPC service and a
+  (:class:`agent.replica.server.SimulatedReplica` behind Triton's gRPC service and a
   Triton-format ``/metrics``), and ``ferry up --triton ADDRESS,METRICS_URL``
   once per replica: one agent process per replica, adopting it over KServe
   v2 as it would a real Triton server. Agent and replica CPU are apart.
@@ -172,7 +172,7 @@ def snapshot(pids: dict[str, int]) -> dict[str, float]:
 
 
 async def _serve_replica(ready_file: str) -> None:
-    from agent.replica import SimulatedReplica
+    from agent.replica.server import SimulatedReplica
     from ferry.process import stop_event, write_ready_file
 
     stop = stop_event()

@@ -1,7 +1,7 @@
 """The fleet simulator: replay a trace on N simulated replicas behind M proxies, per policy and load.
 
 Virtual time, discrete events (:mod:`tools.sim.fleet`): the replicas are
-:class:`agent.engine.Engine` objects, unchanged; each proxy has its own copy
+:class:`agent.replica.engine.Engine` objects, unchanged; each proxy has its own copy
 of the table, refreshed every ``--refresh-ms``, and its own in-flight
 counts; Ferry's policy is the data plane's own code. ``--load`` is a share of
 the fleet's capacity for the trace's mix, measured by a saturation run
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.engine import EngineParams
+from agent.replica.engine import EngineParams
 from ferry.config import from_mapping
 from tools.fetch_traces import BUNDLED, trace_file
 from tools.sim import capacity as capacity_run
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--short-answers", type=float, default=0.0,
                    help="share of prompts of 4,096 tokens or more answered in 1 to 10 tokens (default 0)")
     p.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine parameter override (agent.engine.EngineParams), repeatable")
+                   help="engine parameter override (agent.replica.engine.EngineParams), repeatable")
     p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--out", default=None, help="JSON report (default bench-results/simulate-<trace stem>.json)")
     p.add_argument("--plots", default=None, help="folder for the PNG (default: beside the JSON)")

@@ -1,6 +1,6 @@
 """The ``ferry`` command: runs components, the whole system, or one call.
 
-``ferry up`` runs everything on one machine (see :mod:`ferry.cli.up`);
+``ferry up`` runs everything on one machine (see :mod:`ferry.cli.up.main`);
 ``ferry call`` sends one request; ``ferry controlplane``, ``ferry proxy``,
 ``ferry node`` and ``ferry batch-runtime`` run one component each and forward
 their arguments to the component's own ``main``.
@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(argv[1:]))
     parser = argparse.ArgumentParser(prog="ferry", description="Ferry, an inference router for GPU fleets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from ferry.cli import call, up
+    from ferry.cli import call
+    from ferry.cli.up import main as up
 
     up.add_arguments(sub.add_parser("up", help="run the whole system on this machine"))
     call.add_arguments(sub.add_parser("call", help="send one request to a data plane"))

@@ -259,7 +259,7 @@ class AdminServicer:
 
     def ListTenants(self, request, context):
         """Tenants kept in the store and pushed to the proxies in every table
-        (controlplane.tenants). Only the sha256 of an API key is stored or shown.
+        (controlplane.tenants.records). Only the sha256 of an API key is stored or shown.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -294,7 +294,7 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Rollout(self, request, context):
-        """Version rollout of a model (controlplane.rollout): a canary share of the requests that name no
+        """Version rollout of a model (controlplane.rollout.plan): a canary share of the requests that name no
         version, then promote or roll back. Intent in the store; UNAVAILABLE while it is unreachable.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

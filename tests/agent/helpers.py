@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 from tritonclient.grpc import InferInput
 
-from agent.engine import EngineParams
+from agent.replica.engine import EngineParams
 
 FAST = EngineParams(
     max_running=8, max_queue=16, kv_block_tokens=16, kv_blocks_total=256, prefix_cache_blocks=256,

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from agent.agent import Agent, AgentMetrics, Endpoint, NodeInfo
 from agent.config import AgentSettings
 from agent.inventory import ReplicaSpec
-from agent.replica import SimulatedReplica
+from agent.replica.server import SimulatedReplica
 from ferry.grpcutil import start_server
 from ferry.v1 import common_pb2, fleet_pb2, fleet_pb2_grpc
 from tests.agent.helpers import FAST, llm_inputs, until

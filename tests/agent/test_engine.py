@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from agent.engine import Admission, Engine, EngineParams, EngineRequest, Finished
-from agent.prefix_cache import PrefixCache
+from agent.replica.engine import Admission, Engine, EngineParams, EngineRequest, Finished
+from agent.replica.prefix_cache import PrefixCache
 from ferry.config import parse
 from ferry.errors import ConfigError
 from ferry.tokens import block_hashes

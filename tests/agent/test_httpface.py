@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc.aio as triton
 
-from agent import tensors
-from agent.httpface import token_ids
-from agent.replica import SimulatedReplica
+from agent.replica import tensors
+from agent.replica.httpface import token_ids
+from agent.replica.server import SimulatedReplica
 from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until
 from tools.peers.replicas import start_replicas, stop_replicas
 

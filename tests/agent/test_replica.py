@@ -12,10 +12,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from agent import tensors
 from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
-from agent.replica import ReplicaServicer, SimulatedReplica
+from agent.replica import tensors
+from agent.replica.server import ReplicaServicer, SimulatedReplica
 from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until
 
 

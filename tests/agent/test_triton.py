@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
-from agent.replica import SimulatedReplica
+from agent.replica.server import SimulatedReplica
 from agent.triton import ModelEntry, TritonEndpoint, from_metrics
 from ferry.grpcutil import start_server
 from tests.agent.helpers import FAST, llm_inputs, until

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import bench_batch
+from tools.bench import batch as bench_batch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 

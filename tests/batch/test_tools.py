@@ -10,7 +10,8 @@ import pytest
 from agent.batch.dispatch import ModelContract
 from agent.batch.gpusched import SchedulerConfig
 from agent.batch.simulate import Scenario, Stream, percentile, run
-from tools import bench_gang, capacity
+from tools import capacity
+from tools.bench import gang as bench_gang
 
 
 def test_capacity_smoke_at_a_small_rate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

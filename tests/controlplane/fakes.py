@@ -11,13 +11,13 @@ from typing import Any
 
 import grpc
 
-from controlplane.adminauth import AdminAuth
+from controlplane.api.auth import AdminAuth
 from controlplane.config import ControlPlaneSettings
-from controlplane.fleet import FleetView, Member
-from controlplane.memstore import MemoryStore
+from controlplane.fleet.view import FleetView, Member
 from controlplane.server import ControlPlane
-from controlplane.store import StoreHealth
-from ferry.cli.ctl import AdminClient
+from controlplane.store.base import StoreHealth
+from controlplane.store.memory import MemoryStore
+from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.errors import Unavailable
 from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc

@@ -17,10 +17,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.intent import IntentCache
-from controlplane.mirror import Mirror
-from controlplane.rollout import CANARY, PROMOTED, Rollout
-from controlplane.store import (
+from controlplane.rollout.plan import CANARY, PROMOTED, Rollout
+from controlplane.store.base import (
     DRAIN_PREFIX,
     EventKind,
     LeaseNotFound,
@@ -30,6 +28,8 @@ from controlplane.store import (
     drain_key,
     rollout_key,
 )
+from controlplane.store.intent import IntentCache
+from controlplane.store.mirror import Mirror
 
 MEMBERS = "/ferry/members/"
 

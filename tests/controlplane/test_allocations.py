@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from controlplane.allocations import (
+from controlplane.allocation.records import (
     Allocation,
     AllocationConflict,
     NodeAllocations,
@@ -19,9 +19,9 @@ from controlplane.allocations import (
     with_placement,
     without,
 )
-from controlplane.intent import IntentCache
-from controlplane.memstore import MemoryStore
-from controlplane.store import alloc_key
+from controlplane.store.base import alloc_key
+from controlplane.store.intent import IntentCache
+from controlplane.store.memory import MemoryStore
 
 SMALL = Allocation("n1/r0", "chat-small", "v1", (0,))
 GANG = Allocation("n1/big", "chat-large", "v1", tuple(range(8)))

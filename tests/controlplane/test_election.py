@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.election import Election, PlaneInfo
-from controlplane.memstore import MemoryStore
-from controlplane.store import ELECTION_KEY, controlplane_key
+from controlplane.cluster.election import Election, PlaneInfo
+from controlplane.store.base import ELECTION_KEY, controlplane_key
+from controlplane.store.memory import MemoryStore
 from tests.controlplane.fakes import FakeClock, FlakyStore
 
 TTL = 3.0

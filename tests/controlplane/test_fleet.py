@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet import FleetView, is_live, replica_state
+from controlplane.fleet.view import FleetView, is_live, replica_state
 from ferry.errors import AlreadyExists, Overloaded
 from ferry.v1 import common_pb2, fleet_pb2
 from tests.controlplane.fakes import GRACE, FakeClock, fleet_with, load, register, replica

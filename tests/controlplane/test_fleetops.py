@@ -8,11 +8,11 @@ import time
 import grpc
 import pytest
 
-from controlplane.adminauth import AdminAuth
+from controlplane.api.auth import AdminAuth
 from controlplane.config import ControlPlaneSettings
-from controlplane.memstore import MemoryStore
 from controlplane.server import ControlPlane
-from ferry.cli.ctl import AdminClient
+from controlplane.store.memory import MemoryStore
+from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
 from tests.controlplane.fakes import TOKEN, FakeAgent, Harness, load, register, replica, routed

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.allocations import Allocation
-from controlplane.gang import NodeState, Placement, Plan, Policy, Request, Resident, plan, usage
+from controlplane.allocation.gang import NodeState, Placement, Plan, Policy, Request, Resident, plan, usage
+from controlplane.allocation.records import Allocation
 
 NOW = 10_000.0
 POLICY = Policy()

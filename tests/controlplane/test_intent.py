@@ -7,10 +7,10 @@ import contextlib
 
 import pytest
 
-from controlplane.intent import IntentCache
-from controlplane.members import MemberLeases
-from controlplane.memstore import MemoryStore
-from controlplane.store import drain_key, member_key
+from controlplane.fleet.members import MemberLeases
+from controlplane.store.base import drain_key, member_key
+from controlplane.store.intent import IntentCache
+from controlplane.store.memory import MemoryStore
 from ferry.errors import Unavailable
 from ferry.v1 import fleet_pb2
 from tests.controlplane.fakes import GRACE, FakeClock, Harness, fleet_with, register, replica, routed

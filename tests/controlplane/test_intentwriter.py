@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from controlplane.intent import IntentCache
-from controlplane.intentwriter import KEEP, TRIES, IntentWriter
-from controlplane.memstore import MemoryStore
-from controlplane.store import KeyValue, cordon_key, drain_key
+from controlplane.store.base import KeyValue, cordon_key, drain_key
+from controlplane.store.intent import IntentCache
+from controlplane.store.memory import MemoryStore
+from controlplane.store.writer import KEEP, TRIES, IntentWriter
 from ferry.errors import NotFound, Unavailable
 from tests.controlplane.fakes import FlakyStore
 

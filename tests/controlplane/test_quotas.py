@@ -1,10 +1,10 @@
-"""Tier quotas: lending idle reserve, reclaiming it, and the table field (controlplane.quotas, ferry.quotas)."""
+"""Tier quotas: lending idle reserve, reclaiming it, and the table field (controlplane.tables.quotas, ferry.quotas)."""
 
 from __future__ import annotations
 
 import pytest
 
-from controlplane.quotas import attach_quotas, region_quotas
+from controlplane.tables.quotas import attach_quotas, region_quotas
 from ferry.quotas import allowance, compute_quotas
 from ferry.v1 import tables_pb2
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.regions import SpillPlanner
-from controlplane.usage import Figures
+from controlplane.regions.planner import SpillPlanner
+from controlplane.tables.usage import Figures
 from ferry.v1 import common_pb2, tables_pb2
 
 RTT = {"a:b": 40.0, "a:c": 200.0, "b:c": 180.0}

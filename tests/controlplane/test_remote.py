@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.fleet import Member, is_live
-from controlplane.remote import RemoteFleet, merge
+from controlplane.cluster.remote import RemoteFleet, merge
+from controlplane.fleet.view import Member, is_live
 from ferry.v1 import admin_pb2
 from tests.controlplane.fakes import GRACE, FakeClock, fleet_with, load, register, replica
 

@@ -11,9 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane.intent import IntentCache
-from controlplane.memstore import MemoryStore
-from controlplane.rollout import (
+from controlplane.rollout.plan import (
     CANARY,
     PROMOTED,
     ROLLED_BACK,
@@ -24,9 +22,11 @@ from controlplane.rollout import (
     route_weights,
     transition,
 )
-from controlplane.store import rollout_key
-from controlplane.table import compute_tables
-from ferry.cli.ctl import main
+from controlplane.store.base import rollout_key
+from controlplane.store.intent import IntentCache
+from controlplane.store.memory import MemoryStore
+from controlplane.tables.compute import compute_tables
+from ferry.cli.ctl.main import main
 from ferry.config import ModelConfig
 from ferry.errors import InvalidArgument, NotFound
 from ferry.v1 import admin_pb2, common_pb2

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from controlplane.spill import (
+from controlplane.regions.control import RegionSample, SpillController
+from controlplane.regions.weights import (
     RegionLoad,
     batch_weights,
     parse_rtt,
@@ -15,7 +16,6 @@ from controlplane.spill import (
     reachable,
     spill_weights,
 )
-from controlplane.spillcontrol import RegionSample, SpillController
 from ferry.errors import ConfigError
 
 RTT = parse_rtt({"a:b": 40, "a:c": 200, "b:c": 180})

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.memstore import MemoryStore
-from controlplane.store import alloc_key, controlplane_key, drain_key, member_key, table_key
+from controlplane.store.base import alloc_key, controlplane_key, drain_key, member_key, table_key
+from controlplane.store.memory import MemoryStore
 from ferry.errors import Overloaded
 from tests.controlplane.fakes import FakeClock
 from tests.controlplane.store_suite import *  # noqa: F403  (the shared behaviour, run on this backend)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controlplane.table import TableVersions, catalog_models, compute_tables, content_key, initial_version
+from controlplane.tables.compute import TableVersions, catalog_models, compute_tables, content_key, initial_version
 from ferry.config import ModelConfig
 from ferry.v1 import common_pb2, fleet_pb2, tables_pb2
 from tests.controlplane.fakes import GRACE, FakeClock, fleet_with, load, register, replica, routed

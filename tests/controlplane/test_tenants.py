@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane import tenants
-from controlplane.adminauth import AdminAuth
+from controlplane.api.auth import AdminAuth
 from controlplane.config import ControlPlaneSettings
-from controlplane.memstore import MemoryStore
 from controlplane.server import ControlPlane
-from ferry.cli.ctl import AdminClient
+from controlplane.store.memory import MemoryStore
+from controlplane.tenants import records as tenants
+from ferry.cli.ctl.main import AdminClient
 from ferry.config import TIERS, TenantConfig, hash_api_key
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.v1 import admin_pb2, tables_pb2

@@ -1,4 +1,4 @@
-"""The proxies' usage reports (controlplane.usage): keeping, expiry, relay, merge, and the Admin views."""
+"""The proxies' usage reports (controlplane.tables.usage): keeping, expiry, relay, merge, and the Admin views."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane.usage import Figures, ProxyUsage, merge, rollup, spill_views, tier_views, usage_rows
+from controlplane.tables.usage import Figures, ProxyUsage, merge, rollup, spill_views, tier_views, usage_rows
 from ferry.v1 import admin_pb2, tables_pb2
 from tests.controlplane.fakes import WAIT, FakeClock, FakeProxy, Harness, Pair
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dataplane.continuation import Delivered, continuable, continuation, cut_error, cut_message
-from dataplane.forward import Call, ForwardFailed, Outcome, Piece
+from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error, cut_message
+from dataplane.forward.kserve import Call, ForwardFailed, Outcome, Piece
 from ferry.errors import DeadlineExceeded, FerryError, Unavailable
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, parse

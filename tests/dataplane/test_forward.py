@@ -8,11 +8,11 @@ import grpc
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from dataplane.clients import ClientPool
-from dataplane.failover import retry_reason
-from dataplane.forward import ForwardFailed, failure
-from dataplane.limits import InflightLimit
-from dataplane.pick import LocalLoad
+from dataplane.admission.limits import InflightLimit
+from dataplane.failover.recover import retry_reason
+from dataplane.forward.clients import ClientPool
+from dataplane.forward.kserve import ForwardFailed, failure
+from dataplane.pick.p2c import LocalLoad
 from ferry.errors import DeadlineExceeded, NoReplica, Overloaded
 
 

@@ -1,6 +1,6 @@
 """Replicas kept for interactive, table by table: the kept set, the pick's filter, the queues, the simulator, a proxy.
 
-(dataplane.placement.kept_for_interactive and Placement.avoid, TierQueues
+(dataplane.admission.avoid.kept_for_interactive and Placement.avoid, TierQueues
 dispatch leaving the kept slots to interactive, the tier simulator, and a
 proxy with fake replicas sending batch only to the replicas not kept.)
 """
@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from agent.engine import EngineParams
-from dataplane.placement import Placement, kept_for_interactive
-from dataplane.queues import QueueParams, Ticket, TierQueues
+from agent.replica.engine import EngineParams
+from dataplane.admission.avoid import Placement, kept_for_interactive
+from dataplane.admission.queues import QueueParams, Ticket, TierQueues
 from ferry.v1 import common_pb2
 from tests.dataplane.conftest import PAID, Rig, request
 from tests.dataplane.fakes import Behaviour

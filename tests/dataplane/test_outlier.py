@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.outlier import DECODE, PREFILL, OutlierDetector, OutlierParams, Timing, prefill_sample, samples
+from dataplane.pick.outlier import DECODE, PREFILL, OutlierDetector, OutlierParams, Timing, prefill_sample, samples
 from ferry.errors import ConfigError
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour

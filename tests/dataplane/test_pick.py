@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dataplane.pick import Branch, Need, ScoreParams, draw, exclude, pick, score
-from dataplane.table import Replica
+from dataplane.pick.p2c import Branch, Need, ScoreParams, draw, exclude, pick, score
+from dataplane.table.local import Replica
 
 NEED = Need(tokens=160)  # 10 blocks of 16 tokens
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from dataplane.pick import Branch
-from dataplane.picker import Picker, Reuse
-from dataplane.table import build_table
+from dataplane.pick.p2c import Branch
+from dataplane.pick.picker import Picker, Reuse
+from dataplane.table.local import build_table
 from ferry.v1 import tables_pb2
 from tests.dataplane.fakes import route, snapshot
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dataplane.prefix import DEPTHS, HotKeys, explicit_key, leading_hashes, prefix_keys
+from dataplane.pick.prefix import DEPTHS, HotKeys, explicit_key, leading_hashes, prefix_keys
 from ferry.tokens import block_hashes, prompt_from_blocks
 
 KEYS = [

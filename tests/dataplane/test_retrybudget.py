@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.retrybudget import RetryBudget, charged
+from dataplane.failover.budget import RetryBudget, charged
 from ferry.errors import ConfigError, DeadlineExceeded, FerryError, ReplicaFailed
 
 

@@ -1,6 +1,6 @@
 """Noisy-neighbour placement, table by table: shards of whole replicas, keep-off sets, the tier queues, the pick.
 
-(dataplane.sharding.plan and Shards, TierQueues heavy tenants and confined
+(dataplane.admission.sharding.plan and Shards, TierQueues heavy tenants and confined
 ceilings, route's soft ``avoid`` filter, the tier simulator, and a proxy with
 fake replicas keeping a heavy tenant on its shard and the others off it.)
 """
@@ -15,14 +15,14 @@ from collections import Counter
 import grpc
 import pytest
 
-from agent.engine import EngineParams
-from dataplane.decide import Ask, Local, Routing, decide, make_view
-from dataplane.pick import Branch, LocalLoad, Need
-from dataplane.placement import Placement
-from dataplane.pool import Pool
-from dataplane.queues import QueueParams, Ticket, TierQueues
-from dataplane.sharding import NONE, plan, rendezvous
-from dataplane.table import build_table
+from agent.replica.engine import EngineParams
+from dataplane.admission.avoid import Placement
+from dataplane.admission.queues import QueueParams, Ticket, TierQueues
+from dataplane.admission.sharding import NONE, plan, rendezvous
+from dataplane.pick.decide import Ask, Local, Routing, decide, make_view
+from dataplane.pick.p2c import Branch, LocalLoad, Need
+from dataplane.pick.pool import Pool
+from dataplane.table.local import build_table
 from ferry.v1 import common_pb2, inference_pb2
 from tests.dataplane.conftest import KEYS, PAID, Rig, request
 from tests.dataplane.fakes import Behaviour, parse, snapshot

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from dataplane.queues import QueueParams, Ticket, TierQueues
-from dataplane.spill import (
+from dataplane.admission.queues import QueueParams, Ticket, TierQueues
+from dataplane.regions.choice import (
     LocalQueue,
     RegionBranch,
     SpillTarget,

@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from dataplane.pick import LocalLoad, Need, pick, score
-from dataplane.pool import Replica
-from dataplane.regions import pick_remote
+from dataplane.pick.p2c import LocalLoad, Need, pick, score
+from dataplane.pick.pool import Replica
+from dataplane.regions.remote import pick_remote
 
 NEED = Need(tokens=16)
 

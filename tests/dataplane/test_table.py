@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dataplane.table import NO_TELEMETRY_AGE, TableHolder, TableParams, TableRejected, build_table
+from dataplane.table.local import NO_TELEMETRY_AGE, TableHolder, TableParams, TableRejected, build_table
 from ferry.v1 import common_pb2, tables_pb2
 from tests.dataplane.fakes import route, snapshot
 

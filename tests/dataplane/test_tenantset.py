@@ -9,10 +9,10 @@ from typing import Any
 import grpc
 import pytest
 
-from dataplane.auth import Authenticator
-from dataplane.table import TableParams, TableRejected, build_table
-from dataplane.tenantlimits import TenantLimits
-from dataplane.tenantset import TenantSet, TenantsRejected, parse_tenants
+from dataplane.admission.tenantlimits import TenantLimits
+from dataplane.api.auth import Authenticator
+from dataplane.table.local import TableParams, TableRejected, build_table
+from dataplane.table.tenants import TenantSet, TenantsRejected, parse_tenants
 from ferry.config import TenantConfig, hash_api_key
 from ferry.errors import Unauthenticated
 from ferry.v1 import common_pb2, tables_pb2

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dataplane.admission import Admission, Preempted
-from dataplane.idempotency import Idempotency, body_digest
-from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
-from dataplane.table import TableRejected, build_table
+from dataplane.admission.gate import Admission, Preempted
+from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.api.idempotency import Idempotency, body_digest
+from dataplane.table.local import TableRejected, build_table
 from ferry.errors import InvalidArgument
 from ferry.metrics import BoundedLabel
 from ferry.v1 import inference_pb2, tables_pb2

@@ -1,6 +1,6 @@
 """Isolation levers of the tier queues, table by table: interactive headroom, tenant ceilings, DRR skipping.
 
-(ferry.quotas.interactive_headroom, dataplane.fairshare.tenant_ceilings,
+(ferry.quotas.interactive_headroom, dataplane.admission.fairshare.tenant_ceilings,
 DeficitRoundRobin.pop with blocked tenants, TierQueues.dispatch using both.)
 """
 
@@ -12,11 +12,11 @@ from collections import Counter
 import pytest
 from prometheus_client import CollectorRegistry
 
-from agent.engine import EngineParams
-from dataplane.admission import Admission, Preempted
+from agent.replica.engine import EngineParams
+from dataplane.admission.fairshare import DeficitRoundRobin, tenant_ceilings
+from dataplane.admission.gate import Admission, Preempted
+from dataplane.admission.queues import QueueParams, Ticket, TierQueues
 from dataplane.config import ProxySettings
-from dataplane.fairshare import DeficitRoundRobin, tenant_ceilings
-from dataplane.queues import QueueParams, Ticket, TierQueues
 from ferry.errors import ConfigError
 from ferry.quotas import interactive_headroom
 from tools.sim.tiers import Req, TierSim

@@ -1,4 +1,4 @@
-"""Tier queues, fair share and shedding order: table-driven (dataplane.fairshare, queues, shedding)."""
+"""Tier queues, fair share and shedding order: table-driven (dataplane.admission.fairshare, queues, shedding)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from dataplane.fairshare import DeficitRoundRobin
-from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
-from dataplane.shedding import DrainRate, retry_after, shed_reason
+from dataplane.admission.fairshare import DeficitRoundRobin
+from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.admission.shedding import DrainRate, retry_after, shed_reason
 
 
 def _ticket(tier: str = "batch", tenant: str = "a", plan: str = "paid", cost: int = 100,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agent.engine import EngineParams
-from dataplane.queues import QueueParams
+from agent.replica.engine import EngineParams
+from dataplane.admission.queues import QueueParams
 from tools.sim.tiers import Req, TierSim
 
 ENGINE = EngineParams(max_running=8)

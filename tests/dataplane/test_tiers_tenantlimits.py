@@ -1,4 +1,4 @@
-"""Per-tenant rate limits and concurrency cap (dataplane.tenantlimits), and plan weights in the fair share."""
+"""Per-tenant rate limits and concurrency cap (dataplane.admission.tenantlimits), and plan weights in the fair share."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from dataplane.fairshare import DeficitRoundRobin
-from dataplane.tenantlimits import TenantLimits
+from dataplane.admission.fairshare import DeficitRoundRobin
+from dataplane.admission.tenantlimits import TenantLimits
 from ferry.config import TenantConfig
 from ferry.errors import ConfigError, Overloaded
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from dataplane.table import build_table
-from dataplane.validate import ValidRequest, check_tier, resolve, validate_request
+from dataplane.api.validate import ValidRequest, check_tier, resolve, validate_request
+from dataplane.table.local import build_table
 from ferry.config import Limits, TenantConfig
 from ferry.errors import InvalidArgument, NotFound, PermissionDenied
 from ferry.v1 import common_pb2, inference_pb2

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ferry.cli.procs import Child
+from ferry.procs import Child
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tests.e2e.harness import wait_for
 
@@ -39,7 +39,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", *args], capture_output=True, text=True,
                           timeout=60, env=env or ENV)
 
 
@@ -211,7 +211,7 @@ BOTH_MODES: list[tuple[str, ...]] = [
 
 
 def test_every_command_runs_in_both_output_modes(up: dict[str, Any]) -> None:
-    from ferry.cli.ctl import COMMANDS
+    from ferry.cli.ctl.main import COMMANDS
 
     assert {args[0] for args in BOTH_MODES} == set(COMMANDS), "a command the parser has is missing here"
     for json_first in (False, True):  # each write pair runs once human-first, once JSON-first

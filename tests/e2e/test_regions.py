@@ -7,7 +7,7 @@ from pathlib import Path
 
 import grpc
 
-from ferry.cli.procs import Child
+from ferry.procs import Child
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 

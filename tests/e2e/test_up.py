@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ferry.cli.procs import Child
+from ferry.procs import Child
 from tests.e2e.harness import wait_for
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ferry.cli.procs import Child
+from ferry.procs import Child
 
 
 def _call(ready: Path, model: str, prompt: str) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 """``ferryctl top``, ``tiers`` and ``spill`` against fleets started by ``ferry up``, in both output modes.
 
 The proxies report their usage on the table watch every second; the control
-plane merges it (controlplane.usage). One region with bounded traffic for
+plane merges it (controlplane.tables.usage). One region with bounded traffic for
 top and tiers; three regions (round trips configured by ``ferry up``) for
 the spill pairs, and one region has none.
 """
@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import pytest
 
-from ferry.cli import ctlflow
-from ferry.cli.procs import Child
+from ferry.cli.ctl import flow as ctlflow
+from ferry.procs import Child
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
 from tests.e2e.harness import wait_for
 
@@ -50,7 +50,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(up: dict[str, Any], *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "ferry.cli.ctl", "--ready-file", up["ready_file"], *args],
+    result = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], *args],
                             capture_output=True, text=True, timeout=60, env=ENV)
     assert result.returncode == 0, result.stderr
     return result.stdout

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from controlplane.allocations import Allocation, allocate
-from controlplane.etcdstore import EtcdStore
+from controlplane.allocation.records import Allocation, allocate
+from controlplane.store.etcd import EtcdStore
 from ferry.v1 import admin_pb2, common_pb2
 from tests.etcd.harness import wait_for
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.etcdstore import EtcdStore, parse_endpoint
-from controlplane.store import LeaseNotFound
+from controlplane.store.base import LeaseNotFound
+from controlplane.store.etcd import EtcdStore, parse_endpoint
 from ferry.errors import Overloaded, Unavailable
 from ferry.etcd import LocalEtcd
 from tests.controlplane.store_suite import *  # noqa: F403  (the shared behaviour, run on this backend)

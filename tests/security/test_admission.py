@@ -12,13 +12,13 @@ from prometheus_client import CollectorRegistry
 
 from agent.agent import Agent, AgentMetrics, NodeInfo
 from agent.config import AgentSettings
-from controlplane.adminauth import AdminAuth
-from controlplane.admission import Admission, sha256_hex
+from controlplane.api.auth import AdminAuth
+from controlplane.api.join import Admission, sha256_hex
 from controlplane.config import ControlPlaneSettings
+from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.server import ControlPlane
-from controlplane.telemetry_check import TelemetryRate
 from ferry import tls
-from ferry.cli.ctl import AdminClient
+from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.errors import Overloaded
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2

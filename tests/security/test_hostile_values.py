@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane import admission
-from controlplane.telemetry_check import MAX_KV_BLOCKS, MAX_REQUESTS, check_loads
+from controlplane.api import join as admission
+from controlplane.fleet.telemetry import MAX_KV_BLOCKS, MAX_REQUESTS, check_loads
 from ferry.errors import ConfigError, InvalidArgument
 from ferry.v1 import common_pb2, fleet_pb2
 

@@ -11,7 +11,7 @@ import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
 from agent.batch.host import HostedRuntime, RuntimeSpec
-from agent.replica import SimulatedReplica
+from agent.replica.server import SimulatedReplica
 from agent.triton import TritonEndpoint
 from ferry import tls
 from tests.agent.helpers import llm_inputs

@@ -12,8 +12,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from dataplane.admission.limits import TenantInflight
 from dataplane.config import ProxySettings
-from dataplane.limits import TenantInflight
 from dataplane.server import Proxy
 from ferry.config import Limits, TenantConfig, hash_api_key
 from ferry.errors import ConfigError, Overloaded

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from agent.engine import EngineParams
+from agent.replica.engine import EngineParams
 from dataplane.config import ProxySettings
 from tools.sim.fleet import Fleet, FleetConfig
 from tools.sim.policies import POLICIES, Ferry

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine import EngineParams
+from agent.replica.engine import EngineParams
 from tools import simulate
 from tools.sim import capacity, workload
 from tools.sim.fleet import Fleet, FleetConfig

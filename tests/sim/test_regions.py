@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tools.bench_regions import REGIONS, RTT_MS
+from tools.bench.regions import REGIONS, RTT_MS
 from tools.sim.regions import RegionsConfig, simulate
 
 CONFIG = RegionsConfig(regions=REGIONS, rtt_ms=RTT_MS, duration_seconds=25.0, warmup_seconds=5.0)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine import EngineParams
+from agent.replica.engine import EngineParams
 from ferry.tokens import block_hashes
-from tools import bench_peers
 from tools import trace as tracefile
+from tools.bench import peers as bench_peers
 from tools.peers import load, procs, routers, simulated
 from tools.peers.load import Limits, Planned
 
@@ -157,8 +157,8 @@ async def test_http_load_connection_refused() -> None:
 
 async def test_http_load_against_simulated_replicas() -> None:
     replicas = pytest.importorskip("tools.peers.replicas")
-    from agent.engine import EngineParams
     from agent.promtext import Samples, parse
+    from agent.replica.engine import EngineParams
 
     params = EngineParams(max_running=8, prefill_base_seconds=0.001, prefill_seconds_per_token=1e-6,
                           decode_base_seconds=0.002, decode_seconds_per_request=0.0001)

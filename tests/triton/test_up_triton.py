@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ferry.cli.procs import Child
+from ferry.procs import Child
 from tools.triton.launch import TritonProcess
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(120)]

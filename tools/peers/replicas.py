@@ -1,8 +1,8 @@
 """N standalone simulated replicas in one process, each with its gRPC, HTTP and metrics endpoints on loopback.
 
 The peer routers are measured in front of the replicas Ferry routes to:
-each :class:`agent.replica.SimulatedReplica` here serves KServe v2 gRPC (for
-Ferry), the HTTP face of :mod:`agent.httpface` (SGLang ``/generate``, OpenAI
+each :class:`agent.replica.server.SimulatedReplica` here serves KServe v2 gRPC (for
+Ferry), the HTTP face of :mod:`agent.replica.httpface` (SGLang ``/generate``, OpenAI
 ``/v1/completions``, for the peer routers) and Prometheus text, all on one
 engine, so a request costs the same whichever way it arrives.
 
@@ -18,7 +18,7 @@ Once every replica serves, the ready file is written atomically
      "http": "http://127.0.0.1:Q", "metrics": "http://127.0.0.1:R/metrics"}, ...]}
 
 The process stops cleanly (engines, then listeners) on SIGTERM or SIGINT.
-``--engine KEY=VALUE`` sets a field of :class:`agent.engine.EngineParams`
+``--engine KEY=VALUE`` sets a field of :class:`agent.replica.engine.EngineParams`
 (the fleet simulator's parser, :func:`tools.simulate.engine_params`);
 defaults are the engine's (one large-model replica). ``--count`` is 1 to
 ``MAX_COUNT``. :func:`start_replicas` starts the same set inside a running
@@ -35,8 +35,8 @@ import asyncio
 import os
 from typing import Any
 
-from agent.engine import EngineParams
-from agent.replica import SimulatedReplica
+from agent.replica.engine import EngineParams
+from agent.replica.server import SimulatedReplica
 from ferry.errors import ConfigError
 from ferry.process import stop_event, write_ready_file
 
@@ -78,7 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ready-file", default=None, help="JSON written atomically once every replica serves")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine parameter (agent.engine.EngineParams), repeatable")
+                   help="engine parameter (agent.replica.engine.EngineParams), repeatable")
     args = p.parse_args(argv)
     if not 1 <= args.count <= MAX_COUNT:
         p.error(f"--count: must be 1..{MAX_COUNT}, got {args.count}")

@@ -32,7 +32,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agent.engine import EngineParams
+from agent.replica.engine import EngineParams
 from dataplane.config import ProxySettings
 from ferry.tokens import BLOCK_TOKENS
 from tools.report import percentile

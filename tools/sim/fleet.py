@@ -1,16 +1,16 @@
 """The fleet simulator's core: a discrete-event loop in virtual time over real engines, tables and policies.
 
-What runs, unchanged: N :class:`agent.engine.Engine` replicas (one per
+What runs, unchanged: N :class:`agent.replica.engine.Engine` replicas (one per
 replica, ``start_step(now)`` returning a duration and ``finish_step(now +
 duration)`` at the end of it), the control plane's snapshot turned into a
-proxy table by :func:`dataplane.table.build_table`, and the policies of
-:mod:`tools.sim.policies` (Ferry's is :class:`dataplane.picker.Picker`).
+proxy table by :func:`dataplane.table.local.build_table`, and the policies of
+:mod:`tools.sim.policies` (Ferry's is :class:`dataplane.pick.picker.Picker`).
 
 Events, in time order (ties in the order they were scheduled):
 
 - **arrival**: the request goes to a proxy drawn at random (clients spread
   over the proxies), whose policy admits it (Ferry's: the proxy's tier
-  queues, :class:`dataplane.queues.TierQueues`, sized from the table as the
+  queues, :class:`dataplane.admission.queues.TierQueues`, sized from the table as the
   proxy sizes them: a request waits there while every slot this proxy
   dispatches into is taken, and one still waiting at its tier's queue
   timeout is refused, a **timeout** event) and, once it may start, picks a
@@ -49,9 +49,9 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from agent.engine import Admission, Engine, EngineLoad, EngineParams, EngineRequest, StepResult
-from dataplane.ring import DEFAULT_LOAD_FACTOR
-from dataplane.table import Table, TableParams, build_table
+from agent.replica.engine import Admission, Engine, EngineLoad, EngineParams, EngineRequest, StepResult
+from dataplane.pick.ring import DEFAULT_LOAD_FACTOR
+from dataplane.table.local import Table, TableParams, build_table
 from ferry.v1 import common_pb2, tables_pb2
 from tools.sim.policies import MODEL, PolicyFactory
 from tools.sim.workload import SimRequest

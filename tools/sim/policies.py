@@ -5,19 +5,19 @@ sees only what a proxy sees: its copy of the table (pushed telemetry, as
 stale as the refresh makes it) and what it sent itself.
 
 - ``ferry``: the proxy's own decision, whole: a
-  :class:`dataplane.picker.Picker` built from the proxy's default settings
-  (:meth:`dataplane.picker.Picker.from_settings`), whose
-  :meth:`dataplane.picker.Picker.decide` calls :func:`dataplane.decide.decide`
+  :class:`dataplane.pick.picker.Picker` built from the proxy's default settings
+  (:meth:`dataplane.pick.picker.Picker.from_settings`), whose
+  :meth:`dataplane.pick.picker.Picker.decide` calls :func:`dataplane.pick.decide.decide`
   with everything the router passes: the table's view (applied on every
   tick), the request's routing, the replicas already tried, the ejected
   replicas of its outlier detector (fed with simulated results: first-token
   and end times, cached tokens, refusals), the learned detour threshold and
   the remembered placements. A request the replica refuses is retried as
-  the router retries it (:func:`dataplane.failover.retry_reason`, the retry
+  the router retries it (:func:`dataplane.failover.recover.retry_reason`, the retry
   budget); one the decision cannot place (longer than every context) is
   refused, as the proxy refuses it. Admission is the proxy's tier queues
-  (:class:`dataplane.queues.TierQueues`, sized from every table as
-  :class:`dataplane.admission.Admission` sizes them; their avoid set goes
+  (:class:`dataplane.admission.queues.TierQueues`, sized from every table as
+  :class:`dataplane.admission.gate.Admission` sizes them; their avoid set goes
   into the decision); every simulated request is interactive.
 - ``round_robin``: each proxy cycles over the replicas from its own offset.
 - ``random``: uniform.
@@ -51,14 +51,14 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
+from dataplane.admission.queues import Shed, Ticket, TierQueues
 from dataplane.config import ProxySettings
-from dataplane.decide import Ask
-from dataplane.failover import retry_reason
-from dataplane.pick import LocalLoad
-from dataplane.picker import Attempt, Picker, Routing
-from dataplane.queues import Shed, Ticket, TierQueues
-from dataplane.retrybudget import charged
-from dataplane.table import Pool, Table
+from dataplane.failover.budget import charged
+from dataplane.failover.recover import retry_reason
+from dataplane.pick.decide import Ask
+from dataplane.pick.p2c import LocalLoad
+from dataplane.pick.picker import Attempt, Picker, Routing
+from dataplane.table.local import Pool, Table
 from ferry.config import TIERS
 from ferry.errors import ReplicaFailed
 from ferry.tokens import BLOCK_TOKENS
@@ -263,6 +263,8 @@ class Ferry:
 
 
 class RoundRobin(Baseline):
+    """Round robin over the pool (a peer baseline), from a random start."""
+
     def __init__(self, rng: random.Random) -> None:
         self._next = rng.randrange(1 << 16)
 
@@ -273,6 +275,8 @@ class RoundRobin(Baseline):
 
 
 class Uniform(Baseline):
+    """A uniformly random replica of the pool (a peer baseline)."""
+
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
@@ -282,6 +286,8 @@ class Uniform(Baseline):
 
 
 class LeastLoaded(Baseline):
+    """The replica with the fewest requests queued and running, ties broken at random (a peer baseline)."""
+
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
@@ -293,6 +299,8 @@ class LeastLoaded(Baseline):
 
 
 class ConsistentHash(Baseline):
+    """Ferry's bounded-load ring alone, without placements, detours or P2C (a baseline)."""
+
     def __init__(self, rng: random.Random) -> None:
         self.picker = Picker(rng)
         self._rng = rng
@@ -307,6 +315,8 @@ class ConsistentHash(Baseline):
 
 
 class PromptHash(Baseline):
+    """A hash of the whole prompt's blocks modulo the pool (a peer baseline)."""
+
     def __init__(self, rng: random.Random) -> None:
         pass
 
@@ -317,6 +327,8 @@ class PromptHash(Baseline):
 
 
 class CacheAware(Baseline):
+    """The peers' ``cache_aware`` policy: an approximate prefix tree per router, shortest queue past a load spread."""
+
     def __init__(self, rng: random.Random, *, cache_threshold: float = 0.5, balance_abs: int = 64,
                  balance_rel: float = 1.5, max_blocks: int = 32768, miss: str = "smallest_tree") -> None:
         self._rng = rng

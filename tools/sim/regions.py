@@ -1,18 +1,18 @@
 """Regions in the simulator: interactive load per region, spill within the latency budget, in virtual time.
 
-What runs, unchanged: one :class:`agent.engine.Engine` per replica; per
-region one proxy's admission queue (:class:`dataplane.queues.TierQueues`,
+What runs, unchanged: one :class:`agent.replica.engine.Engine` per replica; per
+region one proxy's admission queue (:class:`dataplane.admission.queues.TierQueues`,
 capacity = the region's slots, its shedding included); the control plane's
-:class:`controlplane.spillcontrol.SpillController` (updated every ``tick_seconds``
+:class:`controlplane.regions.control.SpillController` (updated every ``tick_seconds``
 from each region's slots and the queued + running of its engines as
 sampled at the previous tick: telemetry a tick old, as in ``ferry up``; and,
 with ``usage`` (default), its proxy's figures since the last tick as the
 real proxies report them: arrivals per second (offered), its own requests
 answered at home per second (served), the depth of its interactive queue
 (waiting) and the requests it spilled per second);
-and the proxy's :func:`dataplane.spill.region_for` (the weighted draw, then
-the spill on queue from :func:`dataplane.spill.local_queue`, within the
-:func:`dataplane.spill.room` of each target seen in that stale sample).
+and the proxy's :func:`dataplane.regions.choice.region_for` (the weighted draw, then
+the spill on queue from :func:`dataplane.regions.choice.local_queue`, within the
+:func:`dataplane.regions.choice.room` of each target seen in that stale sample).
 
 Events, in time order: **arrival** of an interactive request at its home
 region (exponential gaps, rate ``load x capacity``), which chooses a region; a local
@@ -43,11 +43,11 @@ import random
 from collections import Counter, deque
 from collections.abc import Mapping
 
-from agent.engine import Engine, EngineParams, EngineRequest
-from controlplane.spill import parse_rtt
-from controlplane.spillcontrol import RegionSample, SpillController
-from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
-from dataplane.spill import (
+from agent.replica.engine import Engine, EngineParams, EngineRequest
+from controlplane.regions.control import RegionSample, SpillController
+from controlplane.regions.weights import parse_rtt
+from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.regions.choice import (
     DEFAULT_HEADROOM,
     DEFAULT_QUEUE_MS,
     SpillTarget,

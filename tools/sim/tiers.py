@@ -1,16 +1,16 @@
 """Tier scenarios in virtual time: real engines behind one proxy running Ferry's admission code.
 
-What runs unchanged: :class:`agent.engine.Engine` replicas and the proxy's
-:class:`dataplane.queues.TierQueues` (bounded per-tier queues, DRR fair
+What runs unchanged: :class:`agent.replica.engine.Engine` replicas and the proxy's
+:class:`dataplane.admission.queues.TierQueues` (bounded per-tier queues, DRR fair
 share, quotas with lending and reclaim, shedding with retry-after,
 preemption of batch). The proxy sends a dispatched request to the replica
 with the fewest requests it has outstanding there (the pick's local term),
-off the replicas :meth:`dataplane.queues.TierQueues.avoid` names (a heavy
+off the replicas :meth:`dataplane.admission.queues.TierQueues.avoid` names (a heavy
 tenant's shard, or everything outside it; replicas it has filled, for
 interactive beyond what it could preempt there);
 a preempted batch request is cancelled on its engine and requeued at the
 head of its queue, and so is one on a full replica an interactive request
-was sent to (:meth:`dataplane.queues.TierQueues.make_room`, as the proxy
+was sent to (:meth:`dataplane.admission.queues.TierQueues.make_room`, as the proxy
 does after its pick). Each replica admits at most its concurrency target, the
 capacity the queues are sized from.
 
@@ -32,8 +32,8 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 
-from agent.engine import Admission, Engine, EngineParams, EngineRequest
-from dataplane.queues import QueueParams, Shed, Ticket, TierQueues
+from agent.replica.engine import Admission, Engine, EngineParams, EngineRequest
+from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
 from ferry.config import TIERS
 
 _ARRIVE, _STEP, _TIMEOUT, _SAMPLE, _DEADLINE = 0, 1, 2, 3, 4

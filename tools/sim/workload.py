@@ -59,6 +59,8 @@ class SimRequest:
 
 @dataclasses.dataclass(slots=True)
 class _Conversation:
+    """One conversation being replayed: when it last spoke, its block ids, and its last prompt and answer sizes."""
+
     last: float
     ids: tuple[int, ...]
     prompt: int

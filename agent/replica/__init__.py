@@ -1,0 +1,9 @@
+"""The simulated LLM replica: Triton's KServe v2 service in front of an engine model.
+
+Pure: :mod:`.engine` (continuous batching, chunked prefill, a prefix cache
+:mod:`.prefix_cache`, driven by an injected clock), :mod:`.tensors` (the
+KServe v2 tensors of docs/CONTRACTS.md), :mod:`.metrics` (the Prometheus text
+under Triton's and TensorRT-LLM's names). Edges: :mod:`.runner` (one engine
+in real time), :mod:`.server` (the gRPC servicer), :mod:`.httpface` (an HTTP
+face speaking the peers' APIs, for side-by-side runs).
+"""

@@ -1,0 +1,624 @@
+"""The HTTP face of a simulated replica: SGLang's native API and OpenAI completions on the gRPC face's engine.
+
+:class:`HttpFace` serves one :class:`agent.replica.runner.EngineRunner` (the very
+runner behind the replica's KServe v2 gRPC face) over HTTP/1.1 on asyncio
+streams, so that HTTP routers can be measured in front of the same replicas
+Ferry routes to over gRPC. Both faces admit a prompt with
+:func:`submit_prompt` (whitespace tokens, chained block hashes of the
+engine's block size) and write :func:`agent.replica.tensors.generated_text`, so a
+request's text, token counts, cached tokens and the engine's prefix-cache
+counters are the same whichever face it came through.
+
+Routes (``model`` is the replica's model name):
+
+- ``GET /health``, ``GET /health_generate``: 200 ``{}``; 503 while the model loads.
+- ``GET /get_load``: SGLang's list with one entry per data-parallel rank (one
+  rank here): ``dp_rank`` 0, ``num_reqs`` (running + queued),
+  ``num_running_reqs``, ``num_waiting_reqs``, ``num_tokens`` (tokens of the
+  KV blocks in use).
+- ``GET /server_info`` and ``/get_server_info``, ``GET /model_info`` and
+  ``/get_model_info``, ``GET /v1/models``: the model name, its limits and
+  ``is_generation``; never a ``model_path`` or ``tokenizer_path``, from
+  which a router would try to load (or download) a tokenizer.
+- ``POST /generate`` (SGLang): ``{"text": str, "sampling_params":
+  {"max_new_tokens": int = 128}, "stream": bool = false, "rid": str}``;
+  answers ``{"text", "meta_info": {"id", "prompt_tokens",
+  "completion_tokens", "cached_tokens", "finish_reason": {"type": "length",
+  "length": n}}}``. Streamed: one server-sent event per engine delta with the
+  whole text so far (SGLang's default, not incremental), ``finish_reason``
+  null and no ``cached_tokens`` until the last event, then ``data: [DONE]``.
+- ``POST /v1/completions`` (OpenAI): ``{"model": str, "prompt": str | [str],
+  "max_tokens": int = 16, "stream": bool = false, "stream_options":
+  {"include_usage": bool}}``; answers a ``text_completion`` with ``usage``
+  (``prompt_tokens_details.cached_tokens``). Streamed: one chunk per engine
+  delta with the new text, the last with ``finish_reason`` "length", then,
+  when ``include_usage``, a chunk with empty ``choices`` and the usage, then
+  ``data: [DONE]``. ``model``, when given, must be the replica's.
+- ``POST /v1/completions/render`` (vLLM's renderer, which vllm-router's
+  cache_aware policy calls on every worker before it routes a completion):
+  the completion request -> ``[{"request_id", "model", "token_ids",
+  "sampling_params": {"max_tokens"}}]``. ``POST /tokenize`` (its fallback):
+  ``{"prompt": str}`` or ``{"text": str}`` -> ``{"count", "max_model_len",
+  "tokens"}``. A token id is the CRC-32 of a whitespace word (31 bits): the
+  same in every process and equal for equal words. The ids of recent prompts
+  are cached (LRU, 32 Mi characters, shared by the faces of a process), so a
+  prompt rendered on every replica of the process is hashed once.
+
+Other request fields (sampling parameters, ``temperature`` ...) are ignored,
+but ``n`` other than 1 and ``echo`` true are refused: every request generates
+exactly its token budget (the engine's model), so ``finish_reason`` is
+always "length".
+
+Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` whose
+``param`` names the field at fault: 400 malformed JSON or field, 404 unknown
+path or model, 405 method, 408 body too slow, 411 a chunked request body
+(``Content-Length`` is required), 413 body over ``max_body_bytes``, 429 engine queue full
+(with ``Retry-After``), 431 head over ``MAX_HEAD_BYTES``, 503 model loading
+or ``max_connections`` open.
+
+Connections: keep-alive (HTTP/1.1's default; HTTP/1.0 and ``Connection:
+close`` close after the response), one request at a time. The next request's
+head must arrive within ``idle_seconds`` of the last response (longer than
+the 90 s idle pools of common clients, so the server is not the side that
+closes a pooled connection), its body within ``BODY_TIMEOUT_SECONDS``. While
+a generation runs the connection is watched: a client that closes it (a
+half-close counts) cancels its request in the engine, which frees the KV
+blocks. The first byte of a pipelined next request ends the watch and is
+kept for the next parse.
+
+Defaults: ``max_body_bytes`` 8 MiB (a 130 k-word prompt), ``max_connections``
+1024, ``idle_seconds`` 300.
+
+Cost: O(head + body) to parse a request, O(prompt) to admit or render one.
+A streamed ``/generate`` sends the whole text so far in each event, O(n²)
+bytes over n events (as SGLang does); the OpenAI stream sends O(n). Memory
+per connection is bounded by the head, the body and one event; the render
+cache by its budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import time
+import uuid
+import zlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from agent.replica import tensors
+from agent.replica.engine import Finished
+from agent.replica.runner import EngineRunner, Ticket
+from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
+from ferry.tokens import chain_hashes, tokenize
+
+MAX_HEAD_BYTES = 32 * 1024
+MAX_HEADERS = 100
+BODY_TIMEOUT_SECONDS = 30.0
+LINGER_SECONDS = 1.0  # after closing its side, the server discards what the client still sends this long ...
+LINGER_BYTES = 1024 * 1024  # ... or up to this much, so the close does not reset the connection before it is read
+GENERATE_DEFAULT_TOKENS = 128  # SGLang's default max_new_tokens
+COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
+            411: "Length Required", 413: "Content Too Large", 429: "Too Many Requests",
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+_T = TypeVar("_T")
+
+
+def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int) -> tuple[Ticket, int]:
+    """Queue ``prompt`` in the engine (both faces do it this way); returns the ticket and the prompt's tokens."""
+    words = tokenize(prompt)
+    hashes = tuple(chain_hashes(words, runner.engine.params.kv_block_tokens))
+    return runner.submit(len(words), max_tokens, hashes), len(words)
+
+
+def token_ids(prompt: str) -> list[int]:
+    """Stable token ids of ``prompt``: the CRC-32 of each whitespace word, 31 bits (equal words, equal ids)."""
+    return [zlib.crc32(word.encode("utf-8")) & 0x7FFFFFFF for word in tokenize(prompt)]
+
+
+class _RenderCache:
+    """Recent prompts' token ids as JSON text (with their count), least recently used out past ``budget`` characters.
+
+    A router that renders each prompt on every worker would otherwise hash it once per replica of this process.
+    """
+
+    def __init__(self, budget: int = 32 * 1024 * 1024) -> None:
+        self.budget, self._size = budget, 0
+        self._items: OrderedDict[str, tuple[int, str]] = OrderedDict()
+
+    def get(self, prompt: str) -> tuple[int, str]:
+        hit = self._items.get(prompt)
+        if hit is not None:
+            self._items.move_to_end(prompt)
+            return hit
+        ids = token_ids(prompt)
+        entry = (len(ids), json.dumps(ids, separators=(",", ":")))
+        cost = len(prompt) + len(entry[1])
+        if cost <= self.budget:
+            self._items[prompt], self._size = entry, self._size + cost
+            while self._size > self.budget:
+                old, (_, text) = self._items.popitem(last=False)
+                self._size -= len(old) + len(text)
+        return entry
+
+
+_RENDERED = _RenderCache()
+
+
+class HttpReject(Exception):
+    """A request refused with an HTTP status; ``param`` names the field at fault."""
+
+    def __init__(self, status: int, param: str, message: str, *, close: bool = False,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(f"{param}: {message}")
+        self.status, self.param, self.message, self.close, self.headers = status, param, message, close, headers
+
+
+class ClientGone(Exception):
+    """The client closed the connection while its request ran."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """One parsed HTTP request: method, path, body, and whether the connection stays open."""
+
+    method: str
+    path: str
+    body: bytes
+    keep_alive: bool
+
+
+class _Conn:
+    """One client connection: reads requests, writes sized or streamed responses, watches for the client leaving."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.pushback = b""  # the first byte of a pipelined request, read by the watch
+        self.closed = False  # the client closed its side
+        self.chunked = True  # HTTP/1.1: streamed bodies are chunked
+        self._watch: asyncio.Future[bytes] | None = None
+
+    async def read_request(self, idle_seconds: float, max_body: int) -> _Request | None:
+        """The next request; None when the client closed or stayed idle too long."""
+        try:
+            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), idle_seconds)
+        except asyncio.IncompleteReadError as exc:
+            self.closed = True
+            if exc.partial.strip() or self.pushback:
+                raise HttpReject(400, "request", "connection closed inside the request head", close=True) from None
+            return None
+        except asyncio.LimitOverrunError:
+            raise HttpReject(431, "headers", f"request head over {MAX_HEAD_BYTES} bytes", close=True) from None
+        except TimeoutError:
+            return None
+        lines = (self.pushback + head).decode("latin-1").split("\r\n")
+        self.pushback = b""
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[1].startswith("/"):
+            raise HttpReject(400, "request line", f"expected 'METHOD /path HTTP/1.1', got {lines[0][:80]!r}",
+                             close=True)
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise HttpReject(400, "headers", f"malformed header line {line[:80]!r}", close=True)
+            headers[name.lower()] = value.strip()
+        if len(headers) > MAX_HEADERS:
+            raise HttpReject(431, "headers", f"more than {MAX_HEADERS} header fields", close=True)
+        self.chunked = version == "HTTP/1.1"
+        keep_alive = self.chunked and headers.get("connection", "").lower() != "close"
+        if "transfer-encoding" in headers:
+            raise HttpReject(411, "Transfer-Encoding", "request bodies must be sent with a Content-Length",
+                             close=True)
+        raw = headers.get("content-length", "0")
+        if not (raw.isascii() and raw.isdigit()):
+            raise HttpReject(400, "Content-Length", f"not a byte count: {raw[:40]!r}", close=True)
+        if int(raw) > max_body:
+            raise HttpReject(413, "Content-Length", f"body of {raw} bytes over the limit of {max_body}", close=True)
+        if int(raw) and headers.get("expect", "").lower() == "100-continue":
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            body = await asyncio.wait_for(self.reader.readexactly(int(raw)), BODY_TIMEOUT_SECONDS)
+        except TimeoutError:
+            raise HttpReject(408, "body", f"not received within {BODY_TIMEOUT_SECONDS:g} s", close=True) from None
+        except asyncio.IncompleteReadError:
+            self.closed = True
+            return None
+        return _Request(method, target.split("?", 1)[0], body, keep_alive)
+
+    def _head(self, status: int, content_type: str, keep_alive: bool, extra: tuple[tuple[str, str], ...]) -> str:
+        lines = [f"HTTP/1.1 {status} {_REASONS[status]}", f"Content-Type: {content_type}",
+                 f"Connection: {'keep-alive' if keep_alive else 'close'}", *(f"{k}: {v}" for k, v in extra)]
+        return "\r\n".join(lines) + "\r\n"
+
+    async def send_json(self, status: int, payload: object, *, keep_alive: bool,
+                        headers: tuple[tuple[str, str], ...] = ()) -> None:
+        await self.send_raw(status, json.dumps(payload, separators=(",", ":")).encode("utf-8"),
+                            keep_alive=keep_alive, headers=headers)
+
+    async def send_raw(self, status: int, body: bytes, *, keep_alive: bool,
+                       headers: tuple[tuple[str, str], ...] = ()) -> None:
+        """A JSON response whose body is already encoded."""
+        head = self._head(status, "application/json", keep_alive, headers) + f"Content-Length: {len(body)}\r\n\r\n"
+        self.writer.write(head.encode("latin-1") + body)
+        await self.writer.drain()
+
+    def start_events(self, keep_alive: bool) -> None:
+        """The head of a server-sent event stream (chunked on HTTP/1.1; HTTP/1.0 ends it by closing)."""
+        extra = (("Cache-Control", "no-cache"),) + ((("Transfer-Encoding", "chunked"),) if self.chunked else ())
+        self.writer.write((self._head(200, "text/event-stream", keep_alive, extra) + "\r\n").encode("latin-1"))
+
+    async def event(self, payload: bytes) -> None:
+        """One ``data:`` event, flushed."""
+        data = b"data: " + payload + b"\n\n"
+        self.writer.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+        await self.writer.drain()
+
+    async def end_events(self) -> None:
+        """``data: [DONE]``, then the end of the chunked body."""
+        await self.event(b"[DONE]")
+        if self.chunked:
+            self.writer.write(b"0\r\n\r\n")
+            await self.writer.drain()
+
+    async def linger(self) -> None:
+        """Close the server's side, then discard what the client still sends (bounded in bytes and time)."""
+        if self.closed or self.writer.is_closing():
+            return
+        with contextlib.suppress(TimeoutError, ConnectionError, OSError, RuntimeError):
+            self.writer.write_eof()
+            async with asyncio.timeout(LINGER_SECONDS):
+                left = LINGER_BYTES
+                while left > 0 and (data := await self.reader.read(min(64 * 1024, left))):
+                    left -= len(data)
+
+    def watch(self) -> None:
+        """Start watching for the client closing the connection."""
+        self._watch = asyncio.ensure_future(self.reader.read(1))
+
+    async def wait(self, awaitable: Awaitable[_T]) -> _T:
+        """Await ``awaitable``; raises ClientGone if the client closes the connection first."""
+        task = asyncio.ensure_future(awaitable)
+        while self._watch is not None:
+            try:
+                await asyncio.wait((task, self._watch), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            if task.done():
+                return task.result()
+            self._settle()
+            if self.closed:
+                task.cancel()
+                raise ClientGone
+        return await task
+
+    async def unwatch(self) -> None:
+        """Stop watching (a byte it read is kept for the next request)."""
+        if self._watch is not None and not self._watch.done():
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        self._settle()
+
+    def _settle(self) -> None:
+        watch, self._watch = self._watch, None
+        if watch is None or not watch.done() or watch.cancelled():
+            return
+        data = b"" if watch.exception() is not None else watch.result()
+        if data:
+            self.pushback = data
+        else:
+            self.closed = True
+
+
+def _json_body(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidArgument("body", f"not UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument("body", f"not JSON: {exc.msg} at character {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument("body", f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _typed(obj: Mapping[str, Any], name: str, kind: type[_T], default: _T, where: str = "") -> _T:
+    """Field ``name`` of ``obj`` (absent or null: ``default``), of JSON type ``kind``; a bool is not an int."""
+    value = obj.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = {int: "an integer", bool: "a boolean", str: "a string", dict: "an object"}
+        raise InvalidArgument(where + name, f"must be {names.get(kind, kind.__name__)}, "
+                                            f"got {type(value).__name__} {json.dumps(value)[:40]}")
+    return value
+
+
+def _prompt(value: object, field: str) -> str:
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise InvalidArgument(field, f"a list of {len(value)} prompts: one prompt per request is served")
+        value = value[0]
+    if not isinstance(value, str):
+        raise InvalidArgument(field, "required: one prompt string")
+    if not value.strip():
+        raise InvalidArgument(field, "empty prompt")
+    return value
+
+
+class HttpFace:
+    """HTTP/1.1 server of one replica's engine; see the module docstring for the routes."""
+
+    def __init__(self, *, model: str, runner: EngineRunner, loaded: Callable[[], bool] = lambda: True,
+                 max_body_bytes: int = 8 * 1024 * 1024, max_connections: int = 1024,
+                 idle_seconds: float = 300.0) -> None:
+        self.model, self.runner, self._loaded = model, runner, loaded
+        self.max_body_bytes, self.max_connections, self.idle_seconds = max_body_bytes, max_connections, idle_seconds
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._get: dict[str, Callable[[], object]] = {
+            "/health": self._health, "/health_generate": self._health, "/get_load": self._load,
+            "/server_info": self._server_info, "/get_server_info": self._server_info,
+            "/model_info": self._model_info, "/get_model_info": self._model_info, "/v1/models": self._models,
+        }
+        self._post: dict[str, Callable[[_Conn, _Request], Awaitable[None]]] = {
+            "/generate": self._generate, "/v1/completions": self._completions,
+            "/v1/completions/render": self._render, "/tokenize": self._tokenize,
+        }
+
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen on ``host:port`` (0: the system picks); returns the bound port."""
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD_BYTES)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening and end every connection (their requests are cancelled in the engine)."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    # -- connections ----------------------------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        conn = _Conn(reader, writer)
+        try:
+            if len(self._tasks) > self.max_connections:
+                await self._send_error(conn, HttpReject(503, "connection", f"{self.max_connections} connections "
+                                                        "already open", close=True), keep_alive=False)
+            else:
+                await self._converse(conn)
+            await conn.linger()
+        except (ClientGone, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass  # stop() ends connections; a cancelled handler task would be logged as an error by asyncio
+        finally:
+            self._tasks.discard(task)
+            writer.close()
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    async def _converse(self, conn: _Conn) -> None:
+        """Serve requests on ``conn`` until either side ends the conversation."""
+        while not conn.closed:
+            keep = False
+            try:
+                request = await conn.read_request(self.idle_seconds, self.max_body_bytes)
+                if request is None:
+                    return
+                keep = request.keep_alive
+                await self._dispatch(conn, request)
+            except HttpReject as exc:
+                keep = keep and not exc.close
+                await self._send_error(conn, exc, keep_alive=keep)
+            if not keep:
+                return
+
+    async def _send_error(self, conn: _Conn, exc: HttpReject, *, keep_alive: bool) -> None:
+        kind = "invalid_request_error" if exc.status < 500 else "server_error"
+        payload = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}}
+        await conn.send_json(exc.status, payload, keep_alive=keep_alive, headers=exc.headers)
+
+    async def _dispatch(self, conn: _Conn, request: _Request) -> None:
+        get, post = self._get.get(request.path), self._post.get(request.path)
+        if get is None and post is None:
+            raise HttpReject(404, "path", f"no route {request.path}; routes: {', '.join([*self._get, *self._post])}")
+        if get is not None and request.method == "GET":
+            if request.path.startswith("/health") and not self._loaded():
+                raise HttpReject(503, "model", f"model {self.model} is loading")
+            await conn.send_json(200, get(), keep_alive=request.keep_alive)
+        elif post is not None and request.method == "POST":
+            try:
+                await post(conn, request)
+            except FerryError as exc:
+                raise _rejection(exc) from None
+        else:
+            allowed = "GET" if get is not None else "POST"
+            raise HttpReject(405, "method", f"{request.method} {request.path}: only {allowed}",
+                             headers=(("Allow", allowed),))
+
+    # -- metadata -------------------------------------------------------------------------------------------------
+
+    def _health(self) -> object:
+        return {}
+
+    def _load(self) -> object:
+        load = self.runner.engine.load()
+        used = (load.kv_blocks_total - load.kv_blocks_free) * load.kv_block_tokens
+        return [{"dp_rank": 0, "num_reqs": load.running + load.queued, "num_running_reqs": load.running,
+                 "num_waiting_reqs": load.queued, "num_tokens": used}]
+
+    def _server_info(self) -> object:
+        p = self.runner.engine.params
+        return {"served_model_name": self.model, "model_id": self.model, "dp_size": 1, "tp_size": 1,
+                "max_running_requests": p.max_running, "max_total_num_tokens": p.kv_blocks_total * p.kv_block_tokens,
+                "context_length": p.max_context_tokens, "page_size": p.kv_block_tokens, "version": "ferry-simulated"}
+
+    def _model_info(self) -> object:
+        return {"served_model_name": self.model, "is_generation": True, "model_type": "ferry_simulated_llm"}
+
+    def _models(self) -> object:
+        entry = {"id": self.model, "object": "model", "created": 0, "owned_by": "ferry", "root": self.model,
+                 "max_model_len": self.runner.engine.params.max_context_tokens}
+        return {"object": "list", "data": [entry]}
+
+    # -- tokens ---------------------------------------------------------------------------------------------------
+
+    async def _render(self, conn: _Conn, request: _Request) -> None:
+        body = _json_body(request.body)
+        model = _typed(body, "model", str, self.model)
+        if model != self.model:
+            raise NotFound("model", model)
+        _, ids = _RENDERED.get(_prompt(body.get("prompt"), "prompt"))
+        max_tokens = _typed(body, "max_tokens", int, COMPLETION_DEFAULT_TOKENS)
+        rendered = json.dumps({"request_id": f"cmpl-{uuid.uuid4().hex}", "model": self.model,
+                               "sampling_params": {"max_tokens": max_tokens}}, separators=(",", ":"))
+        payload = f'[{rendered[:-1]},"token_ids":{ids}}}]'
+        await conn.send_raw(200, payload.encode("utf-8"), keep_alive=request.keep_alive)
+
+    async def _tokenize(self, conn: _Conn, request: _Request) -> None:
+        body = _json_body(request.body)
+        field = "prompt" if body.get("prompt") is not None or body.get("text") is None else "text"
+        count, ids = _RENDERED.get(_prompt(body.get(field), field))
+        payload = f'{{"count":{count},"max_model_len":{self.runner.engine.params.max_context_tokens},"tokens":{ids}}}'
+        await conn.send_raw(200, payload.encode("utf-8"), keep_alive=request.keep_alive)
+
+    # -- generation -----------------------------------------------------------------------------------------------
+
+    def _admit(self, prompt: str, max_tokens: int, budget_field: str) -> tuple[Ticket, int]:
+        if not self._loaded():
+            raise Unavailable(f"model {self.model} is loading")
+        try:
+            return submit_prompt(self.runner, prompt, max_tokens)
+        except InvalidArgument as exc:
+            raise InvalidArgument(budget_field, exc.reason) from None
+
+    async def _follow(self, conn: _Conn, ticket: Ticket,
+                      on_delta: Callable[[int, Finished | None], Awaitable[None]] | None = None) -> Finished:
+        """Wait for ``ticket`` to finish, calling ``on_delta`` per delta; cancels it if the client leaves."""
+        conn.watch()
+        try:
+            while True:
+                count, finished = await conn.wait(ticket.next())
+                if on_delta is not None:
+                    await on_delta(count, finished)
+                if finished is not None:
+                    return finished
+        finally:
+            await conn.unwatch()
+            if ticket.finished is None:
+                self.runner.cancel(ticket)
+
+    async def _generate(self, conn: _Conn, request: _Request) -> None:
+        body = _json_body(request.body)
+        if body.get("text") is None and body.get("input_ids") is not None:
+            raise InvalidArgument("text", "required (input_ids are not served: prompts are whitespace words)")
+        prompt = _prompt(body.get("text"), "text")
+        sampling = _typed(body, "sampling_params", dict, {})
+        max_tokens = _typed(sampling, "max_new_tokens", int, GENERATE_DEFAULT_TOKENS, "sampling_params.")
+        if max_tokens < 1:
+            raise InvalidArgument("sampling_params.max_new_tokens", f"must be >= 1, got {max_tokens}")
+        stream = _typed(body, "stream", bool, False)
+        rid = _typed(body, "rid", str, "") or uuid.uuid4().hex
+        ticket, prompt_tokens = self._admit(prompt, max_tokens, "sampling_params.max_new_tokens")
+
+        def meta(finished: Finished | None) -> dict[str, Any]:
+            info: dict[str, Any] = {"id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens,
+                                    "completion_tokens": ticket.emitted}
+            if finished is not None:
+                info.update(finish_reason={"type": "length", "length": finished.completion_tokens},
+                            cached_tokens=finished.cached_tokens,
+                            e2e_latency=finished.queue_seconds + finished.service_seconds)
+            return info
+
+        if not stream:
+            f = await self._follow(conn, ticket)
+            await conn.send_json(200, {"text": tensors.generated_text(0, f.completion_tokens), "meta_info": meta(f)},
+                                 keep_alive=request.keep_alive)
+            return
+
+        async def delta(count: int, finished: Finished | None) -> None:
+            text = tensors.generated_text(0, ticket.emitted)
+            await conn.event(json.dumps({"text": text, "meta_info": meta(finished)}).encode())
+
+        conn.start_events(request.keep_alive)
+        await self._follow(conn, ticket, delta)
+        await conn.end_events()
+
+    async def _completions(self, conn: _Conn, request: _Request) -> None:
+        body = _json_body(request.body)
+        model = _typed(body, "model", str, self.model)
+        if model != self.model:
+            raise NotFound("model", model)
+        prompt = _prompt(body.get("prompt"), "prompt")
+        max_tokens = _typed(body, "max_tokens", int, COMPLETION_DEFAULT_TOKENS)
+        if max_tokens < 1:
+            raise InvalidArgument("max_tokens", f"must be >= 1, got {max_tokens}")
+        if _typed(body, "n", int, 1) != 1:
+            raise InvalidArgument("n", "only 1 completion per request is served")
+        if _typed(body, "echo", bool, False):
+            raise InvalidArgument("echo", "the prompt is not echoed")
+        stream = _typed(body, "stream", bool, False)
+        usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
+        ticket, prompt_tokens = self._admit(prompt, max_tokens, "max_tokens")
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model}
+
+        def usage(f: Finished) -> dict[str, Any]:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": f.completion_tokens,
+                    "total_tokens": prompt_tokens + f.completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
+
+        def choice(text: str, finished: Finished | None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if finished else None}
+
+        if not stream:
+            f = await self._follow(conn, ticket)
+            answer = {**head, "choices": [choice(tensors.generated_text(0, f.completion_tokens), f)], "usage": usage(f)}
+            await conn.send_json(200, answer, keep_alive=request.keep_alive)
+            return
+        sent = 0
+
+        async def delta(count: int, finished: Finished | None) -> None:
+            nonlocal sent
+            text, sent = tensors.generated_text(sent, count), sent + count
+            await conn.event(json.dumps({**head, "choices": [choice(text, finished)]}).encode())
+
+        conn.start_events(request.keep_alive)
+        f = await self._follow(conn, ticket, delta)
+        if usage_too:
+            await conn.event(json.dumps({**head, "choices": [], "usage": usage(f)}).encode())
+        await conn.end_events()
+
+
+def _rejection(exc: FerryError) -> HttpReject:
+    """The HTTP status of an error raised while admitting a request."""
+    if isinstance(exc, InvalidArgument):
+        return HttpReject(400, exc.field, exc.reason)
+    if isinstance(exc, NotFound):
+        return HttpReject(404, exc.kind, str(exc))
+    if isinstance(exc, Overloaded):
+        return HttpReject(429, "engine", str(exc), headers=(("Retry-After", str(max(1, round(exc.retry_after)))),))
+    if isinstance(exc, Unavailable):
+        return HttpReject(503, "model", str(exc))
+    return HttpReject(400, "request", str(exc))

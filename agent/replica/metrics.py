@@ -1,0 +1,84 @@
+"""The Prometheus text of one simulated replica, under Triton's and TensorRT-LLM's metric names.
+
+So that the agent reads a simulated replica and a real Triton server the same
+way, the names and label sets are those of Triton (``model``, ``version``)
+and of its TensorRT-LLM backend (``request_type``, ``kv_cache_block_type``):
+
+- ``nv_inference_request_success``, ``nv_inference_request_failure{reason}``
+  (``REJECTED``, ``CANCELED``), ``nv_inference_count``,
+  ``nv_inference_exec_count`` (engine steps), ``nv_inference_request_duration_us``,
+  ``nv_inference_queue_duration_us``, ``nv_inference_compute_infer_duration_us``
+  (counters), ``nv_inference_pending_request_count`` (gauge: the queue);
+- ``nv_trt_llm_request_metrics{request_type=active|max|scheduled|context|waiting}``;
+- ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max|free|used|tokens_per|fraction}``;
+- ``nv_gpu_utilization{gpu_uuid}``: the share of the last second in steps;
+- ferry's own counters ``ferry_replica_prefix_hit_blocks_total`` and
+  ``ferry_replica_prefix_lookup_blocks_total``.
+
+Cost: O(1) per render (a few dozen lines).
+"""
+
+from __future__ import annotations
+
+from agent.replica.engine import EngineLoad
+from agent.replica.runner import RunnerStats
+
+_HELP = {
+    "nv_inference_request_success": ("counter", "Number of successful inference requests, all batch sizes"),
+    "nv_inference_request_failure": ("counter", "Number of failed inference requests, all batch sizes"),
+    "nv_inference_count": ("counter", "Number of inferences performed (does not include cached requests)"),
+    "nv_inference_exec_count": ("counter", "Number of model executions performed (engine steps)"),
+    "nv_inference_request_duration_us": ("counter", "Cumulative inference request duration in microseconds"),
+    "nv_inference_queue_duration_us": ("counter", "Cumulative inference queuing duration in microseconds"),
+    "nv_inference_compute_infer_duration_us": ("counter", "Cumulative compute inference duration in microseconds"),
+    "nv_inference_pending_request_count": ("gauge", "Instantaneous number of pending requests awaiting execution"),
+    "nv_trt_llm_request_metrics": ("gauge", "TRT LLM request metrics"),
+    "nv_trt_llm_kv_cache_block_metrics": ("gauge", "TRT LLM KV cache block metrics"),
+    "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0)"),
+    "ferry_replica_prefix_hit_blocks_total": ("counter", "Prompt blocks served from the prefix cache"),
+    "ferry_replica_prefix_lookup_blocks_total": ("counter", "Prompt blocks looked up in the prefix cache"),
+}
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(*, model: str, version: str, load: EngineLoad, stats: RunnerStats, utilization: float,
+           gpu_uuid: str) -> str:
+    """The exposition text of one replica."""
+    base = {"model": model, "version": version}
+    us = 1e6
+    rows: list[tuple[str, dict[str, str], float]] = [
+        ("nv_inference_request_success", base, stats.success),
+        ("nv_inference_request_failure", {**base, "reason": "REJECTED"}, stats.rejected),
+        ("nv_inference_request_failure", {**base, "reason": "CANCELED"}, stats.cancelled),
+        ("nv_inference_count", base, stats.success),
+        ("nv_inference_exec_count", base, load.steps),
+        ("nv_inference_request_duration_us", base, round((stats.queue_seconds + stats.compute_seconds) * us)),
+        ("nv_inference_queue_duration_us", base, round(stats.queue_seconds * us)),
+        ("nv_inference_compute_infer_duration_us", base, round(stats.compute_seconds * us)),
+        ("nv_inference_pending_request_count", base, load.queued),
+    ]
+    requests = {"active": load.running, "max": load.max_running, "scheduled": load.running,
+                "context": load.context, "waiting": load.queued}
+    rows += [("nv_trt_llm_request_metrics", {**base, "request_type": k}, v) for k, v in requests.items()]
+    used = load.kv_blocks_total - load.kv_blocks_free
+    blocks = {"max": load.kv_blocks_total, "free": load.kv_blocks_free, "used": used,
+              "tokens_per": load.kv_block_tokens, "fraction": used / load.kv_blocks_total}
+    rows += [("nv_trt_llm_kv_cache_block_metrics", {**base, "kv_cache_block_type": k}, v) for k, v in blocks.items()]
+    rows += [
+        ("nv_gpu_utilization", {"gpu_uuid": gpu_uuid}, utilization),
+        ("ferry_replica_prefix_hit_blocks_total", base, load.prefix_hit_blocks),
+        ("ferry_replica_prefix_lookup_blocks_total", base, load.prefix_lookup_blocks),
+    ]
+    lines: list[str] = []
+    seen: set[str] = set()
+    for name, labels, value in rows:
+        if name not in seen:
+            seen.add(name)
+            kind, text = _HELP[name]
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+        lines.append(f"{name}{{{label_text}}} {value}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,146 @@
+"""The real-time driver of one :class:`agent.replica.engine.Engine`: one asyncio task per replica.
+
+Loop: ``start_step(now)``; when it returns a duration, sleep that long, then
+``finish_step(now)`` and hand each request its tokens; when it returns None,
+wait until a request is submitted. An idle replica costs no CPU.
+
+Each submitted request gets a :class:`Ticket`. A ticket holds a counter of
+tokens not yet taken by its consumer and, at the end, the engine's
+:class:`agent.replica.engine.Finished` summary; :meth:`Ticket.next` returns what
+arrived since the last call. A consumer slower than the engine therefore
+gets several steps' tokens in one delta: memory per request stays O(1)
+whatever the pace of either side, and no token is lost.
+
+Engine ids are assigned here (a counter), so clients' request ids may repeat.
+Counters for the replica's Triton-style metrics (successes, failures by
+reason, queue and compute time) are kept in :class:`RunnerStats`;
+:meth:`EngineRunner.utilization` is the share of the last second spent in
+steps (a bounded ring of recent steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+
+from agent.replica.engine import Admission, Engine, EngineRequest, Finished, StepResult
+from ferry.errors import InvalidArgument, Overloaded
+
+
+@dataclasses.dataclass
+class RunnerStats:
+    """Cumulative counters of a replica, in Triton's terms."""
+
+    success: int = 0
+    rejected: int = 0
+    cancelled: int = 0
+    queue_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    last_inference: float = 0.0  # wall-clock seconds of the last completion
+
+
+class Ticket:
+    """One request's view of the engine: tokens since the consumer's last look, then the summary."""
+
+    def __init__(self, engine_id: str, max_tokens: int) -> None:
+        self.engine_id = engine_id
+        self.max_tokens = max_tokens
+        self.emitted = 0
+        self.finished: Finished | None = None
+        self._pending = 0
+        self._changed = asyncio.Event()
+
+    def _deliver(self, tokens: int, finished: Finished | None) -> None:
+        self._pending += tokens
+        self.emitted += tokens
+        if finished is not None:
+            self.finished = finished
+        self._changed.set()
+
+    async def next(self) -> tuple[int, Finished | None]:
+        """Wait for news: (tokens since the last call, the summary once the request is done)."""
+        while self._pending == 0 and self.finished is None:
+            self._changed.clear()
+            await self._changed.wait()
+        tokens, self._pending = self._pending, 0
+        return tokens, self.finished
+
+
+class EngineRunner:
+    """Drives an engine in real time; :meth:`run` is the replica's engine task."""
+
+    def __init__(self, engine: Engine, *, clock: Callable[[], float] | None = None,
+                 retry_after_seconds: float = 0.5) -> None:
+        self.engine = engine
+        self.stats = RunnerStats()
+        self._clock = clock or asyncio.get_running_loop().time
+        self._retry_after = retry_after_seconds
+        self._ids = itertools.count(1)
+        self._tickets: dict[str, Ticket] = {}
+        self._wake = asyncio.Event()
+        self._recent: deque[tuple[float, float]] = deque(maxlen=4096)  # (end, duration) of recent steps
+        self.slowdown = 1.0  # steps take this many times longer (fault injection: SIGUSR1 on ``ferry node``)
+
+    def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: tuple[int, ...]) -> Ticket:
+        """Queue a request; raises Overloaded (queue full) or InvalidArgument (it can never fit)."""
+        engine_id = str(next(self._ids))
+        req = EngineRequest(request_id=engine_id, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                            block_hashes=block_hashes)
+        admission = self.engine.submit(req, self._clock())
+        if admission is Admission.QUEUE_FULL:
+            self.stats.rejected += 1
+            raise Overloaded(f"replica queue full ({self.engine.params.max_queue} waiting)", self._retry_after)
+        if admission is Admission.TOO_LONG:
+            self.stats.rejected += 1
+            p = self.engine.params
+            raise InvalidArgument("max_tokens", (
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the replica's "
+                f"context ({p.max_context_tokens} tokens) or KV cache ({p.kv_blocks_total * p.kv_block_tokens})"))
+        ticket = Ticket(engine_id, max_tokens)
+        self._tickets[engine_id] = ticket
+        self._wake.set()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Stop a request that is not finished (its client went away); counted as cancelled."""
+        if self._tickets.pop(ticket.engine_id, None) is not None and self.engine.cancel(ticket.engine_id):
+            self.stats.cancelled += 1
+
+    async def run(self) -> None:
+        """Step the engine until cancelled."""
+        while True:
+            duration = self.engine.start_step(self._clock())
+            if duration is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            duration *= self.slowdown
+            await asyncio.sleep(duration)
+            now = self._clock()
+            self._recent.append((now, duration))
+            self._deliver(self.engine.finish_step(now))
+
+    def utilization(self, window: float = 1.0) -> float:
+        """Share of the last ``window`` seconds the engine spent in steps (its GPU utilization), 0..1."""
+        since = self._clock() - window
+        busy = sum(min(duration, end - since) for end, duration in self._recent if end > since)
+        return min(1.0, busy / window)
+
+    def _deliver(self, result: StepResult) -> None:
+        done = {f.request_id: f for f in result.finished}
+        now = time.time()
+        for engine_id, tokens in result.tokens.items():
+            ticket = self._tickets.get(engine_id)
+            finished = done.get(engine_id)
+            if finished is not None:
+                self._tickets.pop(engine_id, None)
+                self.stats.success += 1
+                self.stats.queue_seconds += finished.queue_seconds
+                self.stats.compute_seconds += finished.service_seconds
+                self.stats.last_inference = now
+            if ticket is not None:
+                ticket._deliver(tokens, finished)

@@ -1,0 +1,336 @@
+"""The simulated replica: Triton's ``GRPCInferenceService`` in front of one real-time engine.
+
+:class:`ReplicaServicer` speaks KServe v2 / Triton gRPC (the stubs shipped in
+tritonclient) for one model and version, with the tensors and response
+parameters of docs/CONTRACTS.md:
+
+- ``ModelInfer``: the whole text once the engine finished the request.
+- ``ModelStreamInfer`` (decoupled): one response per engine step with the
+  text since the previous response (a slow reader gets several steps in one),
+  the last with ``triton_final_response`` = true and the summary parameters;
+  ``stream`` = false gives one final response. Several requests may share a
+  stream (at most ``max_stream_requests`` in flight). An admission error
+  ends the stream with its status, as a unary call would.
+- Errors: unknown model or version -> NOT_FOUND; malformed tensor ->
+  INVALID_ARGUMENT naming it; queue full -> RESOURCE_EXHAUSTED; every RPC
+  of the service that a replica does not serve -> UNIMPLEMENTED.
+- A client that cancels (or whose deadline passes) cancels its request in
+  the engine, which frees its KV blocks.
+
+:class:`SimulatedReplica` runs one replica: the gRPC server, the engine task
+(:class:`agent.replica.runner.EngineRunner`) and a Prometheus text endpoint
+(:mod:`agent.replica.metrics`) at ``/metrics``; with ``http=True`` also an
+HTTP face (:mod:`agent.replica.httpface`: SGLang's ``/generate``, OpenAI's
+``/v1/completions``) on the same runner. Both faces admit prompts with
+:func:`agent.replica.httpface.submit_prompt`, so a request's text, cached tokens and
+the prefix-cache counters do not depend on the face it came through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
+
+import grpc
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from agent.httptext import serve_text
+from agent.replica import metrics as replica_metrics
+from agent.replica import tensors
+from agent.replica.engine import Engine, EngineParams, Finished
+from agent.replica.httpface import HttpFace, submit_prompt
+from agent.replica.runner import EngineRunner, Ticket
+from ferry.errors import FerryError, NotFound, Unavailable
+from ferry.grpcutil import start_server, status_for
+from ferry.tls import TLSConfig
+
+SERVICE = "inference.GRPCInferenceService"
+PLATFORM = "ferry_simulated_llm"
+
+
+def _summary(f: Finished) -> dict[str, bool | int | float]:
+    return {"ferry_prompt_tokens": f.prompt_tokens, "ferry_cached_tokens": f.cached_tokens,
+            "ferry_queue_seconds": f.queue_seconds, "ferry_service_seconds": f.service_seconds}
+
+
+def _unimplemented(rpc: str) -> Callable[[Any, Any, Any], Awaitable[NoReturn]]:
+    async def handler(self: Any, request: Any, context: Any) -> NoReturn:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc} is not served by a ferry simulated replica")
+        raise AssertionError("abort returned")
+
+    handler.__name__ = handler.__qualname__ = rpc
+    return handler
+
+
+class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Triton's gRPC service for one model version served by one engine."""
+
+    def __init__(self, *, model: str, version: str, runner: EngineRunner, max_stream_requests: int = 256,
+                 ready_at: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model, self.version, self.runner = model, version, runner
+        self.max_stream_requests = max_stream_requests
+        self.ready_at, self._clock = ready_at, clock  # the model loads until ready_at (clock's time)
+
+    # -- health, metadata, statistics ------------------------------------------------------------------------------
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self._serves(request.name, request.version) and self._loaded())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        await self._check(request.name, request.version, context)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=self.model, versions=[self.version], platform=PLATFORM,
+            inputs=[tensor(name=n, datatype=t, shape=[-1, 1]) for n, t in tensors.INPUTS.items()],
+            outputs=[tensor(name=tensors.OUTPUT, datatype="BYTES", shape=[-1, -1])],
+        )
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        await self._check(request.name, request.version, context)
+        p = self.runner.engine.params
+        types = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "BOOL": mc.TYPE_BOOL}
+        config = mc.ModelConfig(
+            name=self.model, platform=PLATFORM, backend="ferry", max_batch_size=p.max_running,
+            input=[mc.ModelInput(name=n, data_type=types[t], dims=[1], optional=(n == "stream"))
+                   for n, t in tensors.INPUTS.items()],
+            output=[mc.ModelOutput(name=tensors.OUTPUT, data_type=mc.TYPE_STRING, dims=[-1])],
+            model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
+        )
+        for key, value in (("ferry_kv_block_tokens", p.kv_block_tokens), ("ferry_kv_blocks_total", p.kv_blocks_total),
+                           ("ferry_max_context_tokens", p.max_context_tokens), ("ferry_max_queue", p.max_queue)):
+            config.parameters[key].string_value = str(value)
+        return pb.ModelConfigResponse(config=config)
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        state = "READY" if self._loaded() else "LOADING"
+        entry = pb.RepositoryIndexResponse.ModelIndex(name=self.model, version=self.version, state=state)
+        return pb.RepositoryIndexResponse(models=[entry])
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        if request.name:
+            await self._check(request.name, request.version, context)
+        s, load = self.runner.stats, self.runner.engine.load()
+        ns = 1e9
+
+        def duration(count: int, seconds: float) -> pb.StatisticDuration:
+            return pb.StatisticDuration(count=count, ns=round(seconds * ns))
+
+        stats = pb.ModelStatistics(
+            name=self.model, version=self.version, last_inference=round(s.last_inference * 1000),
+            inference_count=s.success, execution_count=load.steps,
+            inference_stats=pb.InferStatistics(
+                success=duration(s.success, s.queue_seconds + s.compute_seconds),
+                fail=duration(s.rejected + s.cancelled, 0.0),
+                queue=duration(s.success, s.queue_seconds),
+                compute_infer=duration(s.success, s.compute_seconds),
+            ),
+        )
+        return pb.ModelStatisticsResponse(model_stats=[stats])
+
+    # -- inference -------------------------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        ticket, _ = await self._admit(request, context)
+        try:
+            while ticket.finished is None:
+                await ticket.next()
+        finally:
+            if ticket.finished is None:
+                self.runner.cancel(ticket)
+        f = ticket.finished
+        assert f is not None
+        return tensors.text_response(
+            model=self.model, version=self.version, request_id=request.id,
+            text=tensors.generated_text(0, f.completion_tokens),
+            parameters={**_summary(f), "ferry_completion_tokens": f.completion_tokens},
+        )
+
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
+        lock = asyncio.Lock()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            async for request in request_iterator:
+                if len(tasks) >= self.max_stream_requests:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"more than {self.max_stream_requests} requests in flight on one stream")
+                ticket, parsed = await self._admit(request, context)
+                incremental = parsed.stream is not False
+                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, context, lock))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _stream_one(self, request_id: str, incremental: bool, ticket: Ticket, context: Any,
+                          lock: asyncio.Lock) -> None:
+        sent = 0
+        try:
+            while True:
+                _, finished = await ticket.next()
+                if not incremental and finished is None:
+                    continue
+                count = ticket.emitted - sent
+                params: dict[str, bool | int | float] = {"ferry_completion_tokens": count,
+                                                         "triton_final_response": finished is not None}
+                if finished is not None:
+                    params.update(_summary(finished))
+                response = tensors.text_response(model=self.model, version=self.version, request_id=request_id,
+                                                 text=tensors.generated_text(sent, count), parameters=params)
+                sent += count
+                async with lock:
+                    await context.write(pb.ModelStreamInferResponse(infer_response=response))
+                if finished is not None:
+                    return
+        finally:
+            if ticket.finished is None:
+                self.runner.cancel(ticket)
+
+    async def _admit(self, request: pb.ModelInferRequest, context: Any) -> tuple[Ticket, tensors.LlmRequest]:
+        try:
+            self._check_or_raise(request.model_name, request.model_version)
+            if not self._loaded():
+                raise Unavailable(f"model {self.model}/{self.version} is loading "
+                                  f"({self.ready_at - self._clock():.1f} s left)")
+            parsed = tensors.parse_request(request)
+            ticket, _ = submit_prompt(self.runner, parsed.prompt, parsed.max_tokens)
+            return ticket, parsed
+        except FerryError as exc:
+            await context.abort(status_for(exc), str(exc))
+            raise  # not reached: abort raises
+
+    # -- helpers ---------------------------------------------------------------------------------------------------
+
+    def _loaded(self) -> bool:
+        return self._clock() >= self.ready_at
+
+    def _serves(self, name: str, version: str) -> bool:
+        return name == self.model and version in ("", self.version)
+
+    def _check_or_raise(self, name: str, version: str) -> None:
+        if name != self.model:
+            raise NotFound("model", name)
+        if version not in ("", self.version):
+            raise NotFound("model version", f"{name}/{version}")
+
+    async def _check(self, name: str, version: str, context: Any) -> None:
+        try:
+            self._check_or_raise(name, version)
+        except NotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+
+    # -- the rest of the service: UNIMPLEMENTED, with a message ---------------------------------------------------
+
+    ServerMetadata = _unimplemented("ServerMetadata")
+    RepositoryModelLoad = _unimplemented("RepositoryModelLoad")
+    RepositoryModelUnload = _unimplemented("RepositoryModelUnload")
+    SystemSharedMemoryStatus = _unimplemented("SystemSharedMemoryStatus")
+    SystemSharedMemoryRegister = _unimplemented("SystemSharedMemoryRegister")
+    SystemSharedMemoryUnregister = _unimplemented("SystemSharedMemoryUnregister")
+    CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus")
+    CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister")
+    CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister")
+    TraceSetting = _unimplemented("TraceSetting")
+    LogSettings = _unimplemented("LogSettings")
+
+
+class SimulatedReplica:
+    """One simulated replica: gRPC server, engine task, metrics endpoint and (``http``) HTTP face, all on ``host``."""
+
+    def __init__(self, model: str, version: str = "v1", *, params: EngineParams | None = None,
+                 host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None,
+                 warmup_seconds: float = 0.0, http: bool = False) -> None:
+        self.model, self.version, self.host = model, version, host
+        self.http = http  # also serve the HTTP face (agent.replica.httpface) on the same runner
+        self.warmup_seconds = warmup_seconds  # ModelReady says false (inference UNAVAILABLE) this long after start
+        self.tls = tls  # mutual TLS with the node's certificate (None: plain text)
+        self.params = params or EngineParams()
+        self.replica_id = replica_id or f"{model}-{version}"
+        self.runner: EngineRunner | None = None
+        self._server: grpc.aio.Server | None = None
+        self._http: asyncio.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._face: HttpFace | None = None
+        self.port = self.metrics_port = self.http_port = 0
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the KServe v2 gRPC endpoint."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_address(self) -> str:
+        """``host:port`` of the metrics endpoint."""
+        return f"{self.host}:{self.metrics_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://host:port/metrics``."""
+        return f"http://{self.metrics_address}/metrics"
+
+    @property
+    def http_url(self) -> str:
+        """``http://host:port`` of the HTTP face (raises when it is off)."""
+        if not self.http:
+            raise RuntimeError(f"replica {self.replica_id}: the HTTP face is off (http=False)")
+        return f"http://{self.host}:{self.http_port}"
+
+    async def start(self) -> SimulatedReplica:
+        """Start the engine task, the gRPC server, the metrics endpoint and the HTTP face (ports the system picks)."""
+        runner = self.runner = EngineRunner(Engine(self.params))
+        self._task = asyncio.create_task(runner.run(), name=f"engine-{self.replica_id}")
+        ready_at = time.monotonic() + self.warmup_seconds
+        servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner, ready_at=ready_at)
+        if self.http:
+            self._face = HttpFace(model=self.model, runner=runner, loaded=lambda: time.monotonic() >= ready_at)
+            self.http_port = await self._face.start(self.host)
+        add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+        creds = self.tls.server_credentials(require_client_cert=True) if self.tls else None
+        self._server, self.port = await start_server([(add, servicer, SERVICE)], f"{self.host}:0", credentials=creds)
+        self._http, self.metrics_port = await serve_text(self.host, 0, {"/metrics": self.render_metrics})
+        return self
+
+    def render_metrics(self) -> str:
+        """The replica's Prometheus text."""
+        assert self.runner is not None
+        return replica_metrics.render(
+            model=self.model, version=self.version, load=self.runner.engine.load(), stats=self.runner.stats,
+            utilization=self.runner.utilization(), gpu_uuid=f"GPU-sim-{self.replica_id}")
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop serving (in-flight gRPC calls get ``grace`` seconds; HTTP requests are cancelled), then the engine
+        task and the metrics endpoint."""
+        if self._face is not None:
+            await self._face.stop()
+            self._face = None
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._http is not None:
+            self._http.close()
+            await self._http.wait_closed()
+            self._http = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def __aenter__(self) -> SimulatedReplica:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

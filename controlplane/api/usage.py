@@ -1,0 +1,54 @@
+"""``Admin`` handlers for usage, tiers and spill: translation only (ferryctl ``top``, ``tiers``, ``spill``).
+
+:class:`UsageRpcs` holds the services it reads (fleet, tables). Each handler
+joins what the control plane holds (agent telemetry rows, the tables' tier
+quotas and spill routes, the configured round trips) with the proxies' merged
+usage reports (:meth:`controlplane.tables.usage.ProxyUsage.figures`), through the
+pure functions of :mod:`controlplane.tables.usage`. The leader holds every proxy's
+report (followers relay theirs), so ferryctl asks the leader; a follower
+answers with the proxies that watch from it. A
+:class:`ferry.errors.FerryError` becomes the status
+:func:`ferry.grpcutil.status_for` chooses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from controlplane.fleet.service import FleetService
+from controlplane.tables.service import TableService
+from controlplane.tables.usage import spill_views, tier_views, usage_rows
+from ferry.grpcutil import answer
+from ferry.v1 import admin_pb2
+
+
+class UsageRpcs:
+    """``GetUsage`` (telemetry and the proxies' figures), ``GetTiers`` and ``GetSpill``."""
+
+    def __init__(self, fleet: FleetService, tables: TableService, *, wall: Callable[[], float]) -> None:
+        self._fleet = fleet
+        self._tables = tables
+        self._wall = wall
+
+    async def GetUsage(self, request: admin_pb2.GetUsageRequest, context: Any) -> admin_pb2.GetUsageResponse:
+        def call() -> admin_pb2.GetUsageResponse:
+            base = self._fleet.usage()
+            rows = usage_rows(base.rows, self._tables.proxy_usage.figures(), by_tier=request.by_tier)
+            return admin_pb2.GetUsageResponse(rows=rows, sampled_at=base.sampled_at)
+        return await answer(context, call)
+
+    async def GetTiers(self, request: admin_pb2.GetTiersRequest, context: Any) -> admin_pb2.GetTiersResponse:
+        def call() -> admin_pb2.GetTiersResponse:
+            quotas = {name: list(s.tier_quotas) for name, s in self._tables.snapshots(request.region).items()}
+            views = tier_views(quotas, self._tables.proxy_usage.figures(), region=request.region)
+            return admin_pb2.GetTiersResponse(tiers=views, sampled_at=self._wall())
+        return await answer(context, call)
+
+    async def GetSpill(self, request: admin_pb2.GetSpillRequest, context: Any) -> admin_pb2.GetSpillResponse:
+        def call() -> admin_pb2.GetSpillResponse:
+            routes = {name: list(s.spill) for name, s in self._tables.snapshots(request.region).items()}
+            views = spill_views(routes, self._tables.spill.rtt, self._tables.proxy_usage.figures(),
+                                region=request.region)
+            return admin_pb2.GetSpillResponse(pairs=views, sampled_at=self._wall())
+        return await answer(context, call)

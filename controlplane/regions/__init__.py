@@ -1,0 +1,7 @@
+"""The global layer: how much of a saturated region's interactive work each other region takes.
+
+Pure: :mod:`.weights` (spill weights from measured rates, RTT and the
+latency budget), :mod:`.control` (the spill controller, steered by
+saturation). :mod:`.planner` computes the weights for each table and adds
+the spill routes.
+"""

@@ -1,0 +1,222 @@
+"""The etcd backend of :class:`controlplane.store.base.Store`, over etcd's v3 gRPC API.
+
+It speaks etcd v3 through the generated stubs that ship with aetcd 1.0
+(``aetcd.rpc``) on a ``grpc.aio`` channel of its own, rather than through
+``aetcd.Client``: that client opens a new stream for every lease refresh and
+feeds watches through unbounded queues. Here:
+
+- ``put``, ``get``, ``delete``, ``list`` (one sorted range read) and lease
+  grant and revoke are unary calls, each with a deadline of ``timeout``
+  seconds (default 2 s);
+- ``put_if`` is one ``Txn``: ``mod_revision(key) == revision`` (0 for an
+  absent key) then ``Put``: the atomic create-if-absent of leader election
+  and the compare-and-put of GPU allocations;
+- lease refreshes share one keep-alive stream, and each watch has its own
+  bounded stream (:mod:`controlplane.store.etcdstreams`);
+- TTLs are whole seconds in etcd: a TTL is rounded up (at least 1 s).
+
+Errors: an unreachable or silent etcd raises ``Unavailable`` naming the
+endpoint; "lease not found" raises ``LeaseNotFound``; etcd's space quota or a
+request over its size limit raises ``Overloaded``. :meth:`EtcdStore.health`
+reports the last outcome without I/O. The channel reconnects by itself with
+a backoff capped at ``reconnect_max_seconds`` (1 s), so calls succeed again
+within about a second of etcd's return. At most ``max_watches`` (64) watches
+at once. Cost: one round trip per call; no call holds a lock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from aetcd import rpc as etcd
+from aetcd.utils import prefix_range_end
+
+from controlplane.store.base import KeyValue, LeaseNotFound, Listing, StoreHealth
+from controlplane.store.etcdstreams import EtcdWatch, KeepAlives
+from ferry.errors import FerryError, Overloaded, Unavailable
+from ferry.grpcutil import split_address
+
+_CONNECTIVITY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                 grpc.StatusCode.UNKNOWN)
+
+
+def parse_endpoint(url: str) -> str:
+    """``etcd://host:port`` (or ``host:port``) to ``host:port``; ValueError naming the URL otherwise."""
+    address = url.removeprefix("etcd://").rstrip("/")
+    split_address(address)
+    return address
+
+
+class EtcdStore:
+    """The store in etcd at ``endpoint`` (``host:port``); the channel opens on the first call."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_watches: int = 64,
+        watch_queue: int = 4096,
+        reconnect_max_seconds: float = 1.0,
+    ) -> None:
+        self.endpoint = parse_endpoint(endpoint)
+        self.timeout = timeout
+        self._clock = clock
+        self._max_watches = max_watches
+        self._watch_queue = watch_queue
+        self._reconnect_ms = int(reconnect_max_seconds * 1000)
+        self._where = f"etcd at {self.endpoint}"
+        self._channel: grpc.aio.Channel | None = None
+        self._kv: Any = None
+        self._lease: Any = None
+        self._watch_stub: Any = None
+        self._keepalives = KeepAlives(lambda: self._stubs()[1], where=self._where, timeout=timeout)
+        self._watches: list[EtcdWatch] = []
+        self._health = StoreHealth("etcd", self.endpoint, ok=True)
+
+    def _stubs(self) -> tuple[Any, Any, Any]:
+        if self._channel is None:
+            options = [
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", self._reconnect_ms),
+                ("grpc.keepalive_time_ms", 10_000),  # etcd refuses pings more often than every 5 s
+                ("grpc.keepalive_timeout_ms", 5_000),
+            ]
+            self._channel = grpc.aio.insecure_channel(self.endpoint, options=options)
+            self._kv = etcd.KVStub(self._channel)
+            self._lease = etcd.LeaseStub(self._channel)
+            self._watch_stub = etcd.WatchStub(self._channel)
+        return self._kv, self._lease, self._watch_stub
+
+    def health(self) -> StoreHealth:
+        return self._health
+
+    def _ok(self) -> None:
+        if not self._health.ok or self._clock() - self._health.last_ok > 0.05:
+            self._health = StoreHealth("etcd", self.endpoint, ok=True, last_ok=self._clock())
+
+    def _failed(self, exc: grpc.aio.AioRpcError, what: str) -> FerryError:
+        code, details = exc.code(), exc.details() or ""
+        if "lease not found" in details:
+            self._ok()
+            return LeaseNotFound(0)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED or "too large" in details or "space exceeded" in details:
+            self._ok()
+            return Overloaded(f"{self._where} refused {what}: {details}", retry_after=1.0)
+        error = Unavailable(f"{self._where} unreachable ({what}: {code.name} {details})")
+        if code in _CONNECTIVITY:
+            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=str(error),
+                                       last_ok=self._health.last_ok)
+        return error
+
+    async def _unary(self, what: str, method: Any, request: Any) -> Any:
+        try:
+            response = await method(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise self._failed(exc, what) from exc
+        self._ok()
+        return response
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
+        kv = self._stubs()[0]
+        try:
+            response = await self._unary("put", kv.Put, etcd.PutRequest(key=key.encode(), value=value, lease=lease))
+        except LeaseNotFound as exc:
+            raise LeaseNotFound(lease) from exc
+        return int(response.header.revision)
+
+    async def put_if(self, key: str, value: bytes, *, revision: int, lease: int = 0) -> int:
+        kv = self._stubs()[0]
+        compare = etcd.Compare(result=etcd.Compare.EQUAL, target=etcd.Compare.MOD, key=key.encode(),
+                               mod_revision=revision)
+        put = etcd.RequestOp(request_put=etcd.PutRequest(key=key.encode(), value=value, lease=lease))
+        try:
+            response = await self._unary("put_if", kv.Txn, etcd.TxnRequest(compare=[compare], success=[put]))
+        except LeaseNotFound as exc:
+            raise LeaseNotFound(lease) from exc
+        return int(response.header.revision) if response.succeeded else 0
+
+    async def get(self, key: str) -> KeyValue | None:
+        kv = self._stubs()[0]
+        response = await self._unary("get", kv.Range, etcd.RangeRequest(key=key.encode()))
+        if not response.kvs:
+            return None
+        item = response.kvs[0]
+        return KeyValue(key, bytes(item.value), int(item.mod_revision), int(item.lease))
+
+    async def delete(self, key: str) -> int:
+        kv = self._stubs()[0]
+        response = await self._unary("delete", kv.DeleteRange, etcd.DeleteRangeRequest(key=key.encode()))
+        return int(response.header.revision) if response.deleted else 0
+
+    async def list(self, prefix: str) -> Listing:
+        kv = self._stubs()[0]
+        start = prefix.encode()
+        request = etcd.RangeRequest(key=start, range_end=prefix_range_end(start),
+                                    sort_order=etcd.RangeRequest.ASCEND, sort_target=etcd.RangeRequest.KEY)
+        response = await self._unary("list", kv.Range, request)
+        items = tuple(KeyValue(i.key.decode(), bytes(i.value), int(i.mod_revision), int(i.lease))
+                      for i in response.kvs)
+        return Listing(items, int(response.header.revision))
+
+    async def grant_lease(self, ttl_seconds: float) -> int:
+        if ttl_seconds <= 0:
+            raise ValueError("ttl_seconds must be > 0")
+        lease = self._stubs()[1]
+        ttl = max(1, math.ceil(ttl_seconds))
+        response = await self._unary("grant_lease", lease.LeaseGrant, etcd.LeaseGrantRequest(TTL=ttl))
+        if response.error:
+            raise Unavailable(f"{self._where} refused a lease: {response.error}")
+        return int(response.ID)
+
+    async def refresh_lease(self, lease: int) -> None:
+        try:
+            await self._keepalives.refresh(lease)
+        except LeaseNotFound:
+            self._ok()
+            raise
+        except Unavailable as exc:
+            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=str(exc), last_ok=self._health.last_ok)
+            raise
+        self._ok()
+
+    async def revoke_lease(self, lease: int) -> None:
+        stub = self._stubs()[1]
+        try:
+            await self._unary("revoke_lease", stub.LeaseRevoke, etcd.LeaseRevokeRequest(ID=lease))
+        except LeaseNotFound:
+            pass
+
+    async def watch(self, prefix: str) -> EtcdWatch:
+        if len(self._watches) >= self._max_watches:
+            raise Overloaded(f"{self._max_watches} watches are open on {self._where}", retry_after=1.0)
+        stub = self._stubs()[2]
+        watch = EtcdWatch(stub, prefix, where=self._where, limit=self._watch_queue, on_close=self._forget)
+        self._watches.append(watch)
+        try:
+            await watch.start(self.timeout)
+        except Unavailable as exc:
+            self._forget(watch)
+            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=str(exc), last_ok=self._health.last_ok)
+            raise
+        self._ok()
+        return watch
+
+    def _forget(self, watch: EtcdWatch) -> None:
+        if watch in self._watches:
+            self._watches.remove(watch)
+
+    async def close(self) -> None:
+        for watch in list(self._watches):
+            await watch.close()
+        await self._keepalives.close()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

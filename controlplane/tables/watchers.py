@@ -1,0 +1,161 @@
+"""Table watchers (proxy streams) and what each proxy last applied.
+
+Each watch stream has a :class:`Watcher` with a one-slot keep-latest
+:class:`ferry.mailbox.Mailbox`: a newer
+table replaces one not yet sent, so a slow proxy gets the latest version, never
+a backlog (bounded memory per stream; the skipped versions are superseded).
+Every send carries a nonce, the stream's send count; an ``Ack`` is taken only
+for a nonce this stream sent and newer than the last one acked (as xDS drops
+stale nonces); the rest are ignored and counted by the caller.
+
+:class:`ProxyStatus` is kept per proxy id beyond its stream, for
+``Admin.GetTable``: the version it applied, the reason of its last rejection,
+connected or not, when it last acked (before its first ack: when it subscribed). Lag is the region's version minus the
+applied one (versions of a region grow by one per change); before its first
+ack, the versions of the region since the first one sent to it.
+
+Bounds and outcomes: ``max_watchers`` (1,024) streams at once, a further
+subscribe raises ``Overloaded`` (RESOURCE_EXHAUSTED); ``max_proxies`` (4,096)
+statuses, a new proxy beyond it evicts the disconnected one seen longest ago;
+rejection reasons are cut to 1,024 characters. A proxy id that subscribes
+again replaces its earlier stream, which is closed with a reason.
+Cost: O(watchers of the region) per published version, O(1) per ack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ferry.errors import Overloaded
+from ferry.mailbox import Mailbox
+from ferry.v1 import tables_pb2
+
+MAX_ERROR_CHARS = 1024
+
+
+@dataclass
+class ProxyStatus:
+    """One proxy as its table stream shows it: region, when seen, connected, and the versions sent and applied."""
+
+    proxy_id: str
+    region: str
+    subscribed_at: float
+    last_seen: float
+    connected: bool = True
+    applied_version: int = 0
+    first_sent_version: int = 0
+    last_error: str = ""
+    last_ack_at: float | None = None
+
+    def lag(self, region_version: int) -> int:
+        """Versions the proxy is behind ``region_version``."""
+        if self.applied_version:
+            return max(0, region_version - self.applied_version)
+        if self.first_sent_version:
+            return max(0, region_version - self.first_sent_version + 1)
+        return 0
+
+
+class Watcher:
+    """One watch stream: a one-slot mailbox of the next table to send."""
+
+    def __init__(self, status: ProxyStatus) -> None:
+        self.status = status
+        self._outbox: Mailbox[tables_pb2.TableSnapshot] = Mailbox.latest()
+        self.sent = 0
+        self.acked_nonce = 0
+
+    @property
+    def region(self) -> str:
+        return self.status.region
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._outbox.closed_reason
+
+    def offer(self, snapshot: tables_pb2.TableSnapshot) -> None:
+        self._outbox.offer(snapshot)
+
+    def close(self, reason: str) -> None:
+        self._outbox.close(reason)
+
+    async def next(self) -> tables_pb2.TableSnapshot | None:
+        """The next table to send, stamped with its nonce; None once the watcher is closed."""
+        snapshot = await self._outbox.next()
+        if snapshot is None:
+            return None
+        self.sent += 1
+        stamped = tables_pb2.TableSnapshot()
+        stamped.CopyFrom(snapshot)
+        stamped.nonce = str(self.sent)
+        if not self.status.first_sent_version:
+            self.status.first_sent_version = stamped.version
+        return stamped
+
+
+class Watchers:
+    """Open watch streams by proxy id, and the status of every proxy remembered."""
+
+    def __init__(self, *, max_watchers: int, max_proxies: int, clock: Callable[[], float]) -> None:
+        self._max_watchers = max_watchers
+        self._max_proxies = max_proxies
+        self._clock = clock
+        self._open: dict[str, Watcher] = {}
+        self._status: dict[str, ProxyStatus] = {}
+
+    def subscribe(self, proxy_id: str, region: str) -> Watcher:
+        """A watcher for ``proxy_id`` in ``region``; the proxy's earlier stream, if any, is closed."""
+        old = self._open.get(proxy_id)
+        if old is None and len(self._open) >= self._max_watchers:
+            raise Overloaded(f"{self._max_watchers} table watchers are open", retry_after=1.0)
+        if old is not None:
+            old.close(f"proxy {proxy_id!r} subscribed again on another stream")
+        if proxy_id not in self._status and len(self._status) >= self._max_proxies:
+            gone = [s for s in self._status.values() if not s.connected]
+            del self._status[min(gone, key=lambda s: s.last_seen).proxy_id]  # max_proxies >= max_watchers
+        now = self._clock()
+        status = ProxyStatus(proxy_id, region, subscribed_at=now, last_seen=now)
+        self._status[proxy_id] = status
+        self._open[proxy_id] = watcher = Watcher(status)
+        return watcher
+
+    def unsubscribe(self, watcher: Watcher) -> None:
+        watcher.close("stream ended")
+        pid = watcher.status.proxy_id
+        if self._open.get(pid) is watcher:
+            del self._open[pid]
+            watcher.status.connected = False
+            watcher.status.last_seen = self._clock()
+
+    def regions(self) -> set[str]:
+        return {w.region for w in self._open.values()}
+
+    def of_region(self, region: str) -> list[Watcher]:
+        return [w for w in self._open.values() if w.region == region]
+
+    def statuses(self) -> list[ProxyStatus]:
+        return sorted(self._status.values(), key=lambda s: s.proxy_id)
+
+    def ack(self, watcher: Watcher, ack: tables_pb2.Ack) -> str | None:
+        """Record an ack; returns the reason it was ignored, or None."""
+        try:
+            nonce = int(ack.nonce)
+        except ValueError:
+            return "ack_nonce"
+        if not 0 < nonce <= watcher.sent:
+            return "ack_nonce"
+        if nonce <= watcher.acked_nonce:
+            return "ack_stale"
+        watcher.acked_nonce = nonce
+        status = watcher.status
+        status.last_ack_at = status.last_seen = self._clock()
+        if ack.applied:
+            status.applied_version = ack.version
+        else:
+            status.last_error = (ack.error or "rejected without a reason")[:MAX_ERROR_CHARS]
+        return None
+
+    def close_all(self, reason: str) -> None:
+        for watcher in list(self._open.values()):
+            watcher.close(reason)

@@ -1,0 +1,312 @@
+"""Admission at the proxy: the asyncio edge around the pure tier queues of :mod:`dataplane.admission.queues`.
+
+:class:`Admission` keeps one :class:`dataplane.admission.queues.TierQueues` per model,
+sized from each applied table (capacity = the sum of the routable replicas'
+concurrency targets x ``capacity_share``, the share of the fleet this proxy
+dispatches; default 1.0 for one proxy), with the reserved shares of the
+table's ``tier_quotas`` (set by the control plane; the proxy's
+``tier_reserved`` setting until a table carries them). Per request:
+
+1. :meth:`Admission.acquire` offers the ticket (a refusal raises
+   :class:`dataplane.admission.queues.Shed`: RESOURCE_EXHAUSTED with ``retry-after``),
+   then waits until :meth:`TierQueues.dispatch` starts it, at most the
+   tier's queue timeout and never past the request's deadline less 50 ms
+   (then it is refused with reason ``timeout`` and a retry-after: no request
+   waits past its deadline without an answer);
+2. :meth:`Admission.preemptible` runs the forward of a unary batch or
+   standard request as a task that a preemption cancels (the replica call is cancelled); the
+   ticket goes back to the head of its queue and the caller waits again
+   (:class:`Preempted`), so the request is neither lost nor answered twice;
+3. :meth:`Admission.placed` (called once the pick chose a replica) preempts
+   a lower-tier request on that replica when an interactive request was
+   sent to it while it is full (:meth:`TierQueues.make_room`);
+4. :meth:`Admission.release` ends it and dispatches what now fits.
+
+A model whose table lists no concurrency (capacity 0) bypasses the queues,
+so the pick answers for it as before. Metrics (:class:`TierMetrics`):
+``ferry_proxy_queue_depth{model,tier}``, ``ferry_proxy_queue_wait_seconds``,
+``ferry_proxy_admitted_total``, ``ferry_proxy_shed_total{model,tier,reason}``,
+``ferry_proxy_preempted_total{model,reason}`` (``reclaim``: the model was full
+and a higher tier waited; ``room``: an interactive request was sent to a
+replica full of this proxy's requests), ``ferry_proxy_tier_quota`` and
+``ferry_proxy_tier_lent`` (slots, per model and tier),
+``ferry_proxy_tier_reclaimed_total`` (slots of a tier's reserve it took back
+as its demand rose: the sum of the falls of ``_tier_lent``); per tier and tenant
+(the first ``tenant_labels`` tenants by name, the others as ``_other``:
+:class:`ferry.metrics.BoundedLabel`), ``ferry_proxy_tenant_queued_total``
+(requests that entered a tier queue), ``_admitted_total``,
+``_queue_wait_seconds_total`` (summed: over ``_admitted_total`` the mean
+wait), ``_shed_total{reason}`` and ``_preempted_total``;
+``ferry_proxy_interactive_replicas{model}`` (replicas kept for interactive work);
+``ferry_proxy_confined_tenants{model}`` and ``ferry_proxy_confined_replicas{model}``
+(heavy tenants held to shards of their own, :mod:`dataplane.admission.sharding`, and the
+replicas those shards hold). A change of the shards logs ``tenant_confined``
+(model, each confined tenant with its replicas; none: released).
+
+Cost: O(1) per request besides the queue operations; one extra task per batch forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.admission.sharding import NONE, Shards
+from dataplane.admission.shedding import EVICTED, TIMEOUT
+from dataplane.regions.choice import LocalQueue, local_queue
+from dataplane.table.local import Table
+from ferry.config import TIERS
+from ferry.errors import FerryError
+from ferry.logs import event
+from ferry.metrics import LATENCY_BUCKETS, BoundedLabel, name
+
+R = TypeVar("R")
+log = logging.getLogger("ferry.proxy")
+ANSWER_MARGIN = 0.05  # seconds before the deadline a waiting request is refused, so the answer arrives in time
+
+
+class Preempted(FerryError):
+    """A batch request was preempted and requeued; the caller waits for dispatch again."""
+
+
+class _Preempt(asyncio.Event):
+    """Set to preempt a running ticket; ``reason`` labels the metric: ``reclaim`` or ``room``."""
+
+    reason = "reclaim"
+
+    def fire(self, reason: str) -> None:
+        self.reason = reason
+        self.set()
+
+
+class TierMetrics:
+    """The admission metrics; see the module docstring."""
+
+    def __init__(self, registry: CollectorRegistry, tenant_labels: int = 100) -> None:
+        self.tenant = BoundedLabel(tenant_labels)
+        per_tenant = ["tier", "tenant"]
+        self.tenant_queued = Counter(name("proxy_tenant_queued_total"), "Requests that entered a tier queue.",
+                                     per_tenant, registry=registry)
+        self.tenant_admitted = Counter(name("proxy_tenant_admitted_total"), "Requests dispatched from the queues.",
+                                       per_tenant, registry=registry)
+        self.tenant_wait = Counter(name("proxy_tenant_queue_wait_seconds_total"),
+                                   "Seconds dispatched requests waited in the queues, summed.", per_tenant,
+                                   registry=registry)
+        self.tenant_shed = Counter(name("proxy_tenant_shed_total"), "Requests refused or evicted at admission.",
+                                   [*per_tenant, "reason"], registry=registry)
+        self.tenant_preempted = Counter(name("proxy_tenant_preempted_total"), "Requests preempted and requeued.",
+                                        per_tenant, registry=registry)
+        self.depth = Gauge(name("proxy_queue_depth"), "Requests waiting at the proxy.", ["model", "tier"],
+                           registry=registry)
+        self.wait = Histogram(name("proxy_queue_wait_seconds"), "Time from arrival to dispatch.", ["model", "tier"],
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.admitted = Counter(name("proxy_admitted_total"), "Requests dispatched from the tier queues.",
+                                ["model", "tier"], registry=registry)
+        self.shed = Counter(name("proxy_shed_total"), "Requests refused or evicted at admission, by reason.",
+                            ["model", "tier", "reason"], registry=registry)
+        self.preempted = Counter(name("proxy_preempted_total"),
+                                 "Batch and standard requests preempted and requeued, by reason (reclaim, room).",
+                                 ["model", "reason"], registry=registry)
+        self.quota = Gauge(name("proxy_tier_quota"), "Slots a tier may run now.", ["model", "tier"],
+                           registry=registry)
+        self.lent = Gauge(name("proxy_tier_lent"), "Reserved slots of a tier lent to others.", ["model", "tier"],
+                          registry=registry)
+        self.reclaimed = Counter(name("proxy_tier_reclaimed_total"),
+                                 "Reserved slots a tier took back from the tiers it lent them to.", ["model", "tier"],
+                                 registry=registry)
+        self.confined = Gauge(name("proxy_confined_tenants"), "Heavy tenants held to shards of their own.",
+                              ["model"], registry=registry)
+        self.confined_replicas = Gauge(name("proxy_confined_replicas"), "Replicas held by heavy tenants' shards.",
+                                       ["model"], registry=registry)
+        self.interactive_replicas = Gauge(name("proxy_interactive_replicas"),
+                                          "Replicas kept for interactive work ([proxy] interactive_replica_share).",
+                                          ["model"], registry=registry)
+
+
+class Admission:
+    """Tier queues of every model of one proxy; see the module docstring."""
+
+    def __init__(self, params: QueueParams, *, clock: Callable[[], float], registry: CollectorRegistry,
+                 capacity_share: float = 1.0, tenant_labels: int = 100) -> None:
+        self.params = params
+        self._clock = clock
+        self.capacity_share = capacity_share
+        self.metrics = TierMetrics(registry, tenant_labels)
+        self.models: dict[str, TierQueues] = {}
+        self._waiters: dict[Ticket, asyncio.Future[None]] = {}
+        self._preempt: dict[Ticket, _Preempt] = {}
+        self._started: dict[Ticket, float] = {}
+        self._shards: dict[str, Shards] = {}  # per model, the shards last reported
+        self._shown: dict[str, tuple[tuple[int, int, int], ...]] = {}  # per model, the gauges' last values
+
+    def apply(self, table: Table) -> None:
+        """Size each model's queues from ``table``'s routable replicas; take its reserved shares when it has them."""
+        if table.tier_quotas:
+            reserved = {q.tier: q.reserved_share for q in table.tier_quotas}
+            self.params = dataclasses.replace(self.params, reserved={t: reserved.get(t, 0.0) for t in TIERS})
+            for held in self.models.values():
+                held.reserved = dict(self.params.reserved)
+        for model, entry in table.models.items():
+            replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool}
+            capacity = int(sum(replicas.values()) * self.capacity_share)
+            queues = self.models.get(model)
+            if queues is None:
+                queues = self.models[model] = TierQueues(self.params, capacity)
+            queues.capacity = capacity
+            queues.set_replicas(replicas)
+            self.metrics.interactive_replicas.labels(model).set(len(queues.placement.kept))
+            self._pump(model)
+
+    def active(self, model: str) -> bool:
+        """Whether requests of ``model`` go through the queues (its capacity is known)."""
+        queues = self.models.get(model)
+        return queues is not None and queues.capacity > 0
+
+    def avoid(self, model: str, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
+        """Replicas the pick should keep ``ticket`` off (:meth:`TierQueues.avoid`; ``inflight``: this proxy's)."""
+        queues = self.models.get(model)
+        return queues.avoid(ticket, inflight) if queues is not None else frozenset()
+
+    def local_queue(self, model: str) -> LocalQueue | None:
+        """What a new interactive request of ``model`` would find here (the spill on queue's input), if queued."""
+        queues = self.models.get(model)
+        if queues is None or queues.capacity <= 0:
+            return None
+        return local_queue(queues, self._clock())
+
+    async def acquire(self, model: str, ticket: Ticket) -> None:
+        """Wait until ``ticket`` is dispatched; raises Shed when refused, evicted or timed out."""
+        queues = self.models[model]
+        now = self._clock()
+        if ticket.state == "new":
+            try:
+                evicted = queues.offer(ticket, now)
+            except Shed as shed:
+                self._shed(model, ticket, shed.reason)
+                raise
+            self.metrics.tenant_queued.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
+            for victim in evicted:
+                self._shed(model, victim, EVICTED)
+                waiter = self._waiters.get(victim)
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(Shed(victim.tier, EVICTED, queues.retry_after(victim.tier, now)))
+            self._started[ticket] = now
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = future
+        self._pump(model)
+        try:
+            if ticket.state != "running":
+                timeout = min(self.params.timeouts[ticket.tier], ticket.deadline - now - ANSWER_MARGIN)
+                await asyncio.wait((future,), timeout=max(timeout, 0.0))
+            if ticket.state != "running":
+                if future.done() and future.exception() is not None:
+                    raise future.exception()  # type: ignore[misc]
+                queues.cancel(ticket)
+                self._shed(model, ticket, TIMEOUT)
+                raise Shed(ticket.tier, TIMEOUT, queues.retry_after(ticket.tier, self._clock()))
+        except asyncio.CancelledError:
+            queues.cancel(ticket)
+            raise
+        finally:
+            self._waiters.pop(ticket, None)
+            self._gauges(model)
+
+    async def preemptible(self, model: str, ticket: Ticket, call: Callable[[], Awaitable[R]]) -> R:
+        """Run ``call()``; a lower-tier unary ticket may be preempted: cancelled, requeued, :class:`Preempted`."""
+        if ticket.tier == TIERS[0] or not ticket.preemptible:
+            return await call()
+        event = self._preempt[ticket] = _Preempt()
+        task = asyncio.ensure_future(call())
+        signal = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait((task, signal), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            signal.cancel()
+            self._preempt.pop(ticket, None)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, FerryError):
+            await task
+        self.models[model].requeue(ticket, self._clock())
+        self.metrics.preempted.labels(model, event.reason).inc()
+        self.metrics.tenant_preempted.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
+        raise Preempted(f"{ticket.tier} request preempted on model {model!r}; requeued")
+
+    def placed(self, model: str, ticket: Ticket, replica: str, inflight: int, slots: int) -> None:
+        """``ticket`` was sent to ``replica`` (``inflight`` of ours there, ``slots`` its target): make room there."""
+        queues = self.models.get(model)
+        if queues is None:
+            return
+        for victim in queues.make_room(ticket, replica, inflight, slots):
+            event = self._preempt.get(victim)
+            if event is not None:
+                event.fire("room")
+            else:
+                victim.state = "running"
+
+    def release(self, model: str, ticket: Ticket) -> None:
+        """``ticket`` ended (answered, failed or cancelled): free its slot and dispatch."""
+        queues = self.models.get(model)
+        if queues is None:
+            return
+        queues.cancel(ticket)
+        queues.finish(ticket)
+        self._started.pop(ticket, None)
+        self._pump(model)
+
+    def _pump(self, model: str) -> None:
+        queues = self.models[model]
+        now = self._clock()
+        for ticket in queues.dispatch(now):
+            waited = now - self._started.get(ticket, now)
+            self.metrics.admitted.labels(model, ticket.tier).inc()
+            self.metrics.wait.labels(model, ticket.tier).observe(waited)
+            tenant = self.metrics.tenant(ticket.tenant)
+            self.metrics.tenant_admitted.labels(ticket.tier, tenant).inc()
+            self.metrics.tenant_wait.labels(ticket.tier, tenant).inc(max(waited, 0.0))
+            waiter = self._waiters.get(ticket)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        for ticket in queues.preemptions():
+            event = self._preempt.get(ticket)
+            if event is not None:
+                event.fire("reclaim")
+            else:
+                ticket.state = "running"  # not preemptible (not yet forwarding): let it run
+        self._gauges(model)
+
+    def _shed(self, model: str, ticket: Ticket, reason: str) -> None:
+        self.metrics.shed.labels(model, ticket.tier, reason).inc()
+        self.metrics.tenant_shed.labels(ticket.tier, self.metrics.tenant(ticket.tenant), reason).inc()
+
+    def _gauges(self, model: str) -> None:
+        queues = self.models[model]
+        if queues.shards is not self._shards.get(model, NONE):
+            self._shards[model] = shards = queues.shards
+            self.metrics.confined.labels(model).set(len(shards.shards))
+            self.metrics.confined_replicas.labels(model).set(len(shards.taken))
+            event(log, "tenant_confined", model=model,
+                  tenants={t: sorted(r) for t, r in sorted(shards.shards.items())})
+        quotas = queues.quotas()
+        shown = tuple((queues.depth(t), quotas.quota[t], quotas.lent[t]) for t in TIERS)
+        before = self._shown.get(model)
+        if shown == before:  # per request: set the gauges only when a value moved
+            return
+        self._shown[model] = shown
+        for i, (tier, (depth, quota, lent)) in enumerate(zip(TIERS, shown, strict=True)):
+            self.metrics.depth.labels(model, tier).set(depth)
+            self.metrics.quota.labels(model, tier).set(quota)
+            self.metrics.lent.labels(model, tier).set(lent)
+            if before is not None and lent < before[i][2]:  # its demand rose: lent reserve taken back
+                self.metrics.reclaimed.labels(model, tier).inc(before[i][2] - lent)

@@ -1,0 +1,206 @@
+"""``ferry.v1.Inference`` servicer: translates between the wire and :class:`dataplane.router.Router`.
+
+It holds no policy. Per call it takes the caller's ``x-request-id`` metadata
+(1 to 64 characters of ``A-Z a-z 0-9 . _ : -``; anything else is
+INVALID_ARGUMENT naming it) or makes one, sends it at once as
+``x-request-id`` initial metadata (the replica gets it as the KServe
+request id), lets the router run it, builds the
+``InferResponse`` (or the stream's chunks, then a final chunk with the
+summary), and on failure chooses the status with
+:func:`ferry.grpcutil.status_for`: UNAUTHENTICATED, INVALID_ARGUMENT (the
+message names the field), PERMISSION_DENIED (names the tier), NOT_FOUND
+(model or version), UNAVAILABLE (no table, no ready replica, replica failed
+after retries), DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (with ``retry-after``
+in seconds in the trailing metadata; UNAVAILABLE of a version still warming up
+carries one too, :mod:`dataplane.admission.coldstart`). It counts every request in the
+metrics and writes one JSON log line per failed request (ids, model, tier,
+status, reason; never a key or a prompt).
+
+Cost per request, beyond the router: one ``x-request-id`` match, one initial
+metadata send, and the metric children of its (model, tier[, status])
+looked up in a dict (label sets are bounded: models the table names, the
+tiers, gRPC codes), not through ``labels()``; per streamed piece, one
+``InferChunk``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from dataplane.admission.coldstart import WarmingUp
+from dataplane.api.idempotency import body_digest
+from dataplane.metrics import ProxyMetrics
+from dataplane.router import RequestState, Router
+from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded
+from ferry.grpcutil import status_for
+from ferry.logs import event
+from ferry.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger("ferry.proxy")
+
+
+
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def caller_request_id(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, InvalidArgument | None]:
+    """The caller's ``x-request-id`` ("" when none) and the error when it is malformed (a fresh id is used)."""
+    for key, value in metadata:
+        if key == "x-request-id":
+            text = value if isinstance(value, str) else ""
+            if REQUEST_ID.fullmatch(text):
+                return text, None
+            return "", InvalidArgument("x-request-id", "must be 1 to 64 characters of A-Z a-z 0-9 . _ : -")
+    return "", None
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    """The public Inference API of one proxy."""
+
+    def __init__(self, router: Router, metrics: ProxyMetrics, *, region: str, clock: Callable[[], float]) -> None:
+        self._router = router
+        self._metrics = metrics
+        self._region = region
+        self._clock = clock
+        # Metric children by label values: ``labels()`` validates and locks on every call.
+        self._requests: dict[tuple[str, str, str], Any] = {}
+        self._timings: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    async def _start(self, context: grpc.aio.ServicerContext,
+                     metadata: Sequence[tuple[str, str | bytes]]) -> tuple[RequestState, InvalidArgument | None]:
+        given, refused = caller_request_id(metadata)
+        state = RequestState(request_id=given or uuid.uuid4().hex, started=self._clock())
+        await context.send_initial_metadata((("x-request-id", state.request_id),))
+        return state, refused
+
+    @contextlib.asynccontextmanager
+    async def _guard(self, state: RequestState, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """What both RPCs do around the router: a FerryError's status (``_fail`` aborts), a cancel
+        counted, INTERNAL for a bug (and keep serving), and the in-flight slot always given back."""
+        try:
+            yield
+        except FerryError as error:
+            await self._fail(state, error, context)
+        except asyncio.CancelledError:
+            self._count(state, "CANCELLED")
+            raise
+        except Exception as exc:  # a bug: answer INTERNAL, keep serving
+            await self._crash(state, exc, context)
+        finally:
+            self._router.end(state)
+
+    async def Infer(
+        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.InferResponse:
+        """One request, one answer."""
+        metadata = context.invocation_metadata() or ()
+        state, refused = await self._start(context, metadata)
+        async with self._guard(state, context):
+            if refused is not None:
+                raise refused
+            self._router.begin(state, metadata, request, context.time_remaining())
+            if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.api.idempotency)
+                response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
+                                                              body_digest(request), lambda: self._answer(state))
+            else:
+                response = await self._answer(state)
+        state.outcome.ttft_seconds = self._clock() - state.started  # the whole answer is the first token
+        self._succeed(state)
+        return response
+
+    async def _answer(self, state: RequestState) -> inference_pb2.InferResponse:
+        await self._router.infer(state)
+        state.outcome.ttft_seconds = self._clock() - state.started
+        return self._summary(state, state.outcome.text)
+
+    async def InferStream(
+        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.InferChunk]:
+        """One request, the text as chunks as they come, then a final chunk with the summary."""
+        metadata = context.invocation_metadata() or ()
+        state, refused = await self._start(context, metadata)
+        first: float | None = None
+        async with self._guard(state, context):
+            if refused is not None:
+                raise refused
+            self._router.begin(state, metadata, request, context.time_remaining())
+            async with contextlib.aclosing(self._router.stream(state)) as pieces:
+                async for piece in pieces:
+                    if first is None:
+                        first = self._clock() - state.started
+                    yield inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens)
+        state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
+        self._succeed(state)
+        yield inference_pb2.InferChunk(final=True, summary=self._summary(state, ""))
+
+    def _summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
+        outcome = state.outcome
+        proxy_wait = max(state.forwarded_at - state.started, 0.0)
+        return inference_pb2.InferResponse(
+            text=text,
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+            replica_id=state.replica_id,
+            region=state.region or self._region,
+            queue_seconds=proxy_wait + outcome.queue_seconds,
+            service_seconds=outcome.service_seconds,
+            request_id=state.request_id,
+            attempts=state.attempts,
+            model_version=state.version,
+            cached_prompt_tokens=outcome.cached_tokens,
+            ttft_seconds=outcome.ttft_seconds,
+        )
+
+    def _timing(self, model: str, tier: str) -> tuple[Any, Any]:
+        """The (duration, ttft) histogram children of ``model`` and ``tier``."""
+        found = self._timings.get((model, tier))
+        if found is None:
+            m = self._metrics
+            found = self._timings[(model, tier)] = (m.duration.labels(model, tier), m.ttft.labels(model, tier))
+        return found
+
+    def _count(self, state: RequestState, status: str) -> float:
+        elapsed = self._clock() - state.started
+        key = (state.model_label, state.tier_label, status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self._metrics.requests.labels(*key)
+        counter.inc()
+        self._timing(state.model_label, state.tier_label)[0].observe(elapsed)
+        self._router.usage.record(state.model_label, state.tier_label, status, elapsed,
+                                  spilled=state.spilled is not None)  # dataplane.usage: the watch's report
+        return elapsed
+
+    def _succeed(self, state: RequestState) -> None:
+        self._count(state, "OK")
+        self._timing(state.model_label, state.tier_label)[1].observe(state.outcome.ttft_seconds)
+
+    async def _crash(self, state: RequestState, exc: Exception, context: grpc.aio.ServicerContext) -> None:
+        self._count(state, "INTERNAL")
+        log.exception(json.dumps({"event": "request_crashed", "request_id": state.request_id}))
+        message = f"internal error ({type(exc).__name__}); request {state.request_id}"
+        await context.abort(grpc.StatusCode.INTERNAL, message)
+
+    async def _fail(self, state: RequestState, error: FerryError, context: grpc.aio.ServicerContext) -> None:
+        code = status_for(error)
+        if isinstance(error, DeadlineExceeded) and context.cancelled():
+            code = grpc.StatusCode.CANCELLED
+        elapsed = self._count(state, code.name)
+        tenant = state.tenant.name if state.tenant else ""
+        event(log, "request_failed", logging.WARNING, request_id=state.request_id, tenant=tenant,
+              model=state.model_label, tier=state.tier_label, status=code.name, error=type(error).__name__,
+              reason=str(error), attempts=state.attempts, replica_id=state.replica_id,
+              duration_seconds=round(elapsed, 6))
+        trailing: tuple[tuple[str, str], ...] = ()
+        if isinstance(error, Overloaded | WarmingUp):
+            trailing = (("retry-after", f"{error.retry_after:g}"),)
+        await context.abort(code, str(error), trailing_metadata=trailing)

@@ -1,0 +1,124 @@
+"""Validation of public requests: every field of ``InferRequest`` against :class:`ferry.config.Limits`.
+
+Pure functions, no I/O. Checks, in field order, each raising
+:class:`ferry.errors.InvalidArgument` naming the field:
+
+- ``model``: required, at most ``max_model_bytes`` UTF-8 bytes, no control characters;
+- ``version``: at most ``max_version_bytes``, no control characters;
+- ``tier``: a known ``Tier`` value (``TIER_UNSPECIFIED`` means standard);
+- ``prompt``: required, at most ``max_prompt_bytes``;
+- ``max_tokens``: 1 .. ``max_tokens``;
+- ``prefix_key``: at most ``max_prefix_key_bytes``;
+- ``idempotency_key``: at most ``max_idempotency_key_bytes``.
+
+Then :func:`check_tier` raises :class:`ferry.errors.PermissionDenied` naming
+the tier when the tenant's plan does not allow it, and :func:`resolve`
+raises :class:`ferry.errors.NotFound` for a model (``"model"``) or version
+(``"version"``) that the table does not name.
+
+Without an explicit ``prefix_key``, the chained hashes of the prompt's first
+``prefix_blocks`` blocks (:func:`dataplane.pick.prefix.leading_hashes`) are taken
+from the same split, for the pick's prefix keys.
+
+Cost: one UTF-8 encoding of the prompt (kept for forwarding) and one
+whitespace split to count its tokens; hashing of at most ``prefix_blocks``
+blocks of it (16 x 512 words by default), whatever the prompt's size; the
+other fields are short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dataplane.pick.prefix import DEPTHS, leading_hashes
+from dataplane.table.local import Pool, Table
+from ferry.config import Limits, TenantConfig
+from ferry.errors import InvalidArgument, PermissionDenied
+from ferry.v1 import common_pb2, inference_pb2
+
+TIER_NAMES = {
+    common_pb2.TIER_UNSPECIFIED: "standard",
+    common_pb2.TIER_INTERACTIVE: "interactive",
+    common_pb2.TIER_STANDARD: "standard",
+    common_pb2.TIER_BATCH: "batch",
+}
+# Triton request priority: lower is more urgent, 0 means the model's default.
+TIER_PRIORITY = {"interactive": 1, "standard": 2, "batch": 3}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ValidRequest:
+    """A request that passed validation, with the derived values the path needs."""
+
+    model: str
+    version: str
+    tier: str
+    prompt: bytes
+    prompt_tokens: int
+    max_tokens: int
+    prefix_key: str
+    idempotency_key: str
+    prefix_hashes: tuple[int, ...] = ()  # chained hashes of the leading blocks (none with a prefix_key)
+
+
+def _bounded(value: str, field: str, limit: int, *, required: bool = False) -> bytes:
+    if required and not value:
+        raise InvalidArgument(field, "required")
+    if len(value) > limit:  # every character is at least one byte
+        raise InvalidArgument(field, f"longer than {limit} bytes")
+    encoded = value.encode()
+    if len(encoded) > limit:
+        raise InvalidArgument(field, f"longer than {limit} bytes")
+    return encoded
+
+
+def _no_control(value: str, field: str) -> None:
+    if not value.isprintable():
+        raise InvalidArgument(field, "must not contain control characters")
+
+
+def validate_request(request: inference_pb2.InferRequest, limits: Limits,
+                     prefix_blocks: int = DEPTHS[-1]) -> ValidRequest:
+    """Check every field of ``request``; raises InvalidArgument naming the first bad one."""
+    _bounded(request.model, "model", limits.max_model_bytes, required=True)
+    _no_control(request.model, "model")
+    if request.model.strip() != request.model:
+        raise InvalidArgument("model", "must not start or end with whitespace")
+    _bounded(request.version, "version", limits.max_version_bytes)
+    _no_control(request.version, "version")
+    tier = TIER_NAMES.get(request.tier)
+    if tier is None:
+        known = "TIER_INTERACTIVE, TIER_STANDARD, TIER_BATCH"
+        raise InvalidArgument("tier", f"unknown tier value {request.tier} (use {known})")
+    prompt = _bounded(request.prompt, "prompt", limits.max_prompt_bytes, required=True)
+    if request.max_tokens < 1:
+        raise InvalidArgument("max_tokens", f"required, 1 to {limits.max_tokens}")
+    if request.max_tokens > limits.max_tokens:
+        raise InvalidArgument("max_tokens", f"over the limit of {limits.max_tokens}")
+    _bounded(request.prefix_key, "prefix_key", limits.max_prefix_key_bytes)
+    _bounded(request.idempotency_key, "idempotency_key", limits.max_idempotency_key_bytes)
+    words = request.prompt.split()
+    hashes = () if request.prefix_key else tuple(leading_hashes(words, prefix_blocks))
+    return ValidRequest(
+        model=request.model,
+        version=request.version,
+        tier=tier,
+        prompt=prompt,
+        prompt_tokens=len(words),
+        max_tokens=request.max_tokens,
+        prefix_key=request.prefix_key,
+        idempotency_key=request.idempotency_key,
+        prefix_hashes=hashes,
+    )
+
+
+def check_tier(tier: str, tenant: TenantConfig) -> None:
+    """Raise PermissionDenied naming the tier when the tenant's plan does not allow it."""
+    if tier not in tenant.tiers:
+        allowed = ", ".join(tenant.tiers) or "none"
+        raise PermissionDenied(f"tier {tier!r} is not allowed for plan {tenant.plan!r} (allowed: {allowed})")
+
+
+def resolve(table: Table, request: ValidRequest, u: float = 0.0) -> tuple[str, Pool]:
+    """The version served and its pool (``u`` draws a canary split); raises NotFound("model"|"version", …)."""
+    return table.candidates(request.model, request.version, u)

@@ -1,0 +1,96 @@
+"""What the request path does after a replica failed: the retry policy, the retry budget's word, continuation.
+
+:func:`retry_reason` is the retry policy: retry on another replica when the
+failure is a :class:`ferry.errors.ReplicaFailed` marked retryable (no output
+reached the client; a transport or replica error, not a bad request), the
+request's tier is in ``retry_tiers`` (default: interactive only) and
+attempts are left (``max_attempts``, default 2 = one retry). It returns the
+metric reason label, or None for no retry; pure, shared with the simulator.
+
+:class:`Failover` owns, per proxy, the decision to retry after an error
+(:mod:`dataplane.failover.budget`, the budget being the
+:class:`dataplane.pick.picker.Picker`'s, so the simulator spends the same one)
+and the stream continuation decision (:mod:`dataplane.failover.continuation`). The
+router calls it at a handful of points. Outlier ejection and the region
+step are part of the decision (:mod:`dataplane.pick.decide`). Settings:
+:class:`dataplane.config.RetrySettings` (``max_continuations``), and the
+``simulate_region_rtt`` key of ``[proxy]`` (:class:`dataplane.config.RegionSettings`).
+
+Cost per request: O(1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Collection
+
+from dataplane.config import RetrySettings
+from dataplane.failover.budget import RetryBudget, charged
+from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error
+from dataplane.forward.kserve import Call
+from dataplane.metrics import ProxyMetrics
+from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
+from ferry.logs import event
+
+log = logging.getLogger(__name__)
+
+
+def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: int,
+                 retry_tiers: Collection[str]) -> str | None:
+    """The retry reason label if the request should try another replica, else None."""
+    if not isinstance(error, ReplicaFailed) or not error.retryable or error.output_started:
+        return None
+    if tier not in retry_tiers or attempts >= max_attempts:
+        return None
+    kind = getattr(error, "kind", "")
+    return kind if isinstance(kind, str) and kind else "replica_failed"
+
+
+class Failover:
+    """Retry budget and stream continuation for one proxy."""
+
+    def __init__(self, settings: RetrySettings, metrics: ProxyMetrics, budget: RetryBudget, *,
+                 clock: Callable[[], float], simulate_region_rtt: bool = False) -> None:
+        self._settings = settings
+        self._simulate_rtt = simulate_region_rtt
+        self._metrics = metrics
+        self._clock = clock
+        self.budget = budget
+
+    def note_request(self) -> None:
+        """A request was admitted (the budget's denominator)."""
+        self.budget.note_request(self._clock())
+
+    def may_retry(self, error: FerryError, model: str) -> bool:
+        """Whether the retry budget allows retrying after ``error`` (counts a refusal)."""
+        if charged(error) and not self.budget.try_spend(self._clock()):
+            self._metrics.retry_budget_exhausted.labels(model).inc()
+            return False
+        return True
+
+    def resume(self, original: Call, error: FerryError, delivered: Delivered, model: str) -> Call | None:
+        """The call continuing a stream cut after output (None: all was delivered); raises Unavailable if none."""
+        why = ""
+        if isinstance(error, DeadlineExceeded):
+            why = "the request's deadline passed"
+        elif not continuable(error):
+            why = "the failure is not the replica's"
+        elif delivered.continuations >= self._settings.max_continuations:
+            why = f"{delivered.continuations} continuation(s) already"
+        elif not self.may_retry(error, model):
+            why = "retry budget exhausted"
+        if why:
+            self._metrics.continuations.labels(model, "cut").inc()
+            event(log, "stream_cut", logging.WARNING, request_id=original.request_id, model=model,
+                  tokens_delivered=delivered.tokens, error=str(error), reason=why)
+            raise cut_error(delivered, error, why) from None
+        self._metrics.continuations.labels(model, "continued").inc()
+        event(log, "stream_continued", request_id=original.request_id, model=model,
+              tokens_delivered=delivered.tokens, error=str(error), continuation=delivered.continuations + 1)
+        return continuation(original, delivered)
+
+    async def cross_region(self, rtt_ms: float) -> None:
+        """On one machine, a forward to another region waits the configured round trip (``simulate_region_rtt``)."""
+        if rtt_ms and self._simulate_rtt:
+            await asyncio.sleep(rtt_ms / 1000.0)

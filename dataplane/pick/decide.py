@@ -1,0 +1,367 @@
+"""The proxy's decision, whole: which region and replica serve one attempt of a request.
+
+``decide(view, ask, local, rng, now) -> Decision(replica | None, branch, region, reason)``
+is pure: no I/O, no clock (``now`` is an argument), the random generator
+injected. The router (:mod:`dataplane.router`) and the fleet simulator
+(:mod:`tools.sim.policies`) both call it, through
+:meth:`dataplane.pick.picker.Picker.decide`, with the same state objects: what a
+simulated run weighs is what a real pick weighs.
+
+Inputs:
+
+- ``view`` (:class:`View`): the table as applied, frozen, with the other
+  regions' replicas (:func:`dataplane.regions.remote.remote_view`) and the
+  decision's parameters; built once per table (:func:`make_view`).
+- ``ask`` (:class:`Ask`): the request's routing (version, pool, prefix key,
+  need; :meth:`dataplane.pick.picker.Picker.prepare`), its tier, the replicas and
+  nodes already tried, the tier queues' avoid set, and whether the region
+  step applies (first attempt of a request that names no version).
+- ``local`` (:class:`Local`): what this proxy knows now: its in-flight and
+  prefill backlog per replica (:class:`dataplane.pick.p2c.LocalLoad`), the
+  replicas ejected by outlier detection, the learned detour threshold, where
+  it sent each prefix key lately (:class:`Placements`), and its local tier
+  queue (read only when the table has spill routes).
+
+Steps:
+
+1. **Region** (first attempt only): the table's spill weights, or the local
+   queue's wait against a target with room (:func:`dataplane.regions.choice.region_for`),
+   may send an interactive request to another region: power of two choices
+   there (:func:`dataplane.regions.remote.pick_remote`). Branch ``region``.
+2. **Filters**, applied to replicas as they are met: *context* (prompt +
+   max_tokens within the replica's limit; none has it: ``too_long``);
+   *tried* (replicas that already failed this request: hard); then soft
+   filters, dropped in this order when nothing else is left: *tried nodes*
+   (a node that failed likely took its replicas with it), *avoid* (the tier
+   queues' shards and full replicas, :mod:`dataplane.admission.avoid`), *ejected*
+   (an ejected replica beats none). On the ring walk the replica-level
+   checks also include *room* (free KV blocks for the request,
+   :func:`dataplane.pick.p2c.fits`) and *fresh* telemetry (younger than
+   ``stale_seconds``). A filtered replica is skipped where it is met: its
+   keys go on to the next replica of their walk, and nobody else's affinity
+   changes.
+3. **Affinity.** A key this proxy placed lately (:class:`Placements`) goes
+   back to that replica while it passes the filters: ``affinity`` (its
+   conversation's cache is there; the load bound does not move it). Else the
+   key's walk on the ring (:mod:`dataplane.pick.ring`, at most ``walk_limit``
+   replicas): the first replica that passes the filters and whose key share
+   (the load bound) is above the key's draw. A key new to this proxy (the
+   first turn of a conversation: nothing of it is cached anywhere) takes the
+   least busy (prefill backlog, :class:`dataplane.pick.p2c.LocalLoad`, then
+   the load score) of the first ``place_choices`` (4) such replicas, when
+   the first's backlog is deeper than that one's by ``place_margin``
+   prompt tokens (:class:`Local`; the picker's ``place_factor`` 3 x the
+   learned advantage x the mean prompt): ``placed``; else the first (``affinity``). New
+   conversations so balance the fleet, while the choice stays among a few
+   replicas every proxy derives alike from the key. A known key
+   whose remembered replica was filtered goes to the first: ``affinity``
+   when it is the key's home, ``overflow`` when it is a later one. None
+   within the walk: ``fallback`` to step 5.
+4. **Detour** (prefill-aware; for a known key): if the chosen replica's
+   prefill backlog exceeds the alternative's (the key's next replica on the
+   walk, or a P2C draw among the others with a quarter-threshold less) by
+   more than the ``detour`` threshold (what leaving the prefix's replica
+   costs in prefill, learned by :class:`dataplane.pick.picker.Picker`; None:
+   never), the request goes there: ``detour``.
+5. **Power of two choices** (:func:`dataplane.pick.p2c.pick`, score: queue,
+   running, in-flight, KV use, staleness) among the replicas left: ``p2c``
+   for a request without a key, ``spread`` for one whose keys are all hot,
+   ``single`` when one is left, ``none`` when nothing is.
+
+Cost: O(log(replicas x vnodes)) for the walk plus O(1) per replica met (at
+most ``walk_limit``); O(1) for P2C; O(replicas) when a soft filter is
+non-empty (to know whether anything else is left), when a detour is weighed,
+or when the pool's replicas differ in context and the request is longer than
+the smallest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterator, Sequence
+
+from dataplane.pick.p2c import DEFAULT_PARAMS, Branch, Decision, LocalLoad, Need, ScoreParams, fits, pick, score
+from dataplane.pick.pool import Pool, Replica, context_limit
+from dataplane.pick.ring import key_draw
+from dataplane.regions.choice import (
+    DEFAULT_HEADROOM,
+    DEFAULT_QUEUE_MS,
+    LocalQueue,
+    RegionBranch,
+    local_wait_ms,
+    region_for,
+)
+from dataplane.regions.remote import EMPTY, RemoteView, pick_remote, remote_view
+from dataplane.table.local import Table
+
+__all__ = ["Ask", "Branch", "DecideParams", "Decision", "Local", "Placements", "Routing", "View", "decide",
+           "make_view", "region"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DecideParams:
+    """Knobs of :func:`decide`; see the module docstring (the ``[proxy]`` keys of the same names)."""
+
+    walk_limit: int = 8
+    place_choices: int = 4                   # ... than the least busy of its walk's first this many takers
+    score: ScoreParams = DEFAULT_PARAMS
+    region: str = ""                         # this proxy's region
+    spill_queue_ms: float = DEFAULT_QUEUE_MS  # local wait beyond which the region step looks for room elsewhere
+    spill_headroom: float = DEFAULT_HEADROOM
+    capacity_share: float = 1.0               # this proxy's share of a region's slots
+
+
+DEFAULT_DECIDE = DecideParams()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class View:
+    """One applied table as the decision reads it: the table, the other regions, the parameters."""
+
+    table: Table
+    remote: RemoteView
+    params: DecideParams
+
+
+def make_view(table: Table, params: DecideParams = DEFAULT_DECIDE) -> View:
+    """The :class:`View` of ``table`` (once per table applied)."""
+    return View(table, remote_view(table) if table.spill else EMPTY, params)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Routing:
+    """What :meth:`dataplane.pick.picker.Picker.prepare` found for a request: version, pool, prefix key, need."""
+
+    version: str
+    pool: Pool
+    key: int | None   # None: no usable prefix key
+    need: Need
+    hot: bool = False  # no key because every key of the request is hot
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Ask:
+    """One attempt of one request, as the decision needs it."""
+
+    routing: Routing
+    tier: str = "interactive"
+    model: str = ""
+    tried: frozenset[str] = frozenset()
+    tried_nodes: frozenset[str] = frozenset()
+    avoid: frozenset[str] = frozenset()
+    region_step: bool = False
+
+
+class Placements:
+    """Where this proxy sent each prefix key lately: a bounded LRU map, key -> replica id.
+
+    ``capacity`` keys (default 65,536, about 6 MB); the least recently used
+    goes first. Written when a request is sent (:meth:`dataplane.pick.picker.Picker.sent`),
+    read by :func:`decide`.
+    """
+
+    def __init__(self, capacity: int = 65_536) -> None:
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self.capacity = capacity
+        self._map: OrderedDict[int, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, key: int) -> str | None:
+        """The replica ``key`` was last sent to, if remembered."""
+        return self._map.get(key)
+
+    def put(self, key: int, replica_id: str) -> None:
+        """Remember that ``key`` went to ``replica_id``."""
+        if self.capacity == 0:
+            return
+        self._map[key] = replica_id
+        self._map.move_to_end(key)
+        if len(self._map) > self.capacity:
+            self._map.popitem(last=False)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Local:
+    """This proxy's own knowledge at decision time (read, never written, by :func:`decide`)."""
+
+    load: LocalLoad
+    ejected: frozenset[str] = frozenset()
+    detour: float | None = None
+    placements: Placements | None = None
+    queue: Callable[[], LocalQueue | None] | None = None
+    choices: int = 0  # replicas of the walk a new key is placed among (0: the view's place_choices)
+    place_margin: float = 0.0  # prompt tokens of backlog a new key's home may have over the least busy taker
+
+
+def decide(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
+    """The region and replica for one attempt; see the module docstring."""
+    if ask.region_step:
+        elsewhere = region(view, ask, local, rng, now)
+        if elsewhere is not None:
+            return elsewhere
+    return _local(view.params, ask, local, rng, now - view.table.applied_at)
+
+
+def region(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision | None:
+    """Step 1 alone: another region's replica, or None to stay (the router takes it before the tier queue)."""
+    if not view.remote.targets:
+        return None
+    table_age = now - view.table.applied_at
+    p, remote, model = view.params, view.remote, ask.model
+    waiting = local.queue() if local.queue is not None else None
+    choice = region_for(
+        p.region, remote.targets, tier=ask.tier, u=rng.random(), usable=remote.usable(model),
+        wait_ms=0.0 if waiting is None else local_wait_ms(waiting), threshold_ms=p.spill_queue_ms,
+        rooms=lambda: remote.rooms(model, local.load, local.load.counted, headroom=p.spill_headroom,
+                                   share=p.capacity_share))
+    if choice.branch is RegionBranch.LOCAL:
+        return None
+    replica = pick_remote(remote.replicas.get((choice.region, model), ()), local.load, rng,
+                          counted=local.load.counted, trust=local.load.trust, table_age=table_age)
+    if replica is None:
+        return None
+    return Decision(replica, Branch.REGION, region=choice.region, rtt_ms=choice.rtt_ms)
+
+
+def _off(candidates: Sequence[Replica], ask: Ask, ejected: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    """(replica ids, nodes) to skip: tried always; the soft filters while something else is left."""
+    tried, nodes = ask.tried, ask.tried_nodes
+    layers = (ejected, ask.avoid)
+    if not tried and not nodes and not ejected and not ask.avoid:
+        return frozenset(), frozenset()
+    # Drop the soft filters one by one (tried nodes, then avoid, then ejected) until a replica is left.
+    for keep_nodes, keep in ((True, 2), (False, 2), (False, 1), (False, 0)):
+        off = tried.union(*layers[:keep])
+        if any(r.replica_id not in off and not (keep_nodes and r.node in nodes) for r in candidates):
+            return off, nodes if keep_nodes else frozenset()
+    return tried, frozenset()
+
+
+def _walk(pool: Pool, need: Need, key: int, table_age: float, params: DecideParams,
+          off: Collection[str], off_nodes: Collection[str]) -> Iterator[tuple[int, bool]]:
+    """(index, is home) of the replicas of the key's walk that would take the request, in walk order."""
+    draw = key_draw(key)
+    stale = params.score.stale_seconds
+    home = True
+    for i in itertools.islice(pool.ring.walk(key), params.walk_limit):
+        replica = pool.replicas[i]
+        if need.tokens > context_limit(replica):
+            continue  # the key's home is the first replica with the context
+        if replica.replica_id in off or replica.node in off_nodes:
+            home = False
+            continue
+        if draw < pool.shares[i] and fits(replica, need) and replica.telemetry_age + table_age < stale:
+            yield i, home
+        home = False
+
+
+def _usable(replica: Replica, need: Need, table_age: float, params: DecideParams,
+            off: Collection[str], off_nodes: Collection[str]) -> bool:
+    """Whether a remembered replica still takes the key: filters, room and fresh telemetry."""
+    return (replica.replica_id not in off and replica.node not in off_nodes
+            and need.tokens <= context_limit(replica) and fits(replica, need)
+            and replica.telemetry_age + table_age < params.score.stale_seconds)
+
+
+def _detour(need: Need, chosen: Replica, second: Replica | None, candidates: Sequence[Replica],
+            local: LocalLoad, rng: random.Random, threshold: float, off: Collection[str]) -> Replica | None:
+    """Where to send the request instead of ``chosen`` when its prefill backlog is too deep, else None."""
+    here = local.prefill(chosen.replica_id)
+    drawn = pick(candidates, need, local, rng, (chosen.replica_id, *off),
+                 cost=lambda r: float(local.prefill(r.replica_id))).replica
+    alt = second
+    if alt is None or (drawn is not None and local.prefill(drawn.replica_id) + threshold / 4
+                       < local.prefill(alt.replica_id)):
+        alt = drawn
+    if alt is None or here - local.prefill(alt.replica_id) <= threshold:
+        return None
+    return alt
+
+
+def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, table_age: float) -> Decision:
+    """Steps 2 to 5 in this region."""
+    routing = ask.routing
+    pool, need, key = routing.pool, routing.need, routing.key
+    if need.tokens > pool.max_context:
+        what = (f"a prompt of {need.prompt_tokens} tokens leaves no room" if need.prompt_tokens >= pool.max_context
+                else f"prompt + max_tokens = {need.tokens} tokens exceed")
+        return Decision(None, Branch.TOO_LONG, reason=f"{what} in the largest context of the model's replicas "
+                                                      f"({pool.max_context} tokens)")
+    candidates: Sequence[Replica] = pool.replicas
+    if need.tokens > pool.min_context:
+        candidates = [r for r in candidates if need.tokens <= context_limit(r)]
+    off, off_nodes = _off(candidates, ask, local.ejected)
+    load = local.load
+    if key is None or len(candidates) <= 1:
+        decision = pick(candidates, need, load, rng, off, avoid_nodes=off_nodes, table_age=table_age,
+                        params=params.score, counted=load.counted, trust=load.trust)
+        if routing.hot and decision.branch is Branch.P2C:
+            return Decision(decision.replica, Branch.SPREAD)
+        return decision
+    known = local.placements.get(key) if local.placements is not None else None
+    if known is not None:
+        index = pool.index.get(known)
+        if index is not None and _usable(pool.replicas[index], need, table_age, params, off, off_nodes):
+            chosen = pool.replicas[index]
+            alt = _detour_of(params, ask, local, rng, table_age, chosen, candidates, off, off_nodes)
+            return Decision(alt, Branch.DETOUR) if alt is not None else Decision(chosen, Branch.AFFINITY)
+    takers = _walk(pool, need, key, table_age, params, off, off_nodes)
+    first = next(takers, None)
+    if first is None:
+        decision = pick(candidates, need, load, rng, off, avoid_nodes=off_nodes, table_age=table_age,
+                        params=params.score, counted=load.counted, trust=load.trust)
+        if decision.replica is None:
+            return Decision(None, Branch.NONE, reason=decision.reason or "every ready replica was already tried")
+        return Decision(decision.replica, Branch.FALLBACK)
+    chosen = pool.replicas[first[0]]
+    if known is None:  # new to this proxy: the least busy of the walk's first takers
+        margin = local.place_margin
+        best = chosen
+        for following in itertools.islice(takers, (local.choices or params.place_choices) - 1):
+            other = pool.replicas[following[0]]
+            if _busier(best, other, need, load, table_age, params.score):
+                best = other
+        if best is not chosen and (load.prefill(chosen.replica_id) - load.prefill(best.replica_id) > margin
+                                   or margin <= 0):
+            return Decision(best, Branch.PLACED)
+        return Decision(chosen, Branch.AFFINITY if first[1] else Branch.OVERFLOW)
+    alt = _detour_of(params, ask, local, rng, table_age, chosen, candidates, off, off_nodes)
+    if alt is not None:
+        return Decision(alt, Branch.DETOUR)
+    return Decision(chosen, Branch.AFFINITY if first[1] else Branch.OVERFLOW)
+
+
+def _busier(a: Replica, b: Replica, need: Need, load: LocalLoad, table_age: float, params: ScoreParams) -> bool:
+    """Whether ``a`` is busier than ``b`` for a new key: prefill backlog first, then the load score."""
+    pa, pb = load.prefill(a.replica_id), load.prefill(b.replica_id)
+    if pa != pb:
+        return pa > pb
+    return _score(a, need, load, table_age, params) > _score(b, need, load, table_age, params)
+
+
+def _score(r: Replica, need: Need, load: LocalLoad, table_age: float, params: ScoreParams) -> float:
+    age = r.telemetry_age + table_age
+    return score(r, need, load.get(r.replica_id), age, params, load.counted.get(r.replica_id, 0), load.trust(age))
+
+
+def _detour_of(params: DecideParams, ask: Ask, local: Local, rng: random.Random, table_age: float,
+               chosen: Replica, candidates: Sequence[Replica], off: frozenset[str],
+               off_nodes: frozenset[str]) -> Replica | None:
+    """Step 4 for a known key at ``chosen``: the detour's replica, or None to stay."""
+    threshold = local.detour
+    if threshold is None or local.load.prefill(chosen.replica_id) <= threshold:
+        return None
+    routing = ask.routing
+    assert routing.key is not None
+    second: Replica | None = None
+    for i, _home in _walk(routing.pool, routing.need, routing.key, table_age, params, off, off_nodes):
+        if routing.pool.replicas[i].replica_id != chosen.replica_id:
+            second = routing.pool.replicas[i]
+            break
+    return _detour(routing.need, chosen, second, candidates, local.load, rng, threshold, off)

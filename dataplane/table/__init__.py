@@ -1,0 +1,7 @@
+"""The proxy's routing table: validated snapshots from the control plane, and the watch that brings them.
+
+Pure: :mod:`.local` (a snapshot validated and its pools precomputed),
+:mod:`.tenants` (the tenants the table carries, or the config file's). Edge:
+:mod:`.watch` (``Tables.Watch``: follow the region's table, ACK or NACK each
+snapshot, report usage).
+"""

@@ -1,0 +1,371 @@
+"""``ferry up``: the whole system on one machine, each component its own OS process.
+
+Starts ``--control-planes`` control planes (default 1), one proxy and ``--replicas`` simulated replicas on
+nodes of ``--replicas-per-node`` (each node is one process: its agent and its
+replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
+Replica *i* serves model ``models[i % len(models)]``. Unless the config file
+names tenants, three are made up with fresh API keys (one per plan). It waits
+until every replica is in the region's table and the proxy applied it, writes
+``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
+``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
+of every component; ``pids`` also holds etcd's when it started one), and runs
+until SIGINT or SIGTERM, then stops every child.
+It makes up a fresh admin token for the Admin API, hands it to its control
+planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
+it in the ready file, where ``ferryctl --ready-file`` finds it.
+
+``--store`` chooses where the fleet's state lives: ``memory`` (the default:
+the embedded store, one control plane), ``etcd`` (a local etcd started
+through :mod:`ferry.etcd`, a child like the others, in a temporary data dir
+that is deleted at the end, stopped after the control planes; the ready file
+gains ``etcd``, its client address, and ``pids["etcd"]``) or ``etcd://host:port`` (an external one).
+With etcd, the control planes elect a leader and every proxy and node is
+given every control plane's address (each node's list starts at a different
+one, so the agents spread over them).
+
+Transport: by default every child runs with ``--insecure`` (plain text on
+loopback). ``--tls`` makes a throw-away CA and certificates in the workdir
+(:mod:`ferry.tlsgen`: ``controlplane``, ``proxy``, ``agent``, ``admin``), runs
+every child with its certificate (mutual TLS inside, TLS on the public API)
+and adds ``tls`` (``ca``, ``client_cert``, ``client_key``: the operator's
+certificate, common name ``admin``) to the ready file, where ``ferry call``
+and ``ferryctl --ready-file`` find them. Either way a fresh join token goes
+to the control planes (``--join-token-file``) and to the nodes (env
+``FERRY_JOIN_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tomli_w import dumps
+
+from ferry import clienttls, tlsgen
+from ferry.cli.ctl.main import AdminClient
+from ferry.cli.up.regions import region_names, with_regions
+from ferry.config import hash_api_key
+from ferry.etcd import LocalEtcd, etcd_binary
+from ferry.process import write_ready_file
+from ferry.procs import Child, ChildFailed, stop_all
+from ferry.v1 import admin_pb2
+
+DEFAULT_MODELS = ("chat-large", "chat-small")
+MODEL_GPUS = {"chat-large": 8, "chat-small": 1}
+PLANS = {"enterprise-1": ("enterprise", ["interactive", "standard", "batch"]),
+         "paid-1": ("paid", ["interactive", "standard", "batch"]),
+         "free-1": ("free", ["standard", "batch"])}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="simulated replicas in all (default 8, or 0 with --triton)")
+    parser.add_argument("--replicas-per-node", type=int, default=2, help="replicas per node process (default 2)")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated model names")
+    parser.add_argument("--region", default="local")
+    parser.add_argument("--regions", type=int, default=1,
+                        help="lay out N regions a, b, c, … with a proxy each and round trips between them "
+                             "(ferry.cli.up.regions; default 1: --region only)")
+    parser.add_argument("--config", help="a config file; its tenants and models replace the made-up ones")
+    parser.add_argument("--ready-file", help="write the addresses and API keys here once everything is ready")
+    parser.add_argument("--workdir", help="keep config, ready files and logs here (default: a temporary folder)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
+    parser.add_argument("--store", default="memory",
+                        help="memory (default), etcd (start a local etcd) or etcd://host:port")
+    parser.add_argument("--control-planes", type=int, default=1,
+                        help="control planes (default 1; more than one needs an etcd store)")
+    parser.add_argument("--tls", action="store_true",
+                        help="make a throw-away CA and certificates and run everything over (mutual) TLS; "
+                             "without it the children run with --insecure")
+    parser.add_argument("--batch-gpus", type=int, default=0, metavar="N",
+                        help="also run ferry's fixed-batch runtime (model batchstring) on a node of N GPUs")
+    parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL]",
+                        help="a running Triton (or any KServe v2) server: an agent beside it adopts its LLM models "
+                             "(repeatable; replaces the simulated replicas unless --replicas is given)")
+
+
+def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config file of the run, and the API keys it made up (tenant → key)."""
+    config = dict(user)
+    keys: dict[str, str] = {}
+    if "tenants" not in config:
+        tenants = []
+        for name, (plan, tiers) in PLANS.items():
+            keys[name] = "fk_" + secrets.token_hex(16)
+            tenants.append({"name": name, "api_key_sha256": hash_api_key(keys[name]), "plan": plan, "tiers": tiers})
+        config["tenants"] = tenants
+    if "models" not in config:
+        config["models"] = [{"name": m, "default_version": "v1", "min_gpus": MODEL_GPUS.get(m, 1)} for m in models]
+    return config, keys
+
+
+def write_config(user_path: str | None, models: list[str], regions: list[str],
+                 path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Write the run's config file at ``path``: the user's ``--config`` (if any) with the made-up tenants,
+    models and region layout it lacks. Returns the config written and the API keys made up."""
+    user = tomllib.loads(Path(user_path).read_text(encoding="utf-8")) if user_path else {}
+    config, keys = build_config(user, models)
+    config = with_regions(config, regions)
+    path.write_text(dumps(config), encoding="utf-8")
+    return config, keys
+
+
+class Fleet:
+    """The processes of one ``ferry up`` run."""
+
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.workdir = workdir
+        self.models = [m for m in args.models.split(",") if m]
+        self.children: list[Child] = []
+        self.control_plane: Child | None = None
+        self.control_planes: list[Child] = []
+        self.etcd: LocalEtcd | None = None
+        self.store = "memory://"
+        self.proxy: Child | None = None
+        self.proxies: dict[str, Child] = {}
+        self.nodes: list[Child] = []
+        self.api_keys: dict[str, str] = {}
+        self.admin_token = "fat_" + secrets.token_hex(16)
+        self.join_token = "fjt_" + secrets.token_hex(16)
+        self.tls_dir: Path | None = None
+
+    def start(self) -> dict[str, Any]:
+        args = self.args
+        regions = region_names(getattr(args, "regions", 1), args.region)
+        config_path = self.workdir / "ferry.toml"
+        _, self.api_keys = write_config(args.config, self.models, regions, config_path)
+        cfg = ["--config", str(config_path)]
+        token_path = self.workdir / "admin-token"
+        token_path.touch(mode=0o600)
+        token_path.chmod(0o600)  # also when --workdir held one already
+        token_path.write_text(self.admin_token + "\n")
+        self._secure()
+        self.store = self._store()
+        count = max(1, args.control_planes)
+        for i in range(count):
+            name = "controlplane" if count == 1 else f"controlplane-{i + 1}"
+            extra = [] if self.store == "memory://" else ["--store", self.store, "--id", name]
+            extra += ["--admin-token-file", str(token_path)]
+            self.control_planes.append(self._spawn(name, ["controlplane", "--listen", "127.0.0.1:0", *cfg, *extra]))
+        addresses = [cp.wait_ready(args.timeout)["grpc"] for cp in self.control_planes]
+        self.control_plane = self.control_planes[0]
+        cp_addr = addresses[0]
+        for region in regions:  # one proxy per region: "proxy" (id proxy-1) alone, else proxy-a, proxy-b, …
+            name = "proxy" if len(regions) == 1 else f"proxy-{region}"
+            self.proxies[region] = self._spawn(name, ["proxy", "--listen", "127.0.0.1:0", "--control-plane",
+                                                      ",".join(addresses), "--region", region, "--id",
+                                                      "proxy-1" if len(regions) == 1 else name, *cfg])
+        self.proxy = self.proxies[regions[0]]
+        expected = []
+        by_region: dict[str, set[str]] = {r: set() for r in regions}
+        per_node = max(1, args.replicas_per_node)
+        replicas = args.replicas if args.replicas is not None else (0 if args.triton else 8)
+        for n, first in enumerate(range(0, replicas, per_node)):
+            name = f"node-{n + 1}"
+            reps = []
+            for i in range(first, min(first + per_node, replicas)):
+                reps += ["--replica", f"{self.models[i % len(self.models)]}:v1"]
+                expected.append(f"{name}-r{i - first}")
+                by_region[regions[n % len(regions)]].add(expected[-1])
+            own = ",".join(addresses[n % count:] + addresses[:n % count])
+            self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", own,
+                                                 "--region", regions[n % len(regions)], *reps, *cfg]))
+        adopting = []
+        for k, server in enumerate(args.triton):
+            address, _, metrics = server.partition(",")
+            name = f"triton-{k + 1}"
+            adopting.append(name)
+            extra = ["--triton-metrics", metrics] if metrics else []
+            self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", ",".join(addresses),
+                                                 "--region", args.region, "--triton", address, *extra, *cfg]))
+        if args.batch_gpus > 0:
+            self.nodes.append(self._spawn("batch-1", ["node", "--node", "batch-1", "--control-plane",
+                                                      ",".join(addresses), "--region", regions[0], "--batch-runtime",
+                                                      "--gpus", str(args.batch_gpus), *cfg]))
+        for node in self.nodes:
+            node.wait_ready(args.timeout)
+            if node.name == "batch-1":
+                batch = [r["replica_id"] for r in node.ready.get("replicas", [])]
+                expected += batch
+                by_region[regions[0]].update(batch)
+        for region, child in self.proxies.items():
+            proxy = child.wait_ready(args.timeout)
+            wait_routable(cp_addr, set(expected) if len(regions) == 1 else by_region[region], proxy["proxy_id"],
+                          args.timeout, self.children, nodes_with_any=set(adopting), admin_token=self.admin_token,
+                          credentials=clienttls.credentials(ready={"tls": self.tls_section()}))
+        return self.describe()
+
+    def _store(self) -> str:
+        """The ``--store`` URL for the control planes; starts a local etcd for ``--store etcd``."""
+        store: str = self.args.store
+        count = max(1, self.args.control_planes)
+        if store in ("memory", "memory://"):
+            if count > 1:
+                raise ChildFailed("more than one control plane needs a shared store: add --store etcd")
+            return "memory://"
+        if store == "etcd":
+            if etcd_binary() is None:
+                raise ChildFailed("--store etcd needs an etcd binary on PATH (tools/ensure_etcd.sh installs it), "
+                                  "or give --store etcd://host:port")
+            self.etcd = LocalEtcd(log_path=self.workdir / "etcd.log")
+            self.etcd.start(self.args.timeout)  # raises EtcdFailed, a ChildFailed
+            return f"etcd://{self.etcd.endpoint}"
+        if store.startswith("etcd://"):
+            return store
+        raise ChildFailed(f"--store {store!r}: expected memory, etcd or etcd://host:port")
+
+    def _secure(self) -> None:
+        """The join token file (mode 0600) and, with ``--tls``, the throw-away CA and certificates."""
+        join_path = self.workdir / "join-token"
+        join_path.touch(mode=0o600)
+        join_path.chmod(0o600)
+        join_path.write_text(self.join_token + "\n")
+        if self.args.tls:
+            if self.args.triton:
+                raise ChildFailed("--tls with --triton is not supported: a Triton endpoint serves plain text")
+            self.tls_dir = self.workdir / "tls"
+            tlsgen.generate(self.tls_dir, ("controlplane", "proxy", "agent", "admin"))
+
+    def tls_section(self) -> dict[str, str]:
+        """The ready file's ``tls``: the CA and the operator's client certificate (common name admin)."""
+        if self.tls_dir is None:
+            return {}
+        d = self.tls_dir
+        return {"ca": str(d / "ca.pem"), "client_cert": str(d / "admin.pem"), "client_key": str(d / "admin.key")}
+
+    def _transport(self, component: str) -> tuple[list[str], dict[str, str] | None]:
+        """Flags (TLS files or --insecure, the join token) and environment of a child."""
+        identity = {"controlplane": "controlplane", "proxy": "proxy", "node": "agent"}[component]
+        flags = tlsgen.paths(self.tls_dir, identity) if self.tls_dir is not None else ["--insecure"]
+        if component == "controlplane":
+            return [*flags, "--join-token-file", str(self.workdir / "join-token")], None
+        if component == "node":
+            return flags, {"FERRY_JOIN_TOKEN": self.join_token}  # in the environment, not in ps
+        return flags, None
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        flags, env = self._transport(argv[0])
+        child = Child(name, [*argv, *flags], self.workdir, env=env).start()
+        self.children.append(child)
+        return child
+
+    def describe(self) -> dict[str, Any]:
+        assert self.control_plane and self.proxy
+        info: dict[str, Any] = {
+            "data_plane": self.proxy.ready["grpc"],
+            "data_planes": {region: child.ready["grpc"] for region, child in self.proxies.items()},
+            "control_plane": self.control_plane.ready["grpc"],
+            "control_planes": [cp.ready["grpc"] for cp in self.control_planes],
+            "region": self.args.region,
+            "models": self.models,
+            "api_keys": self.api_keys,
+            "admin_token": self.admin_token,
+            "tls": self.tls_section(),
+            "workdir": str(self.workdir),
+            "pids": {c.name: c.pid for c in self.children} | ({self.etcd.name: self.etcd.pid} if self.etcd else {}),
+            "metrics": {c.name: c.ready.get("metrics") for c in self.children},
+            "replicas": [r for node in self.nodes for r in node.ready.get("replicas", [])],
+        }
+        if self.store != "memory://":
+            info["etcd"] = self.store.removeprefix("etcd://")
+        return info
+
+    def stop(self) -> None:
+        stop_all(self.children)
+        if self.etcd is not None:  # after the control planes, which may still write to it as they stop
+            self.etcd.close()
+
+
+def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child],
+                  *, nodes_with_any: set[str] | None = None, admin_token: str | None = None,
+                  credentials: grpc.ChannelCredentials | None = None) -> None:
+    """Poll the Admin API until every expected replica is in the table and the proxy applied it.
+
+    ``nodes_with_any`` names nodes whose replicas are discovered (adopted endpoints):
+    each must have at least one replica in the table.
+    """
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    with clienttls.sync_channel(cp_addr, credentials) as channel:
+        admin = AdminClient(channel, admin_token)
+        while time.monotonic() < deadline:
+            for child in children:
+                if not child.alive():
+                    raise ChildFailed(f"{child.name} exited with {child.returncode()}:\n{child.log_tail()}")
+            try:
+                reps = admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=2)
+                routable = {r.replica_id for r in reps.replicas if r.in_table}
+                adopted = {r.node for r in reps.replicas if r.in_table}
+                table = admin.GetTable(admin_pb2.GetTableRequest(), timeout=2)
+                versions = {t.region: t.version for t in table.regions}
+                synced = any(p.proxy_id == proxy_id and p.connected and p.applied_version == versions.get(p.region)
+                             for p in table.proxies)
+                if expected <= routable and (nodes_with_any or set()) <= adopted and synced:
+                    return
+                last = f"{len(expected & routable)}/{len(expected)} replicas routable, proxy synced: {synced}"
+            except grpc.RpcError as exc:
+                last = f"{exc.code().name}: {exc.details()}"
+            time.sleep(0.05)
+    raise ChildFailed(f"fleet not ready after {timeout:.0f} s: {last}")
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    own_workdir = args.workdir is None
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ferry-up-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    fleet = Fleet(args, workdir)
+    try:
+        try:
+            info = fleet.start()
+        except ChildFailed as exc:
+            print(f"ferry up: {exc}", file=sys.stderr)
+            return 1
+        write_ready_file(args.ready_file, info)
+        print_summary(info, len(fleet.nodes))
+        while not stop:
+            time.sleep(0.2)
+        print("ferry up: stopping", flush=True)
+        return 0
+    finally:
+        fleet.stop()
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def print_summary(info: dict[str, Any], nodes: int) -> None:
+    counts: dict[str, int] = {}
+    for r in info["replicas"]:
+        counts[r["model"]] = counts.get(r["model"], 0) + 1
+    models = ", ".join(f"{m} x{n}" for m, n in counts.items())
+    planes = info["control_planes"]
+    what = "1 control plane" if len(planes) == 1 else f"{len(planes)} control planes"
+    print(f"ferry up: {what}, 1 proxy, {nodes} nodes, {len(info['replicas'])} replicas ({models}) "
+          f"in region {info['region']}")
+    print(f"  data plane     {info['data_plane']}")
+    print(f"  control plane  {', '.join(planes)}")
+    if "etcd" in info:
+        print(f"  etcd           {info['etcd']}")
+    for tenant, key in info["api_keys"].items():
+        print(f"  api key        {tenant}: {key}")
+    print(f"  admin token    {info['admin_token']} (ferryctl --ready-file finds it there too)")
+    if info.get("tls"):
+        print(f"  tls            CA {info['tls']['ca']}, operator certificate {info['tls']['client_cert']}")
+    print("  Ctrl-C stops everything.", flush=True)

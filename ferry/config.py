@@ -20,6 +20,7 @@ File layout (every section optional)::
     name = "chat-large"
     default_version = "v1"
     min_gpus = 8
+    tokenizer = "/models/chat-large/tokenizer.json"   # optional: its tokens (ferry.tokens); else words
 
     [limits]         # read by the proxy
     [proxy]          # dataplane.config.ProxySettings
@@ -80,11 +81,12 @@ class TenantConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A model of the catalog: a name, its default version and minimum GPU count."""
+    """A model of the catalog: a name, its default version, minimum GPU count and tokenizer file."""
 
     name: str
     default_version: str = "v1"
     min_gpus: int = 1
+    tokenizer: str = ""  # a Hugging Face tokenizer.json (ferry.tokens); "": whitespace words
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,9 @@
 """Prompt tokens and prefix blocks, shared by replicas, proxies and tools.
 
-Tokens are whitespace-separated words. A prompt is cut into blocks of
+Tokens are a model's own tokens when its catalog entry names a Hugging Face
+``tokenizer.json`` (:class:`Tokenizer`, loaded with the ``tokenizers``
+library; :class:`Tokenizers` holds one per model), else whitespace-separated
+words (:data:`WHITESPACE`, the fallback). A prompt is cut into blocks of
 ``block_tokens`` tokens (512, as in the Mooncake trace); each block's hash is
 chained with the one before (``h_i = blake2b(h_{i-1} || block_i)``, 64 bits),
 so two prompts have equal hashes up to block *i* exactly when they share
@@ -10,12 +13,23 @@ their first *i* blocks. The last block may be partial, as in the trace.
 id to a fixed run of words, so requests that share leading block ids in a
 trace share the same leading text, and hence the same chained hashes.
 
-Cost: O(prompt length) for splitting and hashing.
+Words are hashed as their text joined by spaces; token ids as their 32-bit
+little-endian bytes (:func:`chain_ids`), so a proxy and a replica that use the
+same tokenizer and block size agree block for block.
+
+Cost: O(prompt length) for splitting and hashing; a ``tokenizers`` encode is
+O(prompt length) too but heavier (``python -m tools.bench.tokens``).
 """
 
 from __future__ import annotations
 
+import array
+import dataclasses
+import functools
 import hashlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 BLOCK_TOKENS = 512
 
@@ -70,3 +84,137 @@ def prompt_from_blocks(block_ids: list[int], input_tokens: int, block_tokens: in
     while len(words) < input_tokens:  # trace rows whose ids do not cover the length
         words.extend(block_text(-len(words) - 1, block_tokens).split())
     return " ".join(words[:input_tokens])
+
+
+def chain_ids(ids: list[int], block_tokens: int = BLOCK_TOKENS) -> list[int]:
+    """Chained 64-bit hashes of consecutive blocks of token ``ids`` (each id as 4 little-endian bytes)."""
+    if block_tokens <= 0:
+        raise ValueError("block_tokens must be positive")
+    hashes: list[int] = []
+    prev = b""
+    for start in range(0, len(ids), block_tokens):
+        h = hashlib.blake2b(prev, digest_size=8)
+        h.update(array.array("I", ids[start:start + block_tokens]).tobytes())
+        prev = h.digest()
+        hashes.append(int.from_bytes(prev, "big"))
+    return hashes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoded:
+    """A prompt as routing needs it: its token count and the chained hashes of its leading blocks."""
+
+    count: int
+    hashes: tuple[int, ...] = ()
+
+
+class Tokenizer:
+    """One model's tokens: whitespace words (``hf`` None) or a Hugging Face ``tokenizers`` tokenizer.
+
+    ``name`` is what operators see (``whitespace``, or ``hf:<file name>@<sha256 prefix>``).
+    Encoding adds the tokenizer's special tokens, as an engine does to a prompt;
+    it goes through ``encode_batch_fast`` (no character offsets, about 3x
+    cheaper than ``encode``, and it releases the GIL, so worker threads run it
+    beside the event loop).
+    """
+
+    def __init__(self, name: str, hf: Any = None) -> None:
+        self.name = name
+        self.hf = hf  # a tokenizers.Tokenizer
+
+    @property
+    def kind(self) -> str:
+        """``hf`` or ``whitespace``."""
+        return "whitespace" if self.hf is None else "hf"
+
+    def ids(self, text: str) -> list[int]:
+        """The token ids of ``text`` (only for an ``hf`` tokenizer)."""
+        if self.hf is None:
+            raise ValueError("a whitespace tokenizer has no ids")
+        ids: list[int] = self.hf.encode_batch_fast([text])[0].ids  # no offsets; releases the GIL
+        return ids
+
+    def count(self, text: str) -> int:
+        """Number of tokens in ``text``."""
+        return len(text.split()) if self.hf is None else len(self.ids(text))
+
+    def encode(self, text: str, *, blocks: int | None = None, block_tokens: int = BLOCK_TOKENS) -> Encoded:
+        """The count of ``text`` and the chained hashes of its first ``blocks`` blocks (None: all; 0: none)."""
+        if self.hf is None:
+            words = text.split()
+            lead = words if blocks is None else words[:blocks * block_tokens]
+            return Encoded(len(words), tuple(chain_hashes(lead, block_tokens)) if lead else ())
+        ids = self.ids(text)
+        head = ids if blocks is None else ids[:blocks * block_tokens]
+        return Encoded(len(ids), tuple(chain_ids(head, block_tokens)) if head else ())
+
+
+WHITESPACE = Tokenizer("whitespace")
+MAX_TOKENIZERS = 64  # distinct tokenizer files one process loads at most
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A Hugging Face ``tokenizer.json`` at ``path``; raises OSError or ValueError when it cannot be read."""
+    from tokenizers import Tokenizer as HfTokenizer  # imported on first use: processes without one never load it
+
+    data = Path(path).read_bytes()
+    try:
+        hf = HfTokenizer.from_str(data.decode("utf-8"))
+    except Exception as exc:  # the library raises its own exception type
+        raise ValueError(f"not a tokenizer.json: {exc}") from exc
+    return Tokenizer(_name(path, data), hf)
+
+
+def _name(path: str | Path, data: bytes) -> str:
+    return f"hf:{Path(path).name}@{hashlib.sha256(data).hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=MAX_TOKENIZERS)
+def tokenizer_label(path: str) -> str:
+    """What operators see for a catalog's ``tokenizer`` path: ``whitespace`` (none), the name a loaded
+    :class:`Tokenizer` would have, or ``hf:<file>@unreadable``; the file is read once per path."""
+    if not path:
+        return WHITESPACE.name
+    try:
+        return _name(path, Path(path).read_bytes())
+    except OSError:
+        return f"hf:{Path(path).name}@unreadable"
+
+
+class Tokenizers:
+    """The tokenizer of each model of a catalog; a model it does not name gets :data:`WHITESPACE`.
+
+    Built once from ``(model, path)`` pairs (an empty path: whitespace); a
+    file named by several models is loaded once. Bounded by the catalog, and
+    at most :data:`MAX_TOKENIZERS` distinct files (ValueError past it).
+    """
+
+    def __init__(self, by_model: Mapping[str, Tokenizer] | None = None) -> None:
+        self._by_model: dict[str, Tokenizer] = dict(by_model or {})
+
+    @classmethod
+    def load(cls, paths: Iterable[tuple[str, str]]) -> Tokenizers:
+        """Load each model's file; raises ValueError naming the model whose file is missing or bad."""
+        files: dict[str, Tokenizer] = {}
+        by_model: dict[str, Tokenizer] = {}
+        for model, path in paths:
+            if not path:
+                continue
+            key = str(Path(path).resolve())
+            if key not in files:
+                if len(files) >= MAX_TOKENIZERS:
+                    raise ValueError(f"model {model!r}: more than {MAX_TOKENIZERS} tokenizer files")
+                try:
+                    files[key] = load_tokenizer(path)
+                except (OSError, ValueError) as exc:
+                    raise ValueError(f"model {model!r}: tokenizer {path}: {exc}") from exc
+            by_model[model] = files[key]
+        return cls(by_model)
+
+    def get(self, model: str) -> Tokenizer:
+        """The tokenizer of ``model`` (whitespace when it has none)."""
+        return self._by_model.get(model, WHITESPACE)
+
+    def names(self) -> dict[str, str]:
+        """Model → tokenizer name, for the models that have a file."""
+        return {model: t.name for model, t in self._by_model.items()}

@@ -5,6 +5,10 @@
 | ``ferry_proxy_requests_total`` | counter | model, tier, status (gRPC code name) |
 | ``ferry_proxy_request_duration_seconds`` | histogram | model, tier |
 | ``ferry_proxy_ttft_seconds`` | histogram | model, tier |
+| ``ferry_proxy_tpot_seconds`` | histogram of the time per output token after the first (streams) | model, tier |
+| ``ferry_proxy_prompt_tokens_total`` | counter of answered requests' prompt tokens | model, tier |
+| ``ferry_proxy_generation_tokens_total`` | counter of tokens generated for answered requests | model, tier |
+| ``ferry_proxy_cached_prompt_tokens_total`` | counter of prompt tokens served from the prefix cache | model, tier |
 | ``ferry_proxy_picks_total`` | counter | model, branch (:class:`dataplane.pick.p2c.Branch`) |
 | ``ferry_proxy_retries_total`` | counter | model, reason (failure kind) |
 | ``ferry_proxy_retry_budget_exhausted_total`` | counter | model |
@@ -17,6 +21,14 @@
 | ``ferry_proxy_table_rejections_total`` | counter | |
 | ``ferry_proxy_telemetry_age_seconds`` | histogram of the picked replica's telemetry age | |
 
+Token counts are the replica's when it reports them (``ferry_*_tokens``
+response parameters, docs/CONTRACTS.md), else the proxy's own with the
+model's tokenizer (:mod:`dataplane.api.tokenwork`); a replica that reports
+no cached tokens adds none. The time per output token is
+``(duration - ttft) / (completion_tokens - 1)`` of a successful request
+with more than one token and output before its end (a unary answer's first
+token is its whole answer, so it has none).
+
 The model label is a model the table names, or ``_unknown`` (requests that
 fail before the model is resolved), so clients cannot grow the label set.
 """
@@ -27,7 +39,7 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from ferry.metrics import LATENCY_BUCKETS, name
+from ferry.metrics import LATENCY_BUCKETS, TPOT_BUCKETS, name, register_build_info
 
 UNKNOWN = "_unknown"
 AGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -39,6 +51,7 @@ class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         reg = registry if registry is not None else REGISTRY
         self.registry = reg
+        register_build_info(reg)  # ferry_build_info, also in a test's own registry
         self.requests = Counter(
             name("proxy_requests_total"), "Requests answered, by final gRPC status.",
             ["model", "tier", "status"], registry=reg,
@@ -50,6 +63,21 @@ class ProxyMetrics:
         self.ttft = Histogram(
             name("proxy_ttft_seconds"), "Time from arrival to the first output.",
             ["model", "tier"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.tpot = Histogram(
+            name("proxy_tpot_seconds"), "Time per output token after the first (inter-token latency), streams.",
+            ["model", "tier"], buckets=TPOT_BUCKETS, registry=reg,
+        )
+        self.prompt_tokens = Counter(
+            name("proxy_prompt_tokens_total"), "Prompt tokens of answered requests.", ["model", "tier"], registry=reg,
+        )
+        self.generation_tokens = Counter(
+            name("proxy_generation_tokens_total"), "Tokens generated for answered requests.", ["model", "tier"],
+            registry=reg,
+        )
+        self.cached_tokens = Counter(
+            name("proxy_cached_prompt_tokens_total"), "Prompt tokens the replica served from its prefix cache.",
+            ["model", "tier"], registry=reg,
         )
         self.picks = Counter(
             name("proxy_picks_total"), "Picks, by branch.", ["model", "branch"], registry=reg,

@@ -99,7 +99,7 @@ from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.table.local import MAX_VNODES, TableParams
-from ferry.config import TIERS, FileConfig, Limits, TenantConfig, from_mapping, load_file
+from ferry.config import TIERS, FileConfig, Limits, ModelConfig, TenantConfig, from_mapping, load_file
 from ferry.errors import ConfigError
 
 
@@ -413,6 +413,7 @@ class ProxyConfig:
     settings: ProxySettings
     tenants: tuple[TenantConfig, ...]
     limits: Limits
+    models: tuple[ModelConfig, ...] = ()  # the catalog: each model's tokenizer file (ferry.tokens)
 
 
 def load(
@@ -428,7 +429,7 @@ def load(
         settings = dataclasses.replace(settings, region=region)
     if proxy_id:
         settings = dataclasses.replace(settings, proxy_id=proxy_id)
-    return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits)
+    return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits, models=file.models)
 
 
 def parse_addresses(value: str | Sequence[str]) -> tuple[str, ...]:

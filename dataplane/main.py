@@ -23,14 +23,17 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 from dataplane.config import ProxyConfig, load, parse_addresses
 from dataplane.server import Proxy
 from ferry import logs, tls
+from ferry.config import ModelConfig
 from ferry.errors import ConfigError
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
 from ferry.tls import TLSConfig
+from ferry.tokens import Tokenizers
 
 log = logging.getLogger("ferry.proxy")
 
@@ -52,13 +55,21 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def load_tokenizers(models: Sequence[ModelConfig]) -> Tokenizers:
+    """Each catalog model's ``tokenizer`` file (ferry.tokens); raises ConfigError naming the model at fault."""
+    try:
+        return Tokenizers.load((m.name, m.tokenizer) for m in models)
+    except ValueError as exc:
+        raise ConfigError("models.tokenizer", str(exc)) from exc
+
+
 async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: tuple[str, ...],
-                transport: TLSConfig | None = None) -> int:
+                transport: TLSConfig | None = None, tokenizers: Tokenizers | None = None) -> int:
     """Start the proxy and its metrics server, write the ready file, wait for a stop signal."""
     stop = stop_event()
     proxy = Proxy(
         settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes,
-        tls=transport, replica_tls=not args.replica_plaintext,
+        tls=transport, replica_tls=not args.replica_plaintext, tokenizers=tokenizers,
     )
     port = await proxy.start(args.listen)
     metrics_port = start_metrics_server(args.metrics_listen)
@@ -93,10 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ConfigError(flag, f"address {value!r}: expected host:port (port 0 for any)")
         transport = tls.from_args(args)
+        tokenizers = load_tokenizers(config.models)
     except ConfigError as exc:
         print(f"ferry proxy: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, args, control_planes, transport))
+    for model, tokenizer in tokenizers.names().items():
+        log.info("model %s counts tokens with %s", model, tokenizer)
+    return asyncio.run(serve(config, args, control_planes, transport, tokenizers))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ retry-after sized to the warm-up (:mod:`dataplane.admission.coldstart`,
 :mod:`dataplane.admission.coldwait`). :meth:`Router.end` gives the slot back. Every
 error is a :class:`ferry.errors.FerryError`; the servicer chooses the status.
 
+Tokens are the model's own (:mod:`dataplane.api.tokenwork`: the catalog's
+``tokenizer`` file, else whitespace words): :meth:`Router.encode`, awaited
+before :meth:`Router.begin`, encodes a large prompt in a worker thread;
+``begin`` encodes anything not yet encoded inline. A completion whose
+replica reports no token count is counted with the same tokenizer.
+
 One listener on the table holder, :meth:`Router.apply_table`, updates the
 decision's view and the tier queues when a table is applied.
 
@@ -46,6 +52,7 @@ from dataplane.admission.queues import Ticket
 from dataplane.admission.tenantlimits import TenantLimits
 from dataplane.api.auth import Authenticator
 from dataplane.api.idempotency import Idempotency
+from dataplane.api.tokenwork import TokenWork
 from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
 from dataplane.config import ProxySettings
 from dataplane.failover.continuation import Delivered, cut_error
@@ -60,6 +67,7 @@ from dataplane.usage import UsageWindow
 from ferry.config import Limits, TenantConfig
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, NoReplica, ReplicaFailed, Unavailable
 from ferry.logs import event
+from ferry.tokens import Encoded
 from ferry.v1 import inference_pb2
 
 log = logging.getLogger("ferry.proxy")
@@ -91,6 +99,7 @@ class RequestState:
     limited: bool = False  # counted in the tenant's concurrency cap (dataplane.admission.tenantlimits)
     ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission.gate), when queued
     cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.admission.coldstart)
+    encoded: Encoded | None = None  # the prompt's tokens, when encoded before begin (Router.encode)
 
 
 class Router:
@@ -107,8 +116,10 @@ class Router:
         metrics: ProxyMetrics,
         rng: random.Random,
         clock: Callable[[], float],
+        tokens: TokenWork | None = None,
     ) -> None:
         self._settings = settings
+        self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.api.tokenwork)
         self._limits = limits
         self._auth = authenticator
         self._holder = holder
@@ -155,6 +166,26 @@ class Router:
         """Requests admitted and not yet ended."""
         return self._admission.count
 
+    async def encode(self, state: RequestState, metadata: Iterable[tuple[str, str | bytes]],
+                     request: inference_pb2.InferRequest) -> None:
+        """Encode a large prompt of a model with a tokenizer file off the loop, into ``state.encoded``.
+
+        Only for an authenticated caller and a prompt within ``max_prompt_bytes``
+        (:meth:`begin` refuses the rest); anything else is left to ``begin``."""
+        tokenizer = self.tokens.tokenizer(request.model)
+        size = len(request.prompt)
+        if not self.tokens.offloads(tokenizer, size) or size > self._limits.max_prompt_bytes:
+            return
+        self._auth.authenticate(metadata)
+        blocks = 0 if request.prefix_key else self._settings.pick.prefix_depths[-1]
+        state.encoded = await self.tokens.encode(tokenizer, request.prompt, blocks=blocks)
+
+    async def _recount(self, model: str, outcome: Outcome) -> None:
+        """A completion the replica gave no token count for: counted with the model's tokenizer file, if any."""
+        tokenizer = self.tokens.tokenizer(model)
+        if tokenizer.hf is not None and not outcome.completion_reported:
+            outcome.completion_tokens = await self.tokens.count(tokenizer, outcome.text)
+
     def begin(
         self,
         state: RequestState,
@@ -166,7 +197,8 @@ class Router:
         remaining = self._settings.server.default_deadline_seconds if time_remaining is None else time_remaining
         state.deadline = state.started + remaining
         state.tenant = self._auth.authenticate(metadata)
-        valid = validate_request(request, self._limits, self._settings.pick.prefix_depths[-1])
+        valid = validate_request(request, self._limits, self._settings.pick.prefix_depths[-1],
+                                 tokenizer=self.tokens.tokenizer(request.model), encoded=state.encoded)
         state.request, state.tier_label = valid, valid.tier
         check_tier(valid.tier, state.tenant)
         table = self._holder.table
@@ -366,6 +398,7 @@ class Router:
             try:
                 await self.failover.cross_region(state.rtt_ms)
                 state.outcome = await self._forwarder.infer(replica, state.call, self._remaining(state))
+                await self._recount(state.model_label, state.outcome)
                 cached = state.outcome.cached_tokens if state.outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
                 return state.outcome
@@ -412,6 +445,7 @@ class Router:
                 finally:
                     await pieces.aclose()
                 state.outcome = delivered.merge(outcome, state.call)
+                await self._recount(state.model_label, state.outcome)
                 cached = outcome.cached_tokens if outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=outcome)
                 return

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.api.auth import Authenticator
 from dataplane.api.service import InferenceServicer
+from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
@@ -42,6 +43,7 @@ from ferry.backoff import Backoff
 from ferry.config import TIERS, Limits, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.tls import TLSConfig
+from ferry.tokens import Tokenizers
 from ferry.v1 import inference_pb2_grpc, tables_pb2
 
 SERVICE_NAME = "ferry.v1.Inference"
@@ -63,6 +65,7 @@ class Proxy:
         client_factory: ClientFactory | None = None,
         tls: TLSConfig | None = None,
         replica_tls: bool = True,
+        tokenizers: Tokenizers | None = None,
     ) -> None:
         self.tls = tls  # TLS on the public port; mutual TLS to control planes (and replicas, with replica_tls)
         self.settings = (settings or ProxySettings()).resolved()
@@ -88,6 +91,7 @@ class Proxy:
             metrics=self.metrics,
             rng=self._rng,
             clock=clock,
+            tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
         )
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock)
         self.watcher: TableWatcher | None = None
@@ -150,3 +154,4 @@ class Proxy:
                 await self._watch_task
             self._watch_task = None
         await self.pool.close()
+        self.router.tokens.close()

@@ -73,7 +73,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._clock = clock
         # Metric children by label values: ``labels()`` validates and locks on every call.
         self._requests: dict[tuple[str, str, str], Any] = {}
-        self._timings: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._timings: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     async def _start(self, context: grpc.aio.ServicerContext,
                      metadata: Sequence[tuple[str, str | bytes]]) -> tuple[RequestState, InvalidArgument | None]:
@@ -107,6 +107,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         async with self._guard(state, context):
             if refused is not None:
                 raise refused
+            await self._router.encode(state, metadata, request)  # a large prompt's tokens, off the loop
             self._router.begin(state, metadata, request, context.time_remaining())
             if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.api.idempotency)
                 response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
@@ -132,6 +133,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         async with self._guard(state, context):
             if refused is not None:
                 raise refused
+            await self._router.encode(state, metadata, request)  # a large prompt's tokens, off the loop
             self._router.begin(state, metadata, request, context.time_remaining())
             async with contextlib.aclosing(self._router.stream(state)) as pieces:
                 async for piece in pieces:
@@ -139,7 +141,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         first = self._clock() - state.started
                     yield inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens)
         state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
-        self._succeed(state)
+        self._succeed(state, streamed=first is not None)
         yield inference_pb2.InferChunk(final=True, summary=self._summary(state, ""))
 
     def _summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
@@ -160,12 +162,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             ttft_seconds=outcome.ttft_seconds,
         )
 
-    def _timing(self, model: str, tier: str) -> tuple[Any, Any]:
-        """The (duration, ttft) histogram children of ``model`` and ``tier``."""
+    def _timing(self, model: str, tier: str) -> tuple[Any, ...]:
+        """The metric children of ``model`` and ``tier``: duration, ttft, tpot, prompt, generation, cached tokens."""
         found = self._timings.get((model, tier))
         if found is None:
             m = self._metrics
-            found = self._timings[(model, tier)] = (m.duration.labels(model, tier), m.ttft.labels(model, tier))
+            found = self._timings[(model, tier)] = tuple(
+                metric.labels(model, tier) for metric in (m.duration, m.ttft, m.tpot, m.prompt_tokens,
+                                                          m.generation_tokens, m.cached_tokens))
         return found
 
     def _count(self, state: RequestState, status: str) -> float:
@@ -180,9 +184,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                   spilled=state.spilled is not None)  # dataplane.usage: the watch's report
         return elapsed
 
-    def _succeed(self, state: RequestState) -> None:
-        self._count(state, "OK")
-        self._timing(state.model_label, state.tier_label)[1].observe(state.outcome.ttft_seconds)
+    def _succeed(self, state: RequestState, *, streamed: bool = False) -> None:
+        elapsed = self._count(state, "OK")
+        outcome = state.outcome
+        _, ttft, tpot, prompt, generation, cached = self._timing(state.model_label, state.tier_label)
+        ttft.observe(outcome.ttft_seconds)
+        prompt.inc(outcome.prompt_tokens)
+        generation.inc(outcome.completion_tokens)
+        cached.inc(outcome.cached_tokens)
+        if streamed and outcome.completion_tokens > 1 and elapsed > outcome.ttft_seconds:  # the tokens after the first
+            tpot.observe((elapsed - outcome.ttft_seconds) / (outcome.completion_tokens - 1))
 
     async def _crash(self, state: RequestState, exc: Exception, context: grpc.aio.ServicerContext) -> None:
         self._count(state, "INTERNAL")

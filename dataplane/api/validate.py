@@ -18,11 +18,15 @@ raises :class:`ferry.errors.NotFound` for a model (``"model"``) or version
 
 Without an explicit ``prefix_key``, the chained hashes of the prompt's first
 ``prefix_blocks`` blocks (:func:`dataplane.pick.prefix.leading_hashes`) are taken
-from the same split, for the pick's prefix keys.
+from the same split, for the pick's prefix keys. Tokens are the model's
+``tokenizer`` (:class:`ferry.tokens.Tokenizer`; whitespace words by
+default); a prompt already encoded off the event loop comes as ``encoded``
+(:mod:`dataplane.api.tokenwork`).
 
 Cost: one UTF-8 encoding of the prompt (kept for forwarding) and one
-whitespace split to count its tokens; hashing of at most ``prefix_blocks``
-blocks of it (16 x 512 words by default), whatever the prompt's size; the
+whitespace split to count its tokens (or the model's tokenizer, unless
+``encoded`` is given); hashing of at most ``prefix_blocks``
+blocks of it (16 x 512 tokens by default), whatever the prompt's size; the
 other fields are short.
 """
 
@@ -34,6 +38,7 @@ from dataplane.pick.prefix import DEPTHS, leading_hashes
 from dataplane.table.local import Pool, Table
 from ferry.config import Limits, TenantConfig
 from ferry.errors import InvalidArgument, PermissionDenied
+from ferry.tokens import WHITESPACE, Encoded, Tokenizer
 from ferry.v1 import common_pb2, inference_pb2
 
 TIER_NAMES = {
@@ -78,7 +83,8 @@ def _no_control(value: str, field: str) -> None:
 
 
 def validate_request(request: inference_pb2.InferRequest, limits: Limits,
-                     prefix_blocks: int = DEPTHS[-1]) -> ValidRequest:
+                     prefix_blocks: int = DEPTHS[-1], *, tokenizer: Tokenizer = WHITESPACE,
+                     encoded: Encoded | None = None) -> ValidRequest:
     """Check every field of ``request``; raises InvalidArgument naming the first bad one."""
     _bounded(request.model, "model", limits.max_model_bytes, required=True)
     _no_control(request.model, "model")
@@ -97,18 +103,21 @@ def validate_request(request: inference_pb2.InferRequest, limits: Limits,
         raise InvalidArgument("max_tokens", f"over the limit of {limits.max_tokens}")
     _bounded(request.prefix_key, "prefix_key", limits.max_prefix_key_bytes)
     _bounded(request.idempotency_key, "idempotency_key", limits.max_idempotency_key_bytes)
-    words = request.prompt.split()
-    hashes = () if request.prefix_key else tuple(leading_hashes(words, prefix_blocks))
+    if encoded is None and tokenizer.hf is None:
+        words = request.prompt.split()
+        encoded = Encoded(len(words), () if request.prefix_key else tuple(leading_hashes(words, prefix_blocks)))
+    elif encoded is None:
+        encoded = tokenizer.encode(request.prompt, blocks=0 if request.prefix_key else prefix_blocks)
     return ValidRequest(
         model=request.model,
         version=request.version,
         tier=tier,
         prompt=prompt,
-        prompt_tokens=len(words),
+        prompt_tokens=encoded.count,
         max_tokens=request.max_tokens,
         prefix_key=request.prefix_key,
         idempotency_key=request.idempotency_key,
-        prefix_hashes=hashes,
+        prefix_hashes=() if request.prefix_key else encoded.hashes,
     )
 
 

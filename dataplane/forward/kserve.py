@@ -91,6 +91,7 @@ class Outcome:
     service_seconds: float = 0.0
     ttft_seconds: float = 0.0
     cached_reported: bool = False  # the replica sent ferry_cached_tokens
+    completion_reported: bool = False  # the replica sent ferry_completion_tokens (else counted here, in words)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -255,6 +256,7 @@ class Forwarder:
             outcome.service_seconds = elapsed
         completion = _param(params, "ferry_completion_tokens")
         outcome.completion_tokens = int(completion) if completion is not None else count_tokens(text)
+        outcome.completion_reported = completion is not None
         return outcome
 
     async def _collect(self, replica: Replica, call: Call, remaining: float) -> Outcome:
@@ -317,6 +319,7 @@ class Forwarder:
                 responses.cancel()  # no-op once the stream ended; frees the replica otherwise
         outcome.text = "".join(texts)
         outcome.completion_tokens = reported_tokens or count_tokens(outcome.text)
+        outcome.completion_reported = bool(reported_tokens)
         if not reported_service:
             outcome.service_seconds = self._clock() - start
 

@@ -1,0 +1,163 @@
+"""The proxy counts and hashes prompts with each model's tokenizer file (dataplane.api.tokenwork).
+
+Validation uses the model's tokens for counts and prefix blocks; large
+prompts are encoded in a worker thread, bounded; a real proxy in process
+reports the tokenizer's counts when the replica reports none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dataplane.api.tokenwork import TokenWork
+from dataplane.api.validate import validate_request
+from dataplane.config import ProxySettings
+from dataplane.server import Proxy
+from ferry.config import Limits
+from ferry.errors import Overloaded
+from ferry.tokens import WHITESPACE, Tokenizers, load_tokenizer
+from ferry.v1 import inference_pb2_grpc
+from tests.dataplane.conftest import FAST, PAID, TENANTS, request
+from tests.dataplane.fakes import Behaviour, FakeControlPlane, FakeReplica, route, snapshot
+from tests.test_tokens_hf import make_tokenizer
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture
+def tokenizers(tmp_path: Path) -> Tokenizers:
+    return Tokenizers.load([("m", str(make_tokenizer(tmp_path / "tokenizer.json")))])
+
+
+def test_validation_counts_and_hashes_the_models_tokens(tokenizers: Tokenizers) -> None:
+    t = tokenizers.get("m")
+    valid = validate_request(request(prompt="hello, world!"), Limits(), tokenizer=t)
+    assert valid.prompt_tokens == 4 and valid.prefix_hashes == t.encode("hello, world!", blocks=16).hashes
+    words = validate_request(request(prompt="hello, world!"), Limits())
+    assert words.prompt_tokens == 2 and words.prefix_hashes != valid.prefix_hashes
+    keyed = validate_request(request(prompt="hello, world!", prefix_key="k"), Limits(), tokenizer=t)
+    assert keyed.prompt_tokens == 4 and keyed.prefix_hashes == ()
+
+
+def test_validation_takes_an_encoding_done_before() -> None:
+    from ferry.tokens import Encoded
+    valid = validate_request(request(prompt="a b c"), Limits(), encoded=Encoded(7, (1, 2)))
+    assert (valid.prompt_tokens, valid.prefix_hashes) == (7, (1, 2))
+
+
+async def test_large_text_is_encoded_in_a_worker_thread(tokenizers: Tokenizers) -> None:
+    work = TokenWork(tokenizers, offload_chars=64)
+    t = tokenizers.get("m")
+    try:
+        small = await work.encode(t, "hello, world!", blocks=16)
+        assert small.count == 4 and work.offloaded == 0
+        text = "hello, world! " * 10
+        large = await work.encode(t, text, blocks=16)
+        assert large == t.encode(text, blocks=16) and work.offloaded == 1 and work.pending == 0
+        assert await work.count(t, text) == 40 and work.offloaded == 2
+        assert await work.count(WHITESPACE, text) == 20 and work.offloaded == 2  # words: always inline
+    finally:
+        work.close()
+
+
+async def test_offloaded_encodes_are_bounded(tokenizers: Tokenizers) -> None:
+    work = TokenWork(tokenizers, offload_chars=1, max_pending=1, retry_after=0.5)
+    t = tokenizers.get("m")
+    try:
+        first = asyncio.ensure_future(work.count(t, "hello, world! " * 2000))
+        await asyncio.sleep(0)  # let it take the one slot (it runs in a thread)
+        assert work.pending == 1
+        with pytest.raises(Overloaded) as refused:
+            await work.count(t, "hello")
+        assert refused.value.retry_after == 0.5
+        assert await first == 8000
+    finally:
+        work.close()
+
+
+class TokenRig:
+    """A proxy with ``tokenizers`` watching a fake control plane with one fake replica."""
+
+    def __init__(self) -> None:
+        self.cp = FakeControlPlane()
+        self.replica: FakeReplica | None = None
+        self.proxy: Proxy | None = None
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: Any = None
+
+    async def start(self, behaviour: Behaviour, tokenizers: Tokenizers, registry: CollectorRegistry,
+                    **settings: Any) -> TokenRig:
+        self.replica = await FakeReplica("r1", behaviour).start()
+        self.cp.current = snapshot(1, [route(self.replica)])
+        await self.cp.start()
+        self.proxy = Proxy(settings=ProxySettings.from_section({"proxy_id": "p-tok", **FAST, **settings}),
+                           tenants=TENANTS, control_planes=[self.cp.address], registry=registry,
+                           rng=random.Random(7), tokenizers=tokenizers)
+        port = await self.proxy.start("127.0.0.1:0")
+        ack = await self.cp.next_ack()
+        assert ack.applied, ack.error
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
+        return self
+
+    async def stop(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+        if self.proxy is not None:
+            await self.proxy.stop(0)
+        await self.cp.stop()
+        if self.replica is not None:
+            await self.replica.stop()
+
+
+@pytest.fixture
+async def token_rig() -> AsyncIterator[Any]:
+    rigs: list[TokenRig] = []
+
+    async def make(behaviour: Behaviour, tokenizers: Tokenizers, registry: CollectorRegistry | None = None,
+                   **settings: Any) -> TokenRig:
+        r = TokenRig()
+        rigs.append(r)
+        return await r.start(behaviour, tokenizers, registry or CollectorRegistry(), **settings)
+
+    yield make
+    for r in rigs:
+        await r.stop()
+
+
+async def test_a_proxy_counts_with_the_tokenizer_when_the_replica_reports_none(token_rig: Any,
+                                                                               tokenizers: Tokenizers) -> None:
+    r = await token_rig(Behaviour(report=False), tokenizers)
+    reply = await r.stub.Infer(request(prompt="hello, world!", max_tokens=3), metadata=PAID, timeout=5)
+    # The fake answers "r1w0 r1w1 r1w2": unknown to the vocabulary, one token each
+    assert reply.prompt_tokens == 4 and reply.completion_tokens == 3
+    chunks = [c async for c in r.stub.InferStream(request(prompt="hello, world! again.", max_tokens=3),
+                                                  metadata=PAID, timeout=5)]
+    assert chunks[-1].summary.prompt_tokens == 6
+    # "r1c0 r1c1 r1c2 " is 3 tokens as words; the tokenizer splits none of them further
+    assert chunks[-1].summary.completion_tokens == 3
+
+
+async def test_a_large_prompt_is_encoded_off_the_loop_end_to_end(token_rig: Any, tokenizers: Tokenizers) -> None:
+    r = await token_rig(Behaviour(report=False), tokenizers)
+    assert r.proxy is not None
+    r.proxy.router.tokens.offload_chars = 32
+    prompt = "hello, world! " * 8
+    reply = await r.stub.Infer(request(prompt=prompt, max_tokens=2), metadata=PAID, timeout=5)
+    assert reply.prompt_tokens == 32 and r.proxy.router.tokens.offloaded == 1
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # no key: refused before any encoding
+        await r.stub.Infer(request(prompt=prompt, max_tokens=2), timeout=5)
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED and r.proxy.router.tokens.offloaded == 1
+
+
+def test_the_tokenizer_name_is_stable(tmp_path: Path) -> None:
+    path = make_tokenizer(tmp_path / "tokenizer.json")
+    assert load_tokenizer(path).name == load_tokenizer(path).name

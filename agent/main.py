@@ -51,6 +51,7 @@ from ferry.errors import ConfigError
 from ferry.grpcutil import split_address
 from ferry.metrics import start_metrics_server
 from ferry.process import stop_event, write_ready_file
+from ferry.tokens import Tokenizers
 
 BATCH_PREFIX = "batch-"
 JOIN_ENV = "FERRY_JOIN_TOKEN"
@@ -114,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--warmup-seconds must be in [0, 3600]")
         cfg = load_file(args.config)
         params = cfg.section(EngineParams, "replica")
+        try:  # each model's tokenizer file, so that replicas count and cut prompts as the proxy does
+            args.tokenizers = Tokenizers.load((m.name, m.tokenizer) for m in cfg.models)
+        except ValueError as exc:
+            raise ConfigError("models.tokenizer", str(exc)) from exc
         settings = cfg.section(AgentSettings, "agent")
         batch = spec_from_args(args, gpus=args.gpus, prefix=BATCH_PREFIX) if args.batch_runtime else None
         args.transport = tls.from_args(args)
@@ -172,7 +177,8 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
         for i, (model, version) in enumerate(models):
             replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
                                        replica_id=f"{args.node}-r{i}", tls=args.transport,
-                                       warmup_seconds=args.warmup_seconds)
+                                       warmup_seconds=args.warmup_seconds,
+                                       tokenizer=getattr(args, "tokenizers", Tokenizers()).get(model))
             replicas.append(replica)
             await replica.start()
         endpoints = [Endpoint(address=r.address, metrics_url=r.metrics_url, gpus=gpus_each, replicas=(ReplicaSpec(

@@ -93,7 +93,7 @@ from agent.replica import tensors
 from agent.replica.engine import Finished
 from agent.replica.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
-from ferry.tokens import chain_hashes, tokenize
+from ferry.tokens import tokenize
 
 MAX_HEAD_BYTES = 32 * 1024
 MAX_HEADERS = 100
@@ -110,10 +110,16 @@ _T = TypeVar("_T")
 
 
 def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int) -> tuple[Ticket, int]:
-    """Queue ``prompt`` in the engine (both faces do it this way); returns the ticket and the prompt's tokens."""
-    words = tokenize(prompt)
-    hashes = tuple(chain_hashes(words, runner.engine.params.kv_block_tokens))
-    return runner.submit(len(words), max_tokens, hashes), len(words)
+    """Queue ``prompt`` in the engine (both faces do it this way); returns the ticket and the prompt's tokens.
+
+    Tokens are the runner's tokenizer (a model's ``tokenizer.json``, else
+    whitespace words), cut into KV blocks of ``kv_block_tokens`` and hashed
+    as the proxy does (:meth:`ferry.tokens.Tokenizer.encode`), so a proxy
+    block of 512 tokens is whole engine blocks whenever the engine's block
+    size divides 512, and with the default (512) the very same hashes.
+    """
+    encoded = runner.tokenizer.encode(prompt, block_tokens=runner.engine.params.kv_block_tokens)
+    return runner.submit(encoded.count, max_tokens, encoded.hashes), encoded.count
 
 
 def token_ids(prompt: str) -> list[int]:

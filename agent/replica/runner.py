@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 from agent.replica.engine import Admission, Engine, EngineRequest, Finished, StepResult
 from ferry.errors import InvalidArgument, Overloaded
+from ferry.tokens import WHITESPACE, Tokenizer
 
 
 @dataclasses.dataclass
@@ -74,8 +75,9 @@ class EngineRunner:
     """Drives an engine in real time; :meth:`run` is the replica's engine task."""
 
     def __init__(self, engine: Engine, *, clock: Callable[[], float] | None = None,
-                 retry_after_seconds: float = 0.5) -> None:
+                 retry_after_seconds: float = 0.5, tokenizer: Tokenizer = WHITESPACE) -> None:
         self.engine = engine
+        self.tokenizer = tokenizer  # what prompts are counted and cut into blocks with (ferry.tokens)
         self.stats = RunnerStats()
         self._clock = clock or asyncio.get_running_loop().time
         self._retry_after = retry_after_seconds

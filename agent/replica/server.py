@@ -48,6 +48,7 @@ from agent.replica.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, NotFound, Unavailable
 from ferry.grpcutil import start_server, status_for
 from ferry.tls import TLSConfig
+from ferry.tokens import WHITESPACE, Tokenizer
 
 SERVICE = "inference.GRPCInferenceService"
 PLATFORM = "ferry_simulated_llm"
@@ -252,8 +253,9 @@ class SimulatedReplica:
 
     def __init__(self, model: str, version: str = "v1", *, params: EngineParams | None = None,
                  host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None,
-                 warmup_seconds: float = 0.0, http: bool = False) -> None:
+                 warmup_seconds: float = 0.0, http: bool = False, tokenizer: Tokenizer = WHITESPACE) -> None:
         self.model, self.version, self.host = model, version, host
+        self.tokenizer = tokenizer  # the model's tokens, as the proxy counts them (ferry.tokens)
         self.http = http  # also serve the HTTP face (agent.replica.httpface) on the same runner
         self.warmup_seconds = warmup_seconds  # ModelReady says false (inference UNAVAILABLE) this long after start
         self.tls = tls  # mutual TLS with the node's certificate (None: plain text)
@@ -290,7 +292,7 @@ class SimulatedReplica:
 
     async def start(self) -> SimulatedReplica:
         """Start the engine task, the gRPC server, the metrics endpoint and the HTTP face (ports the system picks)."""
-        runner = self.runner = EngineRunner(Engine(self.params))
+        runner = self.runner = EngineRunner(Engine(self.params), tokenizer=self.tokenizer)
         self._task = asyncio.create_task(runner.run(), name=f"engine-{self.replica_id}")
         ready_at = time.monotonic() + self.warmup_seconds
         servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner, ready_at=ready_at)

@@ -100,3 +100,14 @@ def test_tokenizer_is_plain_words_without_a_file() -> None:
     assert Tokenizer("whitespace").kind == "whitespace"
     with pytest.raises(ValueError):
         WHITESPACE.ids("no ids")
+
+
+def test_the_model_view_names_the_tokenizer_in_use(tokenizer_file: Path) -> None:
+    from controlplane.fleet.views import model_views
+    from ferry.cli.ctl.views import model_row
+    from ferry.config import ModelConfig
+
+    models = [ModelConfig(name="chat", tokenizer=str(tokenizer_file)), ModelConfig(name="words")]
+    views = model_views([], models, {}, allocations={}, pending=[])
+    rows = {row["model"]: row["tokenizer"] for row in map(model_row, views)}
+    assert rows == {"chat": load_tokenizer(tokenizer_file).name, "words": "whitespace"}

@@ -26,6 +26,7 @@ from controlplane.allocation.records import Allocation, NodeAllocations
 from controlplane.fleet.view import DEAD, READY, Member, is_live, load_of, replica_state
 from controlplane.tables.compute import TableVersions
 from ferry.config import ModelConfig
+from ferry.tokens import tokenizer_label
 from ferry.v1 import admin_pb2, common_pb2
 
 DRAINED_OR_DEAD = (common_pb2.REPLICA_STATE_DRAINED, DEAD)
@@ -84,7 +85,8 @@ def pending_view(request: Request, *, wall: float, reason: str) -> admin_pb2.Pen
 
 def model_views(members: Sequence[Member], models: Sequence[ModelConfig], tables: TableVersions, *,
                 allocations: Mapping[str, NodeAllocations], pending: Iterable[Request]) -> list[admin_pb2.ModelView]:
-    views = {m.name: admin_pb2.ModelView(model=m.name, default_version=m.default_version, gpus_each=m.min_gpus)
+    views = {m.name: admin_pb2.ModelView(model=m.name, default_version=m.default_version, gpus_each=m.min_gpus,
+                                         tokenizer=tokenizer_label(m.tokenizer))  # the catalog's (ferry.tokens)
              for m in models}
     versions: dict[str, set[str]] = {m.name: {m.default_version} for m in models}
     for member in members:

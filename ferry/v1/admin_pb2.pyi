@@ -274,7 +274,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelView(_message.Message):
-    __slots__ = ("model", "default_version", "versions", "replicas_ready", "replicas_total", "gpus_each", "slots", "pending")
+    __slots__ = ("model", "default_version", "versions", "replicas_ready", "replicas_total", "gpus_each", "slots", "pending", "tokenizer")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,7 @@ class ModelView(_message.Message):
     GPUS_EACH_FIELD_NUMBER: _ClassVar[int]
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     model: str
     default_version: str
     versions: _containers.RepeatedScalarFieldContainer[str]
@@ -291,7 +292,8 @@ class ModelView(_message.Message):
     gpus_each: int
     slots: int
     pending: int
-    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., replicas_ready: _Optional[int] = ..., replicas_total: _Optional[int] = ..., gpus_each: _Optional[int] = ..., slots: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+    tokenizer: str
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., versions: _Optional[_Iterable[str]] = ..., replicas_ready: _Optional[int] = ..., replicas_total: _Optional[int] = ..., gpus_each: _Optional[int] = ..., slots: _Optional[int] = ..., pending: _Optional[int] = ..., tokenizer: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

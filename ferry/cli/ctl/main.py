@@ -221,7 +221,7 @@ def cmd_nodes(stub: Any, args: argparse.Namespace) -> None:
 def cmd_models(stub: Any, args: argparse.Namespace) -> None:
     rows = [model_row(m) for m in stub.ListModels(admin_pb2.ListModelsRequest(), timeout=TIMEOUT).models]
     _emit(args, rows, lambda: print_table(rows, ["model", "default_version", "versions", "ready", "total",
-                                                 "gpus_each", "slots", "pending"]))
+                                                 "gpus_each", "slots", "pending", "tokenizer"]))
 
 
 def cmd_table(stub: Any, args: argparse.Namespace) -> None:

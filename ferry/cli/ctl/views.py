@@ -55,7 +55,7 @@ def model_row(m: Any) -> dict[str, Any]:
     return {
         "model": m.model, "default_version": m.default_version, "versions": list(m.versions),
         "ready": m.replicas_ready, "total": m.replicas_total, "gpus_each": m.gpus_each, "slots": m.slots,
-        "pending": m.pending,
+        "pending": m.pending, "tokenizer": m.tokenizer,
     }
 
 

@@ -3,13 +3,16 @@
 :class:`TokenWork` holds the per-model tokenizers (:class:`ferry.tokens.Tokenizers`,
 loaded once from the proxy's own ``[[models]]`` catalog; a model without a
 file counts whitespace words) and runs an encode either inline or in a
-small pool of worker threads: a Hugging Face tokenizer costs about 5 µs per
-KB of prompt and a thread hop about 50 µs, and an 8k-token prompt costs
-milliseconds (``python -m tools.bench.tokens``), which would stall every
-other request on the loop. So text of at least ``offload_chars`` characters (4,096,
-about 1k tokens) with a Hugging Face tokenizer goes to one of ``workers``
-threads (2, the machine's cores: ``encode_batch_fast`` releases the GIL);
-whitespace counting stays inline (a split, 0.4 ms for 8k words).
+small pool of worker threads. Measured with ``python -m tools.bench.tokens``
+(a byte-level BPE, 2 busy cores): about 90 µs for a 64-token prompt, 4 ms
+for 1k tokens and 30 to 50 ms for 8k tokens, against 50 µs for a round trip
+through a worker thread; the library releases the GIL while it encodes, so
+the loop keeps serving meanwhile. An 8k prompt inline would stall every
+other request for tens of ms, a short one costs less than the hop. So text
+of at least ``offload_chars`` characters (4,096, about 1k tokens) with a
+Hugging Face tokenizer goes to one of ``workers`` threads (2, the machine's
+cores); whitespace counting stays inline (a split: 0.4 to 0.6 ms for 8k
+words, as before).
 
 Bounded: at most ``max_pending`` (64) encodes waiting or running in the
 threads; past it :meth:`encode` and :meth:`count` raise

@@ -1,8 +1,13 @@
 """Prefix keys: what a request's prompt prefix is routed by, and which prefixes are too hot to route by.
 
-**Keys.** A prompt is cut into blocks of ``BLOCK_TOKENS`` words with chained
-hashes (:func:`ferry.tokens.chain_hashes`: equal hash at block *d* means the
-same first *d* blocks). :func:`prefix_keys` turns those hashes into one key
+**Keys.** A prompt is cut into blocks of ``BLOCK_TOKENS`` tokens with chained
+hashes (:func:`ferry.tokens.chain_hashes` of words, :func:`ferry.tokens.chain_ids`
+of a tokenizer file's ids: equal hash at block *d* means the same first *d*
+blocks). Tokens are the model's own when its catalog entry names a
+``tokenizer`` file, so a block is 512 of the engine's tokens and so whole KV
+blocks of any engine whose block size divides 512 (16 in vLLM, 512 in the
+simulated replica, which hashes its blocks the same way): affinity follows
+the engine's own cache; else they are whitespace words. :func:`prefix_keys` turns those hashes into one key
 per depth of a ladder, shallowest first (default ``DEPTHS`` = 1, 2, 4, 8, 16
 blocks, i.e. 512 to 8,192 tokens)::
 

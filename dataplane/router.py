@@ -39,6 +39,7 @@ State: the holder's current table (read once per request) and the picker
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -65,7 +66,15 @@ from dataplane.pick.picker import Attempt, Picker, Routing
 from dataplane.table.local import Replica, Table, TableHolder
 from dataplane.usage import UsageWindow
 from ferry.config import Limits, TenantConfig
-from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, NoReplica, ReplicaFailed, Unavailable
+from ferry.errors import (
+    DeadlineExceeded,
+    FerryError,
+    InvalidArgument,
+    NoReplica,
+    Overloaded,
+    ReplicaFailed,
+    Unavailable,
+)
 from ferry.logs import event
 from ferry.tokens import Encoded
 from ferry.v1 import inference_pb2
@@ -181,10 +190,12 @@ class Router:
         state.encoded = await self.tokens.encode(tokenizer, request.prompt, blocks=blocks)
 
     async def _recount(self, model: str, outcome: Outcome) -> None:
-        """A completion the replica gave no token count for: counted with the model's tokenizer file, if any."""
+        """A completion the replica gave no token count for: counted with the model's tokenizer file, if any
+        (the words counted stay when the tokenizer's threads are full: an answer is never refused for it)."""
         tokenizer = self.tokens.tokenizer(model)
         if tokenizer.hf is not None and not outcome.completion_reported:
-            outcome.completion_tokens = await self.tokens.count(tokenizer, outcome.text)
+            with contextlib.suppress(Overloaded):
+                outcome.completion_tokens = await self.tokens.count(tokenizer, outcome.text)
 
     def begin(
         self,

@@ -161,3 +161,20 @@ async def test_a_large_prompt_is_encoded_off_the_loop_end_to_end(token_rig: Any,
 def test_the_tokenizer_name_is_stable(tmp_path: Path) -> None:
     path = make_tokenizer(tmp_path / "tokenizer.json")
     assert load_tokenizer(path).name == load_tokenizer(path).name
+
+
+async def test_a_full_tokenizer_never_refuses_an_answer(token_rig: Any, tokenizers: Tokenizers) -> None:
+    r = await token_rig(Behaviour(report=False), tokenizers)
+    assert r.proxy is not None
+    work = r.proxy.router.tokens
+    work.offload_chars, work.max_pending = 10, 1
+    work.pending = 1  # the one slot taken
+    try:  # a short prompt is encoded inline; its completion (14 characters) keeps the words counted
+        reply = await r.stub.Infer(request(prompt="hi", max_tokens=3), metadata=PAID, timeout=5)
+        assert reply.completion_tokens == 3 and work.offloaded == 0
+        with pytest.raises(grpc.aio.AioRpcError) as refused:  # a large prompt waits for no one: refused
+            await r.stub.Infer(request(prompt="hello, world! hello", max_tokens=3), metadata=PAID, timeout=5)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert dict(refused.value.trailing_metadata())["retry-after"] == "1"
+    finally:
+        work.pending = 0

@@ -4,9 +4,9 @@
 loaded once from the proxy's own ``[[models]]`` catalog; a model without a
 file counts whitespace words) and runs an encode either inline or in a
 small pool of worker threads. Measured with ``python -m tools.bench.tokens``
-(a byte-level BPE, 2 busy cores): about 90 µs for a 64-token prompt, 4 ms
-for 1k tokens and 30 to 50 ms for 8k tokens, against 50 µs for a round trip
-through a worker thread; the library releases the GIL while it encodes, so
+(a byte-level BPE, 2 cores shared with other work): 60 to 90 µs for a
+64-token prompt, 1 to 4 ms for 1k tokens and 30 to 50 ms for 8k tokens,
+against 40 to 55 µs for a round trip through a worker thread; the library releases the GIL while it encodes, so
 the loop keeps serving meanwhile. An 8k prompt inline would stall every
 other request for tens of ms, a short one costs less than the hop. So text
 of at least ``offload_chars`` characters (4,096, about 1k tokens) with a

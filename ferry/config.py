@@ -20,6 +20,7 @@ File layout (every section optional)::
     name = "chat-large"
     default_version = "v1"
     min_gpus = 8
+    chat_template = "/models/chat-large/tokenizer_config.json"  # or the Jinja source; optional
 
     [limits]         # read by the proxy
     [proxy]          # dataplane.config.ProxySettings
@@ -80,11 +81,14 @@ class TenantConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A model of the catalog: a name, its default version and minimum GPU count."""
+    """A model of the catalog: a name, its default version, minimum GPU count and chat template."""
 
     name: str
     default_version: str = "v1"
     min_gpus: int = 1
+    # The Jinja chat template of /v1/chat/completions, or a path to a tokenizer_config.json whose
+    # chat_template is used; empty: the default ChatML layout (dataplane.api.chat).
+    chat_template: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -64,7 +64,10 @@ def caller_request_id(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str,
 
 
 def finish_reason(state: RequestState) -> str:
-    """Why generation ended: ``length`` when it reached ``max_tokens``, else ``stop`` (end of text or a stop string)."""
+    """Why generation ended: the replica's ``ferry_finish_reason`` when it sent one, else ``length`` when the output
+    reached ``max_tokens`` and ``stop`` (end of text or a stop string) when it did not."""
+    if state.outcome.finish_reason:
+        return state.outcome.finish_reason
     asked = state.request.max_tokens if state.request is not None else 0
     return "length" if asked and state.outcome.completion_tokens >= asked else "stop"
 

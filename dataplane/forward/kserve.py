@@ -49,6 +49,7 @@ from tritonclient.utils import InferenceServerException
 from dataplane.forward.clients import ClientPool
 from dataplane.table.local import Replica
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
+from ferry.sampling import Tensor
 from ferry.tokens import count_tokens
 
 RETRYABLE = frozenset(
@@ -77,6 +78,7 @@ class Call:
     priority: int
     tenant: str
     plan: str
+    sampling: tuple[Tensor, ...] = ()  # the sampling parameters' input tensors (ferry.sampling)
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,6 +93,7 @@ class Outcome:
     service_seconds: float = 0.0
     ttft_seconds: float = 0.0
     cached_reported: bool = False  # the replica sent ferry_cached_tokens
+    finish_reason: str = ""  # the replica's ferry_finish_reason ("stop" or "length"), when it sent one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +120,9 @@ def request_message(call: Call, model: str, *, stream: bool) -> pb.ModelInferReq
     if stream:
         request.inputs.add(name="stream", datatype="BOOL", shape=(1, 1))
         raw.append(_TRUE)
+    for name, datatype, shape, contents in call.sampling:
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+        raw.append(contents)
     request.raw_input_contents.extend(raw)
     params = request.parameters
     if call.priority:
@@ -201,6 +207,9 @@ def _fill(outcome: Outcome, params: Any) -> bool:
     service = _param(params, "ferry_service_seconds")
     if service is not None:
         outcome.service_seconds = float(service)
+    finish = _param(params, "ferry_finish_reason")
+    if finish in ("stop", "length"):
+        outcome.finish_reason = finish
     return service is not None
 
 

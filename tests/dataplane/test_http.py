@@ -169,3 +169,14 @@ def test_chat_templates_sandboxed_and_bounded(tmp_path) -> None:
         assert err.value.field == "messages"
     with pytest.raises(ConfigError):
         load_template(str(tmp_path / "missing.json"), "models.b.chat_template")
+
+
+async def test_idempotency_key_joins_a_repeat(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour()})
+    body = {"model": "m", "prompt": "once only", "max_tokens": 2}
+    first = await post(base, "/v1/completions", body, {"Idempotency-Key": "k-1"})
+    again = await post(base, "/v1/completions", body, {"Idempotency-Key": "k-1"})
+    assert first[0] == again[0] == 200 and first[1]["choices"] == again[1]["choices"]
+    assert len(r.replicas["r1"].requests) == 1
+    other = await post(base, "/v1/completions", {**body, "prompt": "another"}, {"Idempotency-Key": "k-1"})
+    assert other[0] == 400 and other[1]["error"]["param"] == "idempotency_key"

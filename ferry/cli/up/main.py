@@ -6,7 +6,8 @@ replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
 Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
-``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
+``--ready-file`` (``data_plane``, ``http`` (the proxy's OpenAI-compatible HTTP
+API, docs/api.md; ``http_by_region`` with regions), ``control_plane``, ``control_planes``,
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs
 until SIGINT or SIGTERM, then stops every child.

@@ -5,7 +5,8 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
 (``http_max_streams``: 429 with ``Retry-After``; a connection beyond
 ``http_max_connections``: 503 and closed), authentication
 (``Authorization: Bearer KEY`` or ``x-api-key``; 401), the body read up to
-``http_max_body_bytes`` (413 naming ``body``), the pure translation
+``http_max_body_bytes`` (413 naming ``body``; parsed as JSON whatever its
+``Content-Type``, as ``curl -d`` sends a form type), the pure translation
 (:mod:`dataplane.api.openai`, 400 naming the field), the chat template
 (:mod:`dataplane.api.chat`), then exactly what the gRPC servicer does:
 :meth:`Router.begin` (validation, tier, table, admission), the idempotency
@@ -216,8 +217,6 @@ class HttpFront:
         """Authenticate, read and translate the body; raises FerryError (or aiohttp's 413)."""
         metadata = self._metadata(request)
         self._auth.authenticate(metadata)  # 401 before anything about the body
-        if request.content_type not in (JSON, "", "application/octet-stream", "text/plain"):
-            raise InvalidArgument("content-type", f"must be {JSON}")
         body = await request.read()
         parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
         prompt = self._templates.render(parsed.model, parsed.messages) if chat else parsed.prompt

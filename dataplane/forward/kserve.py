@@ -111,7 +111,8 @@ _TRUE = b"\x01"
 
 def request_message(call: Call, model: str, *, stream: bool) -> pb.ModelInferRequest:
     """The ``ModelInferRequest`` of ``call``: ``text_input`` BYTES [1, 1], ``max_tokens`` INT32 [1, 1] and, for
-    a stream, ``stream`` BOOL [1, 1] as raw contents; the request id; ``priority`` (when not 0) and the
+    a stream, ``stream`` BOOL [1, 1] as raw contents, then the sampling inputs the proxy encoded for the model
+    (:mod:`ferry.sampling`); the request id; ``priority`` (when not 0) and the
     ``ferry_*`` parameters. Field for field what tritonclient's client builds from the same inputs."""
     request = pb.ModelInferRequest(model_name=model, id=call.request_id)
     request.inputs.add(name="text_input", datatype="BYTES", shape=(1, 1))

@@ -180,3 +180,18 @@ async def test_idempotency_key_joins_a_repeat(rig) -> None:
     assert len(r.replicas["r1"].requests) == 1
     other = await post(base, "/v1/completions", {**body, "prompt": "another"}, {"Idempotency-Key": "k-1"})
     assert other[0] == 400 and other[1]["error"]["param"] == "idempotency_key"
+
+
+
+class _Stalled:
+    """A response whose socket never drains (a reader that stopped reading)."""
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_write_to_a_reader_that_stopped_reading_times_out(rig) -> None:
+    # Over loopback the kernel buffers megabytes, more than a test stream fills; the bound is the write's timeout.
+    r, _ = await front(rig, {"r1": Behaviour()}, settings={"http_write_timeout_seconds": 0.05})
+    with pytest.raises(TimeoutError):
+        await r.proxy.http._write(_Stalled(), b"data: {}\n\n")

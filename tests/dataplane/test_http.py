@@ -195,3 +195,13 @@ async def test_a_write_to_a_reader_that_stopped_reading_times_out(rig) -> None:
     r, _ = await front(rig, {"r1": Behaviour()}, settings={"http_write_timeout_seconds": 0.05})
     with pytest.raises(TimeoutError):
         await r.proxy.http._write(_Stalled(), b"data: {}\n\n")
+
+
+async def test_connections_beyond_the_bound_are_refused_and_closed(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()}, settings={"http_max_connections": 1})
+    async with aiohttp.ClientSession() as first, aiohttp.ClientSession() as second:
+        async with first.get(base + "/v1/models", headers=AUTH) as kept:  # keep-alive: its connection stays open
+            assert kept.status == 200
+        async with second.get(base + "/v1/models", headers=AUTH) as refused:
+            assert refused.status == 503 and refused.headers["Retry-After"] == "1"
+            assert (await refused.json())["error"]["code"] == "too_many_connections"

@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP front door: aiohttp on the proxy's event loop, into the same :class:`Router` as gRPC.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``. Per request, in this order: the in-flight bound
-(``http_max_streams``: 429 with ``Retry-After``; a connection beyond
-``http_max_connections``: 503 and closed), authentication
+``GET /v1/models``. A connection accepted beyond
+``http_max_connections`` gets a 503 with ``Retry-After`` at once and is closed.
+Per request, in this order: the in-flight bound (``http_max_streams``: 429
+with ``Retry-After``), authentication
 (``Authorization: Bearer KEY`` or ``x-api-key``; 401), the body read up to
 ``http_max_body_bytes`` (413 naming ``body``; parsed as JSON whatever its
 ``Content-Type``, as ``curl -d`` sends a form type), the pure translation
@@ -92,6 +93,7 @@ class HttpFront:
         self._inflight = 0
         self._runner: web.AppRunner | None = None
         self._server: web.Server | None = None
+        self._listener: asyncio.Server | None = None
         self.port = 0
 
     def app(self) -> web.Application:
@@ -104,22 +106,35 @@ class HttpFront:
         return app
 
     async def start(self, listen: str) -> int:
-        """Serve on ``listen`` (``host:port``, port 0: any free one); returns the bound port."""
+        """Serve on ``listen`` (``host:port``, port 0: any free one); returns the bound port.
+
+        The listener's protocol factory holds the connection bound: a connection accepted while
+        ``http_max_connections`` are open gets a 503 with ``Retry-After: 1`` at once and is closed.
+        """
         s = self._settings
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
                                      keepalive_timeout=s.http_keepalive_seconds, max_line_size=s.http_max_line_bytes,
                                      max_field_size=s.http_max_header_bytes, max_headers=s.http_max_headers)
         await self._runner.setup()
-        self._server = self._runner.server
+        server = self._server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= s.http_max_connections:
+                return _Refused(s.http_max_connections)
+            return server()
+
         host, _, port = listen.rpartition(":")
-        site = web.TCPSite(self._runner, host, int(port), backlog=min(s.http_max_connections, 4096))
-        await site.start()
-        sockets = self._runner.addresses
-        self.port = int(sockets[0][1]) if sockets else 0
+        self._listener = await asyncio.get_running_loop().create_server(
+            protocol, host, int(port), backlog=min(s.http_max_connections, 4096), reuse_address=True)
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:
         """Stop accepting and close connections (in-flight requests get a second)."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -127,17 +142,10 @@ class HttpFront:
     @web.middleware
     async def _bounds(self, request: web.Request,
                       handler: Callable[[web.Request], Any]) -> web.StreamResponse:
-        """Connections and in-flight requests bounded; a request id on every answer; errors in OpenAI's shape."""
+        """In-flight requests bounded; a request id on every answer; aiohttp's refusals in OpenAI's shape."""
         given = request.headers.get("x-request-id", "")
         request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         request[REQUEST_ID_KEY] = request_id
-        server = self._server
-        if server is not None and len(server.connections) > self._settings.http_max_connections:
-            response = self._error(request_id, 503, openai.error_body(
-                f"too many connections (limit {self._settings.http_max_connections})", "server_error",
-                code="too_many_connections"), {"Retry-After": "1", "Connection": "close"})
-            response.force_close()
-            return response
         if self._inflight >= self._settings.http_max_streams:
             return self._error(request_id, 429, openai.error_body(
                 f"too many requests in flight over HTTP (limit {self._settings.http_max_streams})",
@@ -315,3 +323,18 @@ class HttpFront:
             await self._write(response, DONE)
         return response
 
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the bound: one 503 in OpenAI's error shape, then closed."""
+
+    def __init__(self, limit: int) -> None:
+        self._body = _dumps(openai.error_body(f"too many connections (limit {limit})", "server_error",
+                                              code="too_many_connections"))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: {JSON}\r\nContent-Length: {len(self._body)}"
+                f"\r\nRetry-After: 1\r\nx-request-id: {uuid.uuid4().hex}\r\nConnection: close\r\n\r\n")
+        transport.write(head.encode() + self._body)
+        transport.close()

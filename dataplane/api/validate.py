@@ -153,6 +153,7 @@ def _sampling(request: inference_pb2.InferRequest) -> tuple[tuple[str, sampling.
             if not math.isfinite(value) or not low <= value <= high or (name == "top_p" and value == 0):
                 raise InvalidArgument(name, f"must be between {low:g} and {high:g}" + (
                     " and above 0" if name == "top_p" else ""))
+            value = round(value, 6)  # the wire's float32 back to the decimal the caller wrote (0.7, not 0.69999…)
         out.append((name, value))
     return tuple(out)
 

@@ -56,10 +56,10 @@ async def test_json_sampling_parameters_for_a_vllm_model(rig) -> None:
     r, base = await declaring(rig, ("text_input", "max_tokens", "stream", "sampling_parameters"))
     status, body, _ = await post(base, "/v1/chat/completions", {
         "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "top_p": 0.5,
-        "presence_penalty": 1.0})
+        "presence_penalty": 1.0, "temperature": 0.7})
     assert status == 200, body
     raw = tensors_of(r.replicas["r1"].requests[0])["sampling_parameters"][2]
-    assert json.loads(raw[4:]) == {"top_p": 0.5, "presence_penalty": 1.0}
+    assert json.loads(raw[4:]) == {"top_p": 0.5, "presence_penalty": 1.0, "temperature": 0.7}
 
 
 async def test_a_parameter_the_model_does_not_declare_is_refused_by_name(rig) -> None:

@@ -13,7 +13,8 @@ from dataplane.api import openai
 from dataplane.api.chat import DEFAULT_TEMPLATE, ChatTemplates, load_template
 from ferry.errors import ConfigError, InvalidArgument
 from tests.dataplane.conftest import KEYS
-from tests.dataplane.fakes import Behaviour, parse
+from tests.dataplane.fakes import Behaviour, parse, route
+from tests.dataplane.test_coldstart import push_and_apply, warming_snapshot
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -205,3 +206,20 @@ async def test_connections_beyond_the_bound_are_refused_and_closed(rig) -> None:
         async with second.get(base + "/v1/models", headers=AUTH) as refused:
             assert refused.status == 503 and refused.headers["Retry-After"] == "1"
             assert (await refused.json())["error"]["code"] == "too_many_connections"
+
+
+async def test_cold_start_is_503_with_retry_after(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour()}, settings={"coldstart_warmup_seconds": 20.0})
+    await push_and_apply(r, warming_snapshot(2, [route(r.replicas["r1"])], warming={"v2": 1}, default_version="v2"))
+    status, body, headers = await post(base, "/v1/completions", {"model": "m", "prompt": "x"},
+                                       {"x-ferry-tier": "interactive"})
+    assert status == 503 and body["error"]["code"] == "model_warming_up"
+    assert "'v2' is warming up" in body["error"]["message"]
+    assert 19 <= int(headers["Retry-After"]) <= 20
+
+
+async def test_deadline_is_504(rig) -> None:
+    r, base = await front(rig, {"h1": Behaviour(kind="hang")})
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "x"}, {"x-ferry-timeout": "0.2"})
+    assert status == 504 and body["error"]["code"] == "deadline_exceeded"
+    await asyncio.wait_for(r.replicas["h1"].cancelled.wait(), 5)

@@ -348,7 +348,7 @@ class HttpSettings:
     http_max_headers: int = 64  # header fields per request; more: 400
     http_max_connections: int = 1024  # open connections; a request on one beyond is 503 and the connection closed
     http_max_streams: int = 4096  # requests in flight over HTTP; beyond: 429 with Retry-After
-    http_keepalive_seconds: float = 15.0  # an idle keep-alive connection is closed after this long
+    http_keepalive_seconds: float = 15.0  # a connection idle this long (before its first request too) is closed
     http_write_timeout_seconds: float = 30.0  # a reader that takes longer to accept one chunk is cut off
 
     def __post_init__(self) -> None:

@@ -223,3 +223,13 @@ async def test_deadline_is_504(rig) -> None:
     status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "x"}, {"x-ferry-timeout": "0.2"})
     assert status == 504 and body["error"]["code"] == "deadline_exceeded"
     await asyncio.wait_for(r.replicas["h1"].cancelled.wait(), 5)
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_keepalive(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()}, settings={"http_keepalive_seconds": 0.2})
+    host, _, port = base.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy, nothing sent
+    finally:
+        writer.close()

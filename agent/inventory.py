@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from agent.states import ReplicaStatus, State
 from agent.triton import ModelEntry, ModelLoad
+from ferry import sampling
 from ferry.v1 import common_pb2, fleet_pb2
 
 PROTO_STATE = {
@@ -45,6 +46,7 @@ class ReplicaSpec:
     kv_block_tokens: int = 0
     max_context_tokens: int = 0
     discovered: bool = False
+    inputs: tuple[str, ...] = ()  # the input tensors the model declares: its accepted sampling parameters
 
     @property
     def key(self) -> tuple[str, str]:
@@ -56,7 +58,7 @@ class ReplicaSpec:
             replica_id=self.replica_id, model=self.model, version=self.version, address=self.address,
             kserve_model=self.kserve_model or self.model, gpus=self.gpus, max_concurrency=self.max_concurrency,
             kv_block_tokens=self.kv_block_tokens, max_context_tokens=self.max_context_tokens,
-            state=PROTO_STATE[state])
+            state=PROTO_STATE[state], inputs=sampling.bounded(self.inputs))
 
 
 @dataclasses.dataclass
@@ -160,7 +162,7 @@ def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address:
             replica_id=rid, model=entry.name, version=entry.version, address=address, endpoint=endpoint,
             kserve_model=entry.name, gpus=gpus, max_concurrency=entry.max_batch_size or default_max_concurrency,
             kv_block_tokens=kv_tokens,
-            max_context_tokens=entry.max_context_tokens, discovered=True)
+            max_context_tokens=entry.max_context_tokens, discovered=True, inputs=entry.inputs)
         if not inventory.upsert(spec):
             refused.append(rid)
     for rid, tracked in list(inventory.replicas.items()):

@@ -45,6 +45,7 @@ from agent.config import AgentSettings
 from agent.inventory import ReplicaSpec
 from agent.replica.engine import EngineParams
 from agent.replica.server import SimulatedReplica
+from agent.replica.tensors import DECLARED
 from ferry import logs, tls
 from ferry.config import load_file
 from ferry.errors import ConfigError
@@ -184,7 +185,8 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
         endpoints = [Endpoint(address=r.address, metrics_url=r.metrics_url, gpus=gpus_each, replicas=(ReplicaSpec(
             replica_id=r.replica_id, model=r.model, version=r.version, address=r.address, kserve_model=r.model,
             gpus=gpus_each, max_concurrency=params.max_running, kv_block_tokens=params.kv_block_tokens,
-            max_context_tokens=params.max_context_tokens),), tls=r.tls is not None) for r in replicas]
+            max_context_tokens=params.max_context_tokens, inputs=tuple(DECLARED)),), tls=r.tls is not None)
+            for r in replicas]
         batch_replicas: tuple[ReplicaSpec, ...] = ()
         if hosted is not None and batch is not None:
             endpoint = batch_endpoint(args.node, hosted, batch)

@@ -10,7 +10,8 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
   ``ensemble`` or ``tensorrt_llm_bls``, not its ``preprocessing`` or
   ``tensorrt_llm`` steps, nor a fixed-batch string model). Batch slots come from
   ``max_batch_size``; block size and context from the ``ferry_*`` config
-  parameters when present.
+  parameters when present; the input names its metadata and config declare go with the replica's
+  registration (which sampling parameters it accepts, :mod:`ferry.sampling`).
 - :meth:`TritonEndpoint.poll`: ModelReady per model, reachability (an
   answer to each ModelReady, else ServerLive), and load from the metrics
   (only the families read, :data:`METRICS_READ`, are parsed): queued = the larger of
@@ -71,6 +72,9 @@ class ModelEntry:
     max_batch_size: int = 0
     kv_block_tokens: int = 0
     max_context_tokens: int = 0
+    # the input tensors its metadata and config declare (which sampling parameters it accepts); left out of
+    # equality, which compares what the model is and holds
+    inputs: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,7 +146,9 @@ class TritonEndpoint:
         params = {k: v.string_value for k, v in config.parameters.items()}
         return ModelEntry(name=name, version=version, ready=bool(ready), max_batch_size=int(config.max_batch_size),
                           kv_block_tokens=_int(params.get("ferry_kv_block_tokens")),
-                          max_context_tokens=_int(params.get("ferry_max_context_tokens")))
+                          max_context_tokens=_int(params.get("ferry_max_context_tokens")),
+                          inputs=tuple(dict.fromkeys([*(t.name for t in meta.inputs),
+                                                      *(i.name for i in config.input)])))
 
     async def poll(self, models: Sequence[ModelKey]) -> EndpointLoad:
         """Reachability and the load of each of ``models``.

@@ -16,7 +16,9 @@ belongs to the narrow frozen part of the component that reads it, and
 - ``coldstart`` (:class:`ColdStartSettings`): :class:`dataplane.admission.coldwait.ColdStarts`;
 - ``idempotency`` (:class:`IdempotencySettings`);
 - ``table`` (:class:`TableSettings`): the table holder's bounds and ring;
-- ``watch`` (:class:`WatchSettings`): the table watch and its usage reports.
+- ``watch`` (:class:`WatchSettings`): the table watch and its usage reports;
+- ``http`` (:class:`HttpSettings`): the OpenAI-compatible HTTP front door
+  (:mod:`dataplane.api.http`), off unless ``http_listen`` is set.
 
 Read with :func:`load`, or ``ProxySettings.from_section(mapping)`` (each key
 routed to the part with a field of its name, values coerced as
@@ -336,6 +338,24 @@ class WatchSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class HttpSettings:
+    """The HTTP front door's address and bounds (:mod:`dataplane.api.http`): body, headers, connections, streams."""
+
+    http_listen: str = ""  # host:port of the HTTP API; empty: no HTTP front door (the --http-listen flag overrides)
+    http_max_body_bytes: int = 8 * 1024 * 1024  # a larger body is 413 naming "body"
+    http_max_line_bytes: int = 8190  # the request line; longer: 400
+    http_max_header_bytes: int = 8190  # one header field; longer: 400
+    http_max_headers: int = 64  # header fields per request; more: 400
+    http_max_connections: int = 1024  # open connections; a request on one beyond is 503 and the connection closed
+    http_max_streams: int = 4096  # requests in flight over HTTP; beyond: 429 with Retry-After
+    http_keepalive_seconds: float = 15.0  # a connection idle this long (before its first request too) is closed
+    http_write_timeout_seconds: float = 30.0  # a reader that takes longer to accept one chunk is cut off
+
+    def __post_init__(self) -> None:
+        _positive({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "http_listen"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ProxySettings:
     """The ``[proxy]`` section: the proxy's id and region, and one part per component; see the module docstring."""
 
@@ -351,6 +371,7 @@ class ProxySettings:
     idempotency: IdempotencySettings = dataclasses.field(default_factory=IdempotencySettings)
     table: TableSettings = dataclasses.field(default_factory=TableSettings)
     watch: WatchSettings = dataclasses.field(default_factory=WatchSettings)
+    http: HttpSettings = dataclasses.field(default_factory=HttpSettings)
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -413,7 +434,7 @@ class ProxyConfig:
     settings: ProxySettings
     tenants: tuple[TenantConfig, ...]
     limits: Limits
-    models: tuple[ModelConfig, ...] = ()  # the catalog: each model's tokenizer file (ferry.tokens)
+    models: tuple[ModelConfig, ...] = ()  # the catalog: each model's tokenizer file (ferry.tokens) and chat_template
 
 
 def load(

@@ -3,9 +3,12 @@
 Flags (every address ``host:port``, port 0 for any free one):
 
 - ``--listen`` (default ``127.0.0.1:0``): the public Inference API;
+- ``--http-listen`` (default ``[proxy] http_listen``, else none): the
+  OpenAI-compatible HTTP API (:mod:`dataplane.api.http`);
 - ``--metrics-listen`` (default ``127.0.0.1:0``): Prometheus ``/metrics``;
 - ``--ready-file PATH``: written once serving, as
-  ``{"grpc", "metrics", "pid", "proxy_id", "region"}`` (docs/CONTRACTS.md);
+  ``{"grpc", "metrics", "pid", "proxy_id", "region"}``, plus ``"http"`` when
+  the HTTP API serves (docs/CONTRACTS.md);
 - ``--control-plane HOST:PORT[,HOST:PORT…]``: where to watch the table;
 - ``--region`` (default from the config, ``local``), ``--id`` (default
   ``<hostname>-<pid>``), ``--config PATH`` (TOML; see ferry.config);
@@ -42,6 +45,8 @@ def parser() -> argparse.ArgumentParser:
     """The flags of ``ferry proxy``."""
     p = argparse.ArgumentParser(prog="ferry proxy", description="Run a Ferry data-plane proxy.")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port of the Inference API (default %(default)s)")
+    p.add_argument("--http-listen", default=None,
+                   help="host:port of the OpenAI-compatible HTTP API (default: [proxy] http_listen, else none)")
     p.add_argument("--metrics-listen", default="127.0.0.1:0", help="host:port of /metrics (default %(default)s)")
     p.add_argument("--ready-file", default=None, help="write the bound addresses here as JSON once serving")
     p.add_argument("--control-plane", default="", help="HOST:PORT[,HOST:PORT...] of the control planes")
@@ -69,15 +74,19 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
     stop = stop_event()
     proxy = Proxy(
         settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes,
-        tls=transport, replica_tls=not args.replica_plaintext, tokenizers=tokenizers,
+        tls=transport, replica_tls=not args.replica_plaintext, tokenizers=tokenizers, models=config.models,
     )
     port = await proxy.start(args.listen)
+    http_listen = args.http_listen if args.http_listen is not None else config.settings.http.http_listen
+    http_port = await proxy.start_http(http_listen) if http_listen else 0
     metrics_port = start_metrics_server(args.metrics_listen)
     host = args.listen.rpartition(":")[0]
     metrics_host = args.metrics_listen.rpartition(":")[0]
     settings = config.settings
+    addresses = {"http": f"{http_listen.rpartition(':')[0]}:{http_port}"} if http_listen else {}
     write_ready_file(args.ready_file, {
         "grpc": f"{host}:{port}",
+        **addresses,
         "metrics": f"{metrics_host}:{metrics_port}",
         "pid": os.getpid(),
         "proxy_id": settings.proxy_id,
@@ -99,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, region=args.region, proxy_id=args.proxy_id)
         control_planes = parse_addresses(args.control_plane)
-        for flag, value in (("--listen", args.listen), ("--metrics-listen", args.metrics_listen)):
+        checked = [("--listen", args.listen), ("--metrics-listen", args.metrics_listen)]
+        if args.http_listen or config.settings.http.http_listen:
+            checked.append(("--http-listen", args.http_listen or config.settings.http.http_listen))
+        for flag, value in checked:
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ConfigError(flag, f"address {value!r}: expected host:port (port 0 for any)")

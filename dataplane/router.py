@@ -54,7 +54,7 @@ from dataplane.admission.tenantlimits import TenantLimits
 from dataplane.api.auth import Authenticator
 from dataplane.api.idempotency import Idempotency
 from dataplane.api.tokenwork import TokenWork
-from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_tier, validate_request
+from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
 from dataplane.config import ProxySettings
 from dataplane.failover.continuation import Delivered, cut_error
 from dataplane.failover.recover import Failover, retry_reason
@@ -222,6 +222,8 @@ class Router:
                                             hashes=valid.prefix_hashes)
         state.version = state.routing.version
         state.model_label = valid.model
+        # a sampling parameter the version's replicas do not declare is refused naming it (dataplane.api.validate)
+        tensors = check_sampling(valid, table.inputs(valid.model, state.version), valid.model, state.version)
         state.call = Call(
             request_id=state.request_id,
             prompt=valid.prompt,
@@ -231,6 +233,7 @@ class Router:
             priority=TIER_PRIORITY[valid.tier],
             tenant=state.tenant.name,
             plan=state.tenant.plan,
+            sampling=tensors,
         )
         self._tenants.enter(state.tenant.name)  # dataplane.admission.limits: one tenant cannot take every slot
         try:

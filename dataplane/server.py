@@ -6,6 +6,9 @@ starts the table watcher when control-plane addresses are given;
 with ``tls`` the public port is TLS (no client certificate asked: tenants
 authenticate by API key) and the proxy uses mutual TLS to the control planes
 and, unless ``replica_tls`` is false, to the replicas;
+``await proxy.start_http(listen) -> port`` adds the OpenAI-compatible HTTP
+front door (:mod:`dataplane.api.http`) on the same loop and router, with each
+model's chat template from ``models`` (:mod:`dataplane.api.chat`);
 ``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
 seconds, stops the watcher and closes the replica clients. Tests run it in
 process; :mod:`dataplane.main` runs it as ``ferry proxy``.
@@ -29,6 +32,8 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from dataplane.api.auth import Authenticator
+from dataplane.api.chat import ChatTemplates, load_template
+from dataplane.api.http import HttpFront
 from dataplane.api.service import InferenceServicer
 from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
@@ -40,7 +45,7 @@ from dataplane.table.local import Table, TableHolder
 from dataplane.table.tenants import TenantSet
 from dataplane.table.watch import TableWatcher
 from ferry.backoff import Backoff
-from ferry.config import TIERS, Limits, TenantConfig
+from ferry.config import TIERS, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.tls import TLSConfig
 from ferry.tokens import Tokenizers
@@ -66,6 +71,7 @@ class Proxy:
         tls: TLSConfig | None = None,
         replica_tls: bool = True,
         tokenizers: Tokenizers | None = None,
+        models: Sequence[ModelConfig] = (),
     ) -> None:
         self.tls = tls  # TLS on the public port; mutual TLS to control planes (and replicas, with replica_tls)
         self.settings = (settings or ProxySettings()).resolved()
@@ -94,6 +100,11 @@ class Proxy:
             tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
         )
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock)
+        self.templates = ChatTemplates(  # raises ConfigError naming a model whose template does not load
+            {m.name: load_template(m.chat_template, f"models.{m.name}.chat_template") for m in models},
+            max_bytes=self.limits.max_prompt_bytes)
+        self.http: HttpFront | None = None
+        self.http_port = 0
         self.watcher: TableWatcher | None = None
         if self.control_planes:
             watch = self.settings.watch
@@ -142,9 +153,20 @@ class Proxy:
             self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")
         return self.port
 
+    async def start_http(self, listen: str = "127.0.0.1:0") -> int:
+        """Serve the HTTP front door on ``listen`` (port 0: any free port); returns the bound port."""
+        self.http = HttpFront(self.router, self.servicer, self.authenticator, self.holder, self.templates,
+                              self.settings.http, default_deadline=self.settings.server.default_deadline_seconds,
+                              clock=self._clock)
+        self.http_port = await self.http.start(listen)
+        return self.http_port
+
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving (in-flight calls get ``grace`` seconds), stop watching, close replica clients."""
         self._stop.set()
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

@@ -21,6 +21,7 @@ File layout (every section optional)::
     default_version = "v1"
     min_gpus = 8
     tokenizer = "/models/chat-large/tokenizer.json"   # optional: its tokens (ferry.tokens); else words
+    chat_template = "/models/chat-large/tokenizer_config.json"  # or the Jinja source; optional
 
     [limits]         # read by the proxy
     [proxy]          # dataplane.config.ProxySettings
@@ -81,12 +82,15 @@ class TenantConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """A model of the catalog: a name, its default version, minimum GPU count and tokenizer file."""
+    """A model of the catalog: a name, its default version, minimum GPU count, tokenizer file and chat template."""
 
     name: str
     default_version: str = "v1"
     min_gpus: int = 1
     tokenizer: str = ""  # a Hugging Face tokenizer.json (ferry.tokens); "": whitespace words
+    # The Jinja chat template of /v1/chat/completions, or a path to a tokenizer_config.json whose
+    # chat_template is used; empty: the default ChatML layout (dataplane.api.chat).
+    chat_template: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,9 @@
 
 Starts ``ferry up`` (one control plane, one proxy, four nodes with eight
 simulated replicas of two models, each its own process), waits for its ready
-file, shows ``ferryctl replicas``, replays the first ``--minutes`` of the
+file, shows ``ferryctl replicas``, sends one chat completion through the
+OpenAI-compatible HTTP front door with the official ``openai`` client
+(:func:`openai_request`), replays the first ``--minutes`` of the
 Mooncake conversation trace at ``--speedup`` with a progress bar (from
 ``traces/`` when ``python -m tools.fetch_traces`` put it there, else the
 bundled excerpt of its first two minutes in ``tools/data``; the replay
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ferry.cli.ctl import main as ctl
 from ferry.procs import Child, ChildFailed
@@ -27,6 +30,27 @@ from tools.fetch_traces import default_trace, trace_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = default_trace()  # traces/mooncake_conversation_trace.jsonl if fetched, else its bundled first 2 minutes
+
+
+def openai_request(ready: dict[str, Any]) -> None:
+    """One streamed chat completion through the HTTP front door with the ``openai`` client; prints it and its usage."""
+    import openai  # the dev extra: the client services already use
+
+    tenant, key = next(iter(ready["api_keys"].items()))
+    model = ready["models"][-1]
+    client = openai.OpenAI(base_url=f"http://{ready['http']}/v1", api_key=key, max_retries=0, timeout=30)
+    print(f"openai client -> http://{ready['http']}/v1 (tenant {tenant}, model {model}):")
+    stream = client.chat.completions.create(model=model, max_tokens=12, stream=True,
+                                            stream_options={"include_usage": True},
+                                            messages=[{"role": "user", "content": "Say hello to the river."}])
+    text: list[str] = []
+    usage: Any = None
+    for chunk in stream:
+        text.extend(c.delta.content or "" for c in chunk.choices)
+        usage = chunk.usage or usage
+    print(f"  assistant: {''.join(text).strip()}")
+    if usage is not None:
+        print(f"  usage: {usage.prompt_tokens} prompt, {usage.completion_tokens} completion tokens\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{len(ready['replicas'])} replicas of {', '.join(ready['models'])}\n")
             ctl.main(["--ready-file", str(up.ready_path), "replicas"])
             print()
+            openai_request(ready)
             code = replay.main(["--trace", args.trace, "--ready-file", str(up.ready_path),
                                 "--minutes", args.minutes, "--speedup", args.speedup,
                                 "--json-out", str(ROOT / "bench-results" / "demo.json"),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
@@ -68,6 +69,27 @@ def _unimplemented(rpc: str) -> Callable[[Any, Any, Any], Awaitable[NoReturn]]:
     return handler
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limit:
+    """How many words a request may emit and why it ends there: ``stop`` (a stop string, or the end) or ``length``."""
+
+    words: int
+    reason: str
+
+
+def stop_limit(parsed: tensors.LlmRequest) -> Limit:
+    """The words before the first stop string of the (deterministic) reply, or ``max_tokens`` (``length``).
+
+    Seeded sampling is a no-op here: the reply is the same words whatever the seed or temperature.
+    """
+    stops = parsed.sampling.get("stop")
+    if isinstance(stops, tuple) and stops:
+        cut = tensors.cut_at_stop(tensors.generated_text(0, parsed.max_tokens), stops)
+        if cut is not None:
+            return Limit(words=cut[1], reason="stop")
+    return Limit(words=parsed.max_tokens, reason="length")
+
+
 class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Triton's gRPC service for one model version served by one engine."""
 
@@ -100,11 +122,14 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         await self._check(request.name, request.version, context)
         p = self.runner.engine.params
-        types = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "BOOL": mc.TYPE_BOOL}
+        types = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "BOOL": mc.TYPE_BOOL, "FP32": mc.TYPE_FP32,
+                 "UINT64": mc.TYPE_UINT64}
         config = mc.ModelConfig(
             name=self.model, platform=PLATFORM, backend="ferry", max_batch_size=p.max_running,
             input=[mc.ModelInput(name=n, data_type=types[t], dims=[1], optional=(n == "stream"))
-                   for n, t in tensors.INPUTS.items()],
+                   for n, t in tensors.INPUTS.items()]
+            + [mc.ModelInput(name=n, data_type=types[t], dims=[-1], optional=True)
+               for n, t in tensors.SAMPLING_INPUTS.items()],
             output=[mc.ModelOutput(name=tensors.OUTPUT, data_type=mc.TYPE_STRING, dims=[-1])],
             model_transaction_policy=mc.ModelTransactionPolicy(decoupled=True),
         )
@@ -142,7 +167,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
     # -- inference -------------------------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        ticket, _ = await self._admit(request, context)
+        ticket, _, limit = await self._admit(request, context)
         try:
             while ticket.finished is None:
                 await ticket.next()
@@ -151,10 +176,12 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 self.runner.cancel(ticket)
         f = ticket.finished
         assert f is not None
+        emitted = min(f.completion_tokens, limit.words)
         return tensors.text_response(
             model=self.model, version=self.version, request_id=request.id,
-            text=tensors.generated_text(0, f.completion_tokens),
-            parameters={**_summary(f), "ferry_completion_tokens": f.completion_tokens},
+            text=tensors.generated_text(0, emitted),
+            parameters={**_summary(f), "ferry_completion_tokens": emitted,
+                        "ferry_finish_reason": limit.reason},
         )
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
@@ -165,9 +192,9 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 if len(tasks) >= self.max_stream_requests:
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                         f"more than {self.max_stream_requests} requests in flight on one stream")
-                ticket, parsed = await self._admit(request, context)
+                ticket, parsed, limit = await self._admit(request, context)
                 incremental = parsed.stream is not False
-                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, context, lock))
+                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, limit, context, lock))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks:
@@ -176,7 +203,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
             for task in tasks:
                 task.cancel()
 
-    async def _stream_one(self, request_id: str, incremental: bool, ticket: Ticket, context: Any,
+    async def _stream_one(self, request_id: str, incremental: bool, ticket: Ticket, limit: Limit, context: Any,
                           lock: asyncio.Lock) -> None:
         sent = 0
         try:
@@ -184,11 +211,14 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 _, finished = await ticket.next()
                 if not incremental and finished is None:
                     continue
-                count = ticket.emitted - sent
-                params: dict[str, bool | int | float] = {"ferry_completion_tokens": count,
-                                                         "triton_final_response": finished is not None}
+                count = max(min(ticket.emitted, limit.words) - sent, 0)
+                if finished is None and count == 0:
+                    continue  # past a stop string: nothing more to say until the end
+                params: dict[str, bool | int | float | str] = {"ferry_completion_tokens": count,
+                                                               "triton_final_response": finished is not None}
                 if finished is not None:
                     params.update(_summary(finished))
+                    params["ferry_finish_reason"] = limit.reason
                 response = tensors.text_response(model=self.model, version=self.version, request_id=request_id,
                                                  text=tensors.generated_text(sent, count), parameters=params)
                 sent += count
@@ -200,15 +230,17 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
             if ticket.finished is None:
                 self.runner.cancel(ticket)
 
-    async def _admit(self, request: pb.ModelInferRequest, context: Any) -> tuple[Ticket, tensors.LlmRequest]:
+    async def _admit(self, request: pb.ModelInferRequest,
+                     context: Any) -> tuple[Ticket, tensors.LlmRequest, Limit]:
         try:
             self._check_or_raise(request.model_name, request.model_version)
             if not self._loaded():
                 raise Unavailable(f"model {self.model}/{self.version} is loading "
                                   f"({self.ready_at - self._clock():.1f} s left)")
             parsed = tensors.parse_request(request)
-            ticket, _ = submit_prompt(self.runner, parsed.prompt, parsed.max_tokens)
-            return ticket, parsed
+            limit = stop_limit(parsed)
+            ticket, _ = submit_prompt(self.runner, parsed.prompt, max(min(parsed.max_tokens, limit.words), 1))
+            return ticket, parsed, limit
         except FerryError as exc:
             await context.abort(status_for(exc), str(exc))
             raise  # not reached: abort raises

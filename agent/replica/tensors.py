@@ -5,7 +5,10 @@ Inputs: ``text_input`` (BYTES), ``max_tokens`` (INT32), optional ``stream``
 ``contents`` or, as tritonclient sends them, in ``raw_input_contents`` (one
 entry per input, in order; BYTES elements are a 4-byte little-endian length
 then the bytes). Output: ``text_output`` (BYTES, ``[1, 1]``) in
-``raw_output_contents``. Every malformed input raises
+``raw_output_contents``. The sampling inputs of :data:`ferry.sampling.TENSORS`
+(``temperature``, ``top_p``, ``top_k``, ``stop_words`` ``[1, n]``,
+``random_seed``, ``presence_penalty``, ``frequency_penalty``) are declared
+optional and parsed into :attr:`LlmRequest.sampling`. Every malformed input raises
 :class:`ferry.errors.InvalidArgument` naming the tensor.
 
 Generated text is whitespace words from a fixed vocabulary
@@ -18,13 +21,16 @@ Cost: O(size of the request) to parse, O(text) to build.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tritonclient.grpc import service_pb2
 
+from ferry import sampling
 from ferry.errors import InvalidArgument
 
 INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL"}
+SAMPLING_INPUTS = {tensor: datatype for tensor, datatype in sampling.TENSORS.values()}
+DECLARED = {**INPUTS, **SAMPLING_INPUTS}  # every input the model declares (the sampling ones optional)
 OUTPUT = "text_output"
 SHAPES = ([1], [1, 1])
 VOCABULARY = ("the", "ferry", "crosses", "a", "river", "of", "tokens", "and", "comes", "back")
@@ -37,6 +43,7 @@ class LlmRequest:
     prompt: str
     max_tokens: int
     stream: bool | None = None
+    sampling: Mapping[str, sampling.SamplingValue] = dataclasses.field(default_factory=dict)
 
 
 def parse_request(request: service_pb2.ModelInferRequest) -> LlmRequest:
@@ -45,10 +52,17 @@ def parse_request(request: service_pb2.ModelInferRequest) -> LlmRequest:
     if raw and len(raw) != len(request.inputs):
         raise InvalidArgument("raw_input_contents", f"{len(raw)} entries for {len(request.inputs)} inputs")
     values: dict[str, object] = {}
+    given: dict[str, sampling.SamplingValue] = {}
     for i, tensor in enumerate(request.inputs):
         name = tensor.name
+        if name in SAMPLING_INPUTS:
+            if sampling.BY_TENSOR[name] in given:
+                raise InvalidArgument(name, "input given twice")
+            param, value = _sampling_value(tensor, raw[i] if raw else None)
+            given[param] = value
+            continue
         if name not in INPUTS:
-            raise InvalidArgument(name or "inputs", f"unknown input tensor (expected {', '.join(INPUTS)})")
+            raise InvalidArgument(name or "inputs", f"unknown input tensor (expected {', '.join(DECLARED)})")
         if name in values:
             raise InvalidArgument(name, "input given twice")
         if tensor.datatype != INPUTS[name]:
@@ -70,7 +84,36 @@ def parse_request(request: service_pb2.ModelInferRequest) -> LlmRequest:
     if max_tokens < 1:
         raise InvalidArgument("max_tokens", f"must be >= 1, got {max_tokens}")
     stream = values.get("stream")
-    return LlmRequest(prompt=prompt, max_tokens=max_tokens, stream=bool(stream) if stream is not None else None)
+    return LlmRequest(prompt=prompt, max_tokens=max_tokens, stream=bool(stream) if stream is not None else None,
+                      sampling=given)
+
+
+def _sampling_value(tensor: service_pb2.ModelInferRequest.InferInputTensor,
+                    raw: bytes | None) -> tuple[str, sampling.SamplingValue]:
+    """One sampling input (raw contents only, as the proxy and tritonclient send them)."""
+    name = tensor.name
+    if raw is None:
+        raise InvalidArgument(name, "expected raw_input_contents")
+    shape = list(tensor.shape)
+    if len(shape) != 2 or shape[0] != 1 or not 1 <= shape[1] <= 16:
+        raise InvalidArgument(name, f"shape must be [1, n] with n 1..16, got {shape}")
+    contents: list[bytes] | bytes = _split_bytes(name, raw) if tensor.datatype == "BYTES" else raw
+    try:
+        return sampling.decode(name, tensor.datatype, contents)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(name, str(exc)) from None
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, int] | None:
+    """``text`` before the first of ``stops`` and its word count (None when no stop string occurs).
+
+    Words are the generated tokens, so the cut falls at a word boundary: the words wholly before the stop string.
+    """
+    found = [i for i in (text.find(stop) for stop in stops if stop) if i >= 0]
+    if not found:
+        return None
+    kept = text[:min(found)].split()
+    return " ".join(kept), len(kept)
 
 
 def _value(name: str, tensor: service_pb2.ModelInferRequest.InferInputTensor, raw: bytes | None) -> object:
@@ -126,7 +169,7 @@ def generated_text(start: int, count: int) -> str:
 
 
 def text_response(*, model: str, version: str, request_id: str, text: str,
-                  parameters: Mapping[str, bool | int | float]) -> service_pb2.ModelInferResponse:
+                  parameters: Mapping[str, bool | int | float | str]) -> service_pb2.ModelInferResponse:
     """A response with ``text_output`` = ``text`` and the given response parameters."""
     response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     out = response.outputs.add()
@@ -138,6 +181,8 @@ def text_response(*, model: str, version: str, request_id: str, text: str,
             response.parameters[key].bool_param = value
         elif isinstance(value, int):
             response.parameters[key].int64_param = value
+        elif isinstance(value, str):
+            response.parameters[key].string_param = value
         else:
             response.parameters[key].double_param = value
     return response

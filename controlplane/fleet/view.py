@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from ferry import sampling
 from ferry.errors import AlreadyExists, Overloaded
 from ferry.v1 import common_pb2, fleet_pb2
 
@@ -266,6 +267,10 @@ class FleetView:
         stored.CopyFrom(info)
         if not stored.kserve_model:
             stored.kserve_model = stored.model
+        if len(stored.inputs) > sampling.MAX_INPUTS or any(len(n) > sampling.MAX_INPUT_CHARS for n in stored.inputs):
+            kept = sampling.bounded(list(stored.inputs))  # bounded: the names every table carries
+            del stored.inputs[:]
+            stored.inputs.extend(kept)
         old = member.replicas.get(info.replica_id)
         if old is not None:
             self._serve(old.address, member.node, -1)

@@ -102,6 +102,7 @@ def compute_tables(
                 address=info.address, kserve_model=info.kserve_model or info.model,
                 max_concurrency=info.max_concurrency, kv_block_tokens=info.kv_block_tokens,
                 max_context_tokens=info.max_context_tokens, load=load, telemetry_age_seconds=age,
+                inputs=info.inputs,  # which sampling parameters the version accepts (ferry.sampling)
             )
             route.load.replica_id = replica_id
             route.load.state = READY

@@ -63,6 +63,15 @@ def caller_request_id(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str,
     return "", None
 
 
+def finish_reason(state: RequestState) -> str:
+    """Why generation ended: the replica's ``ferry_finish_reason`` when it sent one, else ``length`` when the output
+    reached ``max_tokens`` and ``stop`` (end of text or a stop string) when it did not."""
+    if state.outcome.finish_reason:
+        return state.outcome.finish_reason
+    asked = state.request.max_tokens if state.request is not None else 0
+    return "length" if asked and state.outcome.completion_tokens >= asked else "stop"
+
+
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """The public Inference API of one proxy."""
 
@@ -91,7 +100,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         except FerryError as error:
             await self._fail(state, error, context)
         except asyncio.CancelledError:
-            self._count(state, "CANCELLED")
+            self.count(state, "CANCELLED")
             raise
         except Exception as exc:  # a bug: answer INTERNAL, keep serving
             await self._crash(state, exc, context)
@@ -115,13 +124,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             else:
                 response = await self._answer(state)
         state.outcome.ttft_seconds = self._clock() - state.started  # the whole answer is the first token
-        self._succeed(state)
+        self.succeed(state)
         return response
 
     async def _answer(self, state: RequestState) -> inference_pb2.InferResponse:
         await self._router.infer(state)
         state.outcome.ttft_seconds = self._clock() - state.started
-        return self._summary(state, state.outcome.text)
+        return self.summary(state, state.outcome.text)
 
     async def InferStream(
         self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
@@ -141,10 +150,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                         first = self._clock() - state.started
                     yield inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens)
         state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
-        self._succeed(state, streamed=first is not None)
-        yield inference_pb2.InferChunk(final=True, summary=self._summary(state, ""))
+        self.succeed(state, streamed=first is not None)
+        yield inference_pb2.InferChunk(final=True, summary=self.summary(state, ""))
 
-    def _summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
+    def summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
+        """The ``InferResponse`` of a finished request (shared with the HTTP front door)."""
         outcome = state.outcome
         proxy_wait = max(state.forwarded_at - state.started, 0.0)
         return inference_pb2.InferResponse(
@@ -160,6 +170,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             model_version=state.version,
             cached_prompt_tokens=outcome.cached_tokens,
             ttft_seconds=outcome.ttft_seconds,
+            finish_reason=finish_reason(state),
         )
 
     def _timing(self, model: str, tier: str) -> tuple[Any, ...]:
@@ -172,7 +183,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                                           m.generation_tokens, m.cached_tokens))
         return found
 
-    def _count(self, state: RequestState, status: str) -> float:
+    def count(self, state: RequestState, status: str) -> float:
+        """Count one finished request under its gRPC status name (both fronts); returns its duration."""
         elapsed = self._clock() - state.started
         key = (state.model_label, state.tier_label, status)
         counter = self._requests.get(key)
@@ -184,8 +196,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                                   spilled=state.spilled is not None)  # dataplane.usage: the watch's report
         return elapsed
 
-    def _succeed(self, state: RequestState, *, streamed: bool = False) -> None:
-        elapsed = self._count(state, "OK")
+    def succeed(self, state: RequestState, *, streamed: bool = False) -> None:
+        """Count a request that succeeded (both fronts): its time to first token, its tokens, and for a stream
+        the time per output token after the first."""
+        elapsed = self.count(state, "OK")
         outcome = state.outcome
         _, ttft, tpot, prompt, generation, cached = self._timing(state.model_label, state.tier_label)
         ttft.observe(outcome.ttft_seconds)
@@ -196,21 +210,25 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             tpot.observe((elapsed - outcome.ttft_seconds) / (outcome.completion_tokens - 1))
 
     async def _crash(self, state: RequestState, exc: Exception, context: grpc.aio.ServicerContext) -> None:
-        self._count(state, "INTERNAL")
+        self.count(state, "INTERNAL")
         log.exception(json.dumps({"event": "request_crashed", "request_id": state.request_id}))
         message = f"internal error ({type(exc).__name__}); request {state.request_id}"
         await context.abort(grpc.StatusCode.INTERNAL, message)
+
+    def failed(self, state: RequestState, error: FerryError, status: str) -> None:
+        """Count a failed request under ``status`` and write its one log line (both fronts)."""
+        elapsed = self.count(state, status)
+        tenant = state.tenant.name if state.tenant else ""
+        event(log, "request_failed", logging.WARNING, request_id=state.request_id, tenant=tenant,
+              model=state.model_label, tier=state.tier_label, status=status, error=type(error).__name__,
+              reason=str(error), attempts=state.attempts, replica_id=state.replica_id,
+              duration_seconds=round(elapsed, 6))
 
     async def _fail(self, state: RequestState, error: FerryError, context: grpc.aio.ServicerContext) -> None:
         code = status_for(error)
         if isinstance(error, DeadlineExceeded) and context.cancelled():
             code = grpc.StatusCode.CANCELLED
-        elapsed = self._count(state, code.name)
-        tenant = state.tenant.name if state.tenant else ""
-        event(log, "request_failed", logging.WARNING, request_id=state.request_id, tenant=tenant,
-              model=state.model_label, tier=state.tier_label, status=code.name, error=type(error).__name__,
-              reason=str(error), attempts=state.attempts, replica_id=state.replica_id,
-              duration_seconds=round(elapsed, 6))
+        self.failed(state, error, code.name)
         trailing: tuple[tuple[str, str], ...] = ()
         if isinstance(error, Overloaded | WarmingUp):
             trailing = (("retry-after", f"{error.retry_after:g}"),)

@@ -9,7 +9,14 @@ Pure functions, no I/O. Checks, in field order, each raising
 - ``prompt``: required, at most ``max_prompt_bytes``;
 - ``max_tokens``: 1 .. ``max_tokens``;
 - ``prefix_key``: at most ``max_prefix_key_bytes``;
-- ``idempotency_key``: at most ``max_idempotency_key_bytes``.
+- ``idempotency_key``: at most ``max_idempotency_key_bytes``;
+- sampling (each optional): ``temperature`` 0..2, ``top_p`` (0, 1], ``top_k``,
+  ``stop`` at most 4 strings of 1..64 bytes, ``seed``, ``presence_penalty``
+  and ``frequency_penalty`` -2..2 (:mod:`ferry.sampling`).
+
+:func:`check_sampling` then refuses (InvalidArgument naming it) a sampling
+parameter the resolved version's replicas do not all declare, and encodes the
+others as the replica's input tensors.
 
 Then :func:`check_tier` raises :class:`ferry.errors.PermissionDenied` naming
 the tier when the tenant's plan does not allow it, and :func:`resolve`
@@ -33,9 +40,12 @@ other fields are short.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Collection
 
 from dataplane.pick.prefix import DEPTHS, leading_hashes
 from dataplane.table.local import Pool, Table
+from ferry import sampling
 from ferry.config import Limits, TenantConfig
 from ferry.errors import InvalidArgument, PermissionDenied
 from ferry.tokens import WHITESPACE, Encoded, Tokenizer
@@ -64,6 +74,7 @@ class ValidRequest:
     prefix_key: str
     idempotency_key: str
     prefix_hashes: tuple[int, ...] = ()  # chained hashes of the leading blocks (none with a prefix_key)
+    sampling: tuple[tuple[str, sampling.SamplingValue], ...] = ()  # the sampling parameters given, in field order
 
 
 def _bounded(value: str, field: str, limit: int, *, required: bool = False) -> bytes:
@@ -103,6 +114,7 @@ def validate_request(request: inference_pb2.InferRequest, limits: Limits,
         raise InvalidArgument("max_tokens", f"over the limit of {limits.max_tokens}")
     _bounded(request.prefix_key, "prefix_key", limits.max_prefix_key_bytes)
     _bounded(request.idempotency_key, "idempotency_key", limits.max_idempotency_key_bytes)
+    given = _sampling(request)
     if encoded is None and tokenizer.hf is None:
         words = request.prompt.split()
         encoded = Encoded(len(words), () if request.prefix_key else tuple(leading_hashes(words, prefix_blocks)))
@@ -118,7 +130,57 @@ def validate_request(request: inference_pb2.InferRequest, limits: Limits,
         prefix_key=request.prefix_key,
         idempotency_key=request.idempotency_key,
         prefix_hashes=() if request.prefix_key else encoded.hashes,
+        sampling=given,
     )
+
+
+MAX_STOP, MAX_STOP_BYTES = 4, 64
+_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+           "frequency_penalty": (-2.0, 2.0)}
+
+
+def _sampling(request: inference_pb2.InferRequest) -> tuple[tuple[str, sampling.SamplingValue], ...]:
+    """The sampling parameters set on ``request``, checked; raises InvalidArgument naming the first bad one."""
+    out: list[tuple[str, sampling.SamplingValue]] = []
+    for name in sampling.PARAMETERS:
+        if name == "stop":
+            stops = tuple(request.stop)
+            if not stops:
+                continue
+            if len(stops) > MAX_STOP:
+                raise InvalidArgument("stop", f"at most {MAX_STOP} strings")
+            for i, text in enumerate(stops):
+                if not text or len(text.encode()) > MAX_STOP_BYTES:
+                    raise InvalidArgument(f"stop[{i}]", f"must be 1 to {MAX_STOP_BYTES} bytes")
+            out.append(("stop", stops))
+            continue
+        if not request.HasField(name):
+            continue
+        value = getattr(request, name)
+        if name in _RANGES:
+            low, high = _RANGES[name]
+            if not math.isfinite(value) or not low <= value <= high or (name == "top_p" and value == 0):
+                raise InvalidArgument(name, f"must be between {low:g} and {high:g}" + (
+                    " and above 0" if name == "top_p" else ""))
+            value = round(value, 6)  # the wire's float32 back to the decimal the caller wrote (0.7, not 0.69999…)
+        out.append((name, value))
+    return tuple(out)
+
+
+def check_sampling(valid: ValidRequest, inputs: Collection[str], model: str,
+                   version: str) -> tuple[sampling.Tensor, ...]:
+    """The input tensors of the request's sampling parameters for a version whose replicas declare ``inputs``.
+
+    Raises InvalidArgument naming the first parameter the model does not accept (never dropped silently).
+    """
+    if not valid.sampling:
+        return ()
+    ok = sampling.accepted(inputs)
+    for name, _ in valid.sampling:
+        if name not in ok:
+            raise InvalidArgument(name, f"model {model!r} version {version!r} does not accept it "
+                                        f"(accepted: {', '.join(sorted(ok)) or 'none'})")
+    return sampling.encode(dict(valid.sampling), inputs)
 
 
 def check_tier(tier: str, tenant: TenantConfig) -> None:

@@ -49,6 +49,7 @@ from tritonclient.utils import InferenceServerException
 from dataplane.forward.clients import ClientPool
 from dataplane.table.local import Replica
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
+from ferry.sampling import Tensor
 from ferry.tokens import count_tokens
 
 RETRYABLE = frozenset(
@@ -77,6 +78,7 @@ class Call:
     priority: int
     tenant: str
     plan: str
+    sampling: tuple[Tensor, ...] = ()  # the sampling parameters' input tensors (ferry.sampling)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,6 +94,7 @@ class Outcome:
     ttft_seconds: float = 0.0
     cached_reported: bool = False  # the replica sent ferry_cached_tokens
     completion_reported: bool = False  # the replica sent ferry_completion_tokens (else counted here, in words)
+    finish_reason: str = ""  # the replica's ferry_finish_reason ("stop" or "length"), when it sent one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,7 +112,8 @@ _TRUE = b"\x01"
 
 def request_message(call: Call, model: str, *, stream: bool) -> pb.ModelInferRequest:
     """The ``ModelInferRequest`` of ``call``: ``text_input`` BYTES [1, 1], ``max_tokens`` INT32 [1, 1] and, for
-    a stream, ``stream`` BOOL [1, 1] as raw contents; the request id; ``priority`` (when not 0) and the
+    a stream, ``stream`` BOOL [1, 1] as raw contents, then the sampling inputs the proxy encoded for the model
+    (:mod:`ferry.sampling`); the request id; ``priority`` (when not 0) and the
     ``ferry_*`` parameters. Field for field what tritonclient's client builds from the same inputs."""
     request = pb.ModelInferRequest(model_name=model, id=call.request_id)
     request.inputs.add(name="text_input", datatype="BYTES", shape=(1, 1))
@@ -118,6 +122,9 @@ def request_message(call: Call, model: str, *, stream: bool) -> pb.ModelInferReq
     if stream:
         request.inputs.add(name="stream", datatype="BOOL", shape=(1, 1))
         raw.append(_TRUE)
+    for name, datatype, shape, contents in call.sampling:
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+        raw.append(contents)
     request.raw_input_contents.extend(raw)
     params = request.parameters
     if call.priority:
@@ -202,6 +209,9 @@ def _fill(outcome: Outcome, params: Any) -> bool:
     service = _param(params, "ferry_service_seconds")
     if service is not None:
         outcome.service_seconds = float(service)
+    finish = _param(params, "ferry_finish_reason")
+    if finish in ("stop", "length"):
+        outcome.finish_reason = finish
     return service is not None
 
 

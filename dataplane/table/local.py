@@ -61,6 +61,7 @@ from dataplane.admission.coldstart import Warming, carry
 from dataplane.pick.pool import Pool, Replica, RingCache, make_pool, smoothed_loads
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.table.tenants import MAX_TENANTS, TenantsRejected, parse_tenants
+from ferry import sampling
 from ferry.config import TIERS, TenantConfig
 from ferry.errors import FerryError, NotFound
 from ferry.grpcutil import split_address
@@ -105,6 +106,9 @@ class ModelEntry:
     by_version: Mapping[str, Pool]
     split: tuple[tuple[float, str], ...] = ()
     warming: Mapping[str, Warming] = dataclasses.field(default_factory=dict)  # versions warming (admission.coldstart)
+    # version -> the input tensors every routable replica of it declares ("" : the default pool's); which
+    # sampling parameters it accepts (ferry.sampling)
+    inputs: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -125,6 +129,14 @@ class Table:
     tier_quotas: tuple[tables_pb2.TierQuota, ...] = ()  # reserved shares per tier (read by dataplane.admission.gate)
     tenants: tuple[TenantConfig, ...] | None = None  # the managed tenant set; None: the proxy's configured ones
     tenant_routes: tuple[tables_pb2.TenantRoute, ...] = ()  # what ``tenants`` was parsed from (reused when equal)
+
+    def inputs(self, model: str, version: str) -> frozenset[str]:
+        """The input tensors every routable replica of ``model`` ``version`` declares (empty when unknown)."""
+        entry = self.models.get(model)
+        if entry is None:
+            return frozenset()
+        found = entry.inputs.get(version)
+        return found if found is not None else entry.inputs.get("", frozenset())
 
     def candidates(self, model: str, version: str, u: float = 0.0) -> tuple[str, Pool]:
         """(the version served, its pool); ``u`` in [0, 1) draws the canary split when no version is named.
@@ -276,6 +288,7 @@ def build_table(
         if route.model in models:
             raise _reject(snapshot, f"model {route.model!r} appears twice")
         by_version: dict[str, list[Replica]] = {}
+        declared: dict[str, frozenset[str]] = {}  # version -> inputs all its routable replicas declare
         for replica_route, replica in zip(route.replicas, parsed_replicas, strict=True):
             replica = dataclasses.replace(replica, smoothed=smoothed[replica.replica_id])
             if replica.replica_id in seen:
@@ -285,6 +298,8 @@ def build_table(
             if replica_route.load.state in ROUTABLE_STATES:
                 routable.append(replica)
                 addresses.add(replica.address)
+                names = frozenset(sampling.bounded(list(replica_route.inputs)))
+                declared[replica.version] = declared.get(replica.version, names) & names
         if route.default_version:
             by_version.setdefault(route.default_version, [])
         earlier = previous.models.get(route.model) if previous is not None else None
@@ -300,7 +315,10 @@ def build_table(
                            load_factor=factor, rings=rings)
         )
         split = _split(snapshot, route, pools)
-        models[route.model] = ModelEntry(route.model, route.default_version, default, pools, split, warming)
+        everywhere = frozenset.intersection(*declared.values()) if declared else frozenset()
+        inputs = {**declared, "": declared.get(route.default_version, frozenset()) if route.default_version
+                  else everywhere}
+        models[route.model] = ModelEntry(route.model, route.default_version, default, pools, split, warming, inputs)
     return Table(
         version=snapshot.version,
         nonce=snapshot.nonce,

@@ -35,7 +35,7 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., region: _Optional[str] = ..., gpus: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ..., join_token: _Optional[str] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "model", "version", "address", "kserve_model", "gpus", "max_concurrency", "kv_block_tokens", "max_context_tokens", "state")
+    __slots__ = ("replica_id", "model", "version", "address", "kserve_model", "gpus", "max_concurrency", "kv_block_tokens", "max_context_tokens", "state", "inputs")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class ReplicaInfo(_message.Message):
     KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    INPUTS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     version: str
@@ -56,7 +57,8 @@ class ReplicaInfo(_message.Message):
     kv_block_tokens: int
     max_context_tokens: int
     state: _common_pb2.ReplicaState
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., gpus: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.ReplicaState, str]] = ...) -> None: ...
+    inputs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., gpus: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.ReplicaState, str]] = ..., inputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Telemetry(_message.Message):
     __slots__ = ("seq", "replicas", "changed", "removed")

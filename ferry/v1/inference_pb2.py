@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ferry.v1 import common_pb2 as ferry_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65rry/v1/inference.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"\x9d\x01\n\x0cInferRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x1c\n\x04tier\x18\x03 \x01(\x0e\x32\x0e.ferry.v1.Tier\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nprefix_key\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\"\x94\x02\n\rInferResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x12\n\nreplica_id\x18\x04 \x01(\t\x12\x0e\n\x06region\x18\x05 \x01(\t\x12\x15\n\rqueue_seconds\x18\x06 \x01(\x01\x12\x17\n\x0fservice_seconds\x18\x07 \x01(\x01\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x15\n\rmodel_version\x18\n \x01(\t\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0b \x01(\r\x12\x14\n\x0cttft_seconds\x18\x0c \x01(\x01\"c\n\nInferChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12(\n\x07summary\x18\x04 \x01(\x0b\x32\x17.ferry.v1.InferResponse2\x84\x01\n\tInference\x12\x38\n\x05Infer\x12\x16.ferry.v1.InferRequest\x1a\x17.ferry.v1.InferResponse\x12=\n\x0bInferStream\x12\x16.ferry.v1.InferRequest\x1a\x14.ferry.v1.InferChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x65rry/v1/inference.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"\x97\x03\n\x0cInferRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x1c\n\x04tier\x18\x03 \x01(\x0e\x32\x0e.ferry.v1.Tier\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x12\n\nmax_tokens\x18\x05 \x01(\r\x12\x12\n\nprefix_key\x18\x06 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x07 \x01(\t\x12\x18\n\x0btemperature\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\t \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\n \x01(\rH\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x0b \x03(\t\x12\x11\n\x04seed\x18\x0c \x01(\x04H\x03\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\r \x01(\x02H\x04\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0e \x01(\x02H\x05\x88\x01\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\"\xab\x02\n\rInferResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x12\n\nreplica_id\x18\x04 \x01(\t\x12\x0e\n\x06region\x18\x05 \x01(\t\x12\x15\n\rqueue_seconds\x18\x06 \x01(\x01\x12\x17\n\x0fservice_seconds\x18\x07 \x01(\x01\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\x10\n\x08\x61ttempts\x18\t \x01(\r\x12\x15\n\rmodel_version\x18\n \x01(\t\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0b \x01(\r\x12\x14\n\x0cttft_seconds\x18\x0c \x01(\x01\x12\x15\n\rfinish_reason\x18\r \x01(\t\"c\n\nInferChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x01(\r\x12\r\n\x05\x66inal\x18\x03 \x01(\x08\x12(\n\x07summary\x18\x04 \x01(\x0b\x32\x17.ferry.v1.InferResponse2\x84\x01\n\tInference\x12\x38\n\x05Infer\x12\x16.ferry.v1.InferRequest\x1a\x17.ferry.v1.InferResponse\x12=\n\x0bInferStream\x12\x16.ferry.v1.InferRequest\x1a\x14.ferry.v1.InferChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ferry.v1.inference_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_INFERREQUEST']._serialized_start=62
-  _globals['_INFERREQUEST']._serialized_end=219
-  _globals['_INFERRESPONSE']._serialized_start=222
-  _globals['_INFERRESPONSE']._serialized_end=498
-  _globals['_INFERCHUNK']._serialized_start=500
-  _globals['_INFERCHUNK']._serialized_end=599
-  _globals['_INFERENCE']._serialized_start=602
-  _globals['_INFERENCE']._serialized_end=734
+  _globals['_INFERREQUEST']._serialized_end=469
+  _globals['_INFERRESPONSE']._serialized_start=472
+  _globals['_INFERRESPONSE']._serialized_end=771
+  _globals['_INFERCHUNK']._serialized_start=773
+  _globals['_INFERCHUNK']._serialized_end=872
+  _globals['_INFERENCE']._serialized_start=875
+  _globals['_INFERENCE']._serialized_end=1007
 # @@protoc_insertion_point(module_scope)

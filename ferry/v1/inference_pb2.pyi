@@ -1,13 +1,14 @@
 from ferry.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InferRequest(_message.Message):
-    __slots__ = ("model", "version", "tier", "prompt", "max_tokens", "prefix_key", "idempotency_key")
+    __slots__ = ("model", "version", "tier", "prompt", "max_tokens", "prefix_key", "idempotency_key", "temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +16,13 @@ class InferRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_KEY_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     tier: _common_pb2.Tier
@@ -22,10 +30,17 @@ class InferRequest(_message.Message):
     max_tokens: int
     prefix_key: str
     idempotency_key: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prefix_key: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    seed: int
+    presence_penalty: float
+    frequency_penalty: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prefix_key: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
 
 class InferResponse(_message.Message):
-    __slots__ = ("text", "prompt_tokens", "completion_tokens", "replica_id", "region", "queue_seconds", "service_seconds", "request_id", "attempts", "model_version", "cached_prompt_tokens", "ttft_seconds")
+    __slots__ = ("text", "prompt_tokens", "completion_tokens", "replica_id", "region", "queue_seconds", "service_seconds", "request_id", "attempts", "model_version", "cached_prompt_tokens", "ttft_seconds", "finish_reason")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +53,7 @@ class InferResponse(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     text: str
     prompt_tokens: int
     completion_tokens: int
@@ -50,7 +66,8 @@ class InferResponse(_message.Message):
     model_version: str
     cached_prompt_tokens: int
     ttft_seconds: float
-    def __init__(self, text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ..., region: _Optional[str] = ..., queue_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ..., request_id: _Optional[str] = ..., attempts: _Optional[int] = ..., model_version: _Optional[str] = ..., cached_prompt_tokens: _Optional[int] = ..., ttft_seconds: _Optional[float] = ...) -> None: ...
+    finish_reason: str
+    def __init__(self, text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., replica_id: _Optional[str] = ..., region: _Optional[str] = ..., queue_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ..., request_id: _Optional[str] = ..., attempts: _Optional[int] = ..., model_version: _Optional[str] = ..., cached_prompt_tokens: _Optional[int] = ..., ttft_seconds: _Optional[float] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class InferChunk(_message.Message):
     __slots__ = ("text", "tokens", "final", "summary")

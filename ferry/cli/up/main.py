@@ -6,7 +6,8 @@ replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
 Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
-``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
+``--ready-file`` (``data_plane``, ``http`` (the proxy's OpenAI-compatible HTTP
+API, docs/api.md; ``http_by_region`` with regions), ``control_plane``, ``control_planes``,
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs
 until SIGINT or SIGTERM, then stops every child.
@@ -162,7 +163,8 @@ class Fleet:
         cp_addr = addresses[0]
         for region in regions:  # one proxy per region: "proxy" (id proxy-1) alone, else proxy-a, proxy-b, …
             name = "proxy" if len(regions) == 1 else f"proxy-{region}"
-            self.proxies[region] = self._spawn(name, ["proxy", "--listen", "127.0.0.1:0", "--control-plane",
+            self.proxies[region] = self._spawn(name, ["proxy", "--listen", "127.0.0.1:0",
+                                                      "--http-listen", "127.0.0.1:0", "--control-plane",
                                                       ",".join(addresses), "--region", region, "--id",
                                                       "proxy-1" if len(regions) == 1 else name, *cfg])
         self.proxy = self.proxies[regions[0]]
@@ -264,6 +266,8 @@ class Fleet:
         info: dict[str, Any] = {
             "data_plane": self.proxy.ready["grpc"],
             "data_planes": {region: child.ready["grpc"] for region, child in self.proxies.items()},
+            "http": self.proxy.ready.get("http", ""),  # the OpenAI-compatible HTTP API (dataplane.api.http)
+            "http_by_region": {region: child.ready.get("http", "") for region, child in self.proxies.items()},
             "control_plane": self.control_plane.ready["grpc"],
             "control_planes": [cp.ready["grpc"] for cp in self.control_planes],
             "region": self.args.region,
@@ -360,6 +364,7 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
     print(f"ferry up: {what}, 1 proxy, {nodes} nodes, {len(info['replicas'])} replicas ({models}) "
           f"in region {info['region']}")
     print(f"  data plane     {info['data_plane']}")
+    print(f"  HTTP API       http://{info['http']}/v1")
     print(f"  control plane  {', '.join(planes)}")
     if "etcd" in info:
         print(f"  etcd           {info['etcd']}")

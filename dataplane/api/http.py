@@ -1,0 +1,341 @@
+"""The OpenAI-compatible HTTP front door: aiohttp on the proxy's event loop, into the same :class:`Router` as gRPC.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``. A connection accepted beyond
+``http_max_connections`` gets a 503 with ``Retry-After`` at once and is closed.
+Per request, in this order: the in-flight bound (``http_max_streams``: 429
+with ``Retry-After``), authentication
+(``Authorization: Bearer KEY`` or ``x-api-key``; 401), the body read up to
+``http_max_body_bytes`` (413 naming ``body``; parsed as JSON whatever its
+``Content-Type``, as ``curl -d`` sends a form type), the pure translation
+(:mod:`dataplane.api.openai`, 400 naming the field), the chat template
+(:mod:`dataplane.api.chat`), then exactly what the gRPC servicer does:
+:meth:`Router.begin` (validation, tier, table, admission), the idempotency
+join for a unary request with an ``Idempotency-Key``, :meth:`Router.infer` or
+:meth:`Router.stream` (retries, continuation), :meth:`Router.end`; metrics and
+the failure log line through the servicer's :meth:`count`/:meth:`failed`, so
+both fronts are counted alike (status label: the gRPC code name).
+
+Headers in: ``x-ferry-tier`` (``interactive``/``standard``/``batch``;
+absent: ``standard`` when the tenant's plan allows it, else its first tier),
+``Idempotency-Key``, ``x-request-id`` (else one is made),
+``x-ferry-timeout`` (seconds; else the proxy's default deadline). Out:
+``x-request-id`` on every answer, ``Retry-After`` (whole seconds, rounded up)
+on 429 and on a 503 of a version still warming up.
+
+Streams (``"stream": true``) are server-sent events: the first event is
+sent only once the first piece arrived (so an error before any output is a
+plain JSON error with its status), then one event per piece, a last chunk
+with ``finish_reason`` and ``usage``, and ``data: [DONE]``. A failure after
+output is one ``data: {"error": …}`` event, then the stream ends (no
+``[DONE]``). Each write waits for the socket to drain below aiohttp's
+high-water mark, so a slow reader holds back the replica's stream instead of
+filling memory, and one that takes longer than ``http_write_timeout_seconds``
+to take a chunk is cut off. A client that disconnects cancels its handler
+(``handler_cancellation``), which cancels the replica call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from aiohttp import web
+
+from dataplane.api import openai
+from dataplane.api.auth import Authenticator
+from dataplane.api.chat import ChatTemplates
+from dataplane.api.idempotency import body_digest
+from dataplane.api.service import REQUEST_ID, InferenceServicer
+from dataplane.config import HttpSettings
+from dataplane.router import RequestState, Router
+from dataplane.table.local import TableHolder
+from ferry.errors import FerryError, InvalidArgument
+from ferry.grpcutil import status_for
+from ferry.v1 import inference_pb2
+
+log = logging.getLogger("ferry.proxy")
+
+JSON = "application/json"
+DONE = b"data: [DONE]\n\n"
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
+
+
+def _retry_header(seconds: float | None) -> dict[str, str]:
+    return {} if seconds is None else {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+class HttpFront:
+    """One proxy's HTTP API; see the module docstring."""
+
+    def __init__(self, router: Router, servicer: InferenceServicer, authenticator: Authenticator,
+                 holder: TableHolder, templates: ChatTemplates, settings: HttpSettings, *,
+                 default_deadline: float, clock: Callable[[], float]) -> None:
+        self._router = router
+        self._servicer = servicer
+        self._auth = authenticator
+        self._holder = holder
+        self._templates = templates
+        self._settings = settings
+        self._deadline = default_deadline
+        self._clock = clock
+        self._inflight = 0
+        self._runner: web.AppRunner | None = None
+        self._server: web.Server | None = None
+        self._listener: asyncio.Server | None = None
+        self.port = 0
+
+    def app(self) -> web.Application:
+        """The aiohttp application (routes and the body bound)."""
+        app = web.Application(client_max_size=self._settings.http_max_body_bytes,
+                              middlewares=[self._bounds])
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def start(self, listen: str) -> int:
+        """Serve on ``listen`` (``host:port``, port 0: any free one); returns the bound port.
+
+        The listener's protocol factory holds the connection bound: a connection accepted while
+        ``http_max_connections`` are open gets a 503 with ``Retry-After: 1`` at once and is closed.
+        """
+        s = self._settings
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                                     keepalive_timeout=s.http_keepalive_seconds, max_line_size=s.http_max_line_bytes,
+                                     max_field_size=s.http_max_header_bytes, max_headers=s.http_max_headers)
+        await self._runner.setup()
+        server = self._server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= s.http_max_connections:
+                return _Refused(s.http_max_connections)
+            return server()
+
+        host, _, port = listen.rpartition(":")
+        self._listener = await asyncio.get_running_loop().create_server(
+            protocol, host, int(port), backlog=min(s.http_max_connections, 4096), reuse_address=True)
+        self.port = int(self._listener.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop accepting and close connections (in-flight requests get a second)."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _bounds(self, request: web.Request,
+                      handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        """In-flight requests bounded; a request id on every answer; aiohttp's refusals in OpenAI's shape."""
+        given = request.headers.get("x-request-id", "")
+        request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        request[REQUEST_ID_KEY] = request_id
+        if self._inflight >= self._settings.http_max_streams:
+            return self._error(request_id, 429, openai.error_body(
+                f"too many requests in flight over HTTP (limit {self._settings.http_max_streams})",
+                "rate_limit_error", code="rate_limit_exceeded"), {"Retry-After": "1"})
+        if given and not REQUEST_ID.fullmatch(given):
+            return self._error(request_id, 400, openai.error_body(
+                "x-request-id: must be 1 to 64 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error",
+                param="x-request-id", code="invalid_value"))
+        self._inflight += 1
+        try:
+            result: web.StreamResponse = await handler(request)
+            return result
+        except web.HTTPException as exc:  # aiohttp's own refusals (405, 404 route, 413) in OpenAI's shape
+            status = exc.status
+            param = "body" if status == 413 else None
+            reason = (f"body: larger than {self._settings.http_max_body_bytes} bytes" if status == 413
+                      else f"{request.method} {request.path[:128]}: {exc.reason}")
+            return self._error(request_id, status, openai.error_body(
+                reason, "invalid_request_error", param=param, code="body_too_large" if status == 413 else None))
+        finally:
+            self._inflight -= 1
+
+    def _error(self, request_id: str, status: int, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(status=status, body=_dumps(body), content_type=JSON,
+                            headers={"x-request-id": request_id, **(headers or {})})
+
+    def _metadata(self, request: web.Request) -> list[tuple[str, str]]:
+        """The headers the router's authentication reads, as gRPC-style metadata."""
+        out = []
+        for name in ("authorization", "x-api-key"):
+            value = request.headers.get(name)
+            if value is not None:
+                out.append((name, value))
+        return out
+
+    def _tier(self, request: web.Request, metadata: list[tuple[str, str]]) -> str:
+        """The tier asked in ``x-ferry-tier``, else the tenant's default (``standard`` when allowed)."""
+        asked = request.headers.get("x-ferry-tier", "").strip().lower()
+        if asked:
+            return asked
+        tenant = self._auth.authenticate(metadata)
+        return "standard" if "standard" in tenant.tiers or not tenant.tiers else tenant.tiers[0]
+
+    def _timeout(self, request: web.Request) -> float:
+        raw = request.headers.get("x-ferry-timeout")
+        if raw is None:
+            return self._deadline
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds <= self._deadline:
+            raise InvalidArgument("x-ferry-timeout", f"must be seconds, above 0 and at most {self._deadline:g}")
+        return seconds
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        request_id = request[REQUEST_ID_KEY]
+        try:
+            self._auth.authenticate(self._metadata(request))
+            table = self._holder.table
+            names = sorted(table.models) if table is not None else []
+        except FerryError as error:
+            status, body, retry = openai.error_of(error)
+            return self._error(request_id, status, body, _retry_header(retry))
+        return web.Response(body=_dumps(openai.models(names, int(time.time()))), content_type=JSON,
+                            headers={"x-request-id": request_id})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _parse(self, request: web.Request, chat: bool) -> tuple[openai.Parsed, inference_pb2.InferRequest,
+                                                                       list[tuple[str, str]], float]:
+        """Authenticate, read and translate the body; raises FerryError (or aiohttp's 413)."""
+        metadata = self._metadata(request)
+        self._auth.authenticate(metadata)  # 401 before anything about the body
+        body = await request.read()
+        parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
+        prompt = self._templates.render(parsed.model, parsed.messages) if chat else parsed.prompt
+        idempotency_key = request.headers.get("idempotency-key", "")
+        message = openai.to_request(parsed, prompt, tier=self._tier(request, metadata),
+                                    idempotency_key=idempotency_key)
+        return parsed, message, metadata, self._timeout(request)
+
+    async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        """One completion, unary or streamed, through the router; see the module docstring."""
+        request_id: str = request[REQUEST_ID_KEY]
+        state = RequestState(request_id=request_id, started=self._clock())
+        headers = {"x-request-id": request_id}
+        created = int(time.time())
+        try:
+            parsed, message, metadata, timeout = await self._parse(request, chat)
+            await self._router.encode(state, metadata, message)  # a large prompt's tokens, off the loop
+            self._router.begin(state, metadata, message, timeout)
+            if parsed.stream:
+                return await self._stream(request, state, parsed, chat, created, headers)
+            if message.idempotency_key and state.tenant is not None:
+                summary = await self._router.idempotency.run(state.tenant.name, message.idempotency_key,
+                                                             body_digest(message), lambda: self._answer(state))
+            else:
+                summary = await self._answer(state)
+            self._servicer.succeed(state)
+            body = openai.chat(summary, parsed.model, created) if chat else openai.completion(
+                summary, parsed.model, created)
+            return web.Response(body=_dumps(body), content_type=JSON, headers=headers)
+        except FerryError as error:
+            status, body, retry = openai.error_of(error)
+            self._servicer.failed(state, error, status_for(error).name)
+            return self._error(request_id, status, body, _retry_header(retry))
+        except asyncio.CancelledError:
+            self._servicer.count(state, "CANCELLED")
+            raise
+        finally:
+            self._router.end(state)
+
+    async def _answer(self, state: RequestState) -> inference_pb2.InferResponse:
+        await self._router.infer(state)
+        state.outcome.ttft_seconds = self._clock() - state.started
+        return self._servicer.summary(state, state.outcome.text)
+
+    async def _write(self, response: web.StreamResponse, data: bytes) -> None:
+        """Write one event; waits for the socket to drain, at most ``http_write_timeout_seconds``."""
+        await asyncio.wait_for(response.write(data), self._settings.http_write_timeout_seconds)
+
+    async def _stream(self, request: web.Request, state: RequestState, parsed: openai.Parsed, chat: bool,
+                      created: int, headers: dict[str, str]) -> web.StreamResponse:
+        """Server-sent events: opened on the first piece; a last chunk with usage, then ``[DONE]``."""
+        rid = state.request_id
+        response: web.StreamResponse | None = None
+        first: float | None = None
+
+        def chunk(text: str | None, summary: inference_pb2.InferResponse | None = None) -> bytes:
+            body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary) if chat
+                    else openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary))
+            if summary is not None and not parsed.include_usage:
+                body.pop("usage", None)
+            return b"data: " + _dumps(body) + b"\n\n"
+
+        async def opened() -> web.StreamResponse:
+            out = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
+                                              "Cache-Control": "no-cache"})
+            await out.prepare(request)
+            if chat:
+                await self._write(out, chunk(None))
+            return out
+
+        pieces: AsyncIterator[Any]
+        try:
+            async with contextlib.aclosing(self._router.stream(state)) as pieces:
+                async for piece in pieces:
+                    if response is None:
+                        first = self._clock() - state.started
+                        response = await opened()
+                    await self._write(response, chunk(piece.text))
+        except FerryError as error:  # after output (continuation failed): one error event, then the end
+            if response is None:
+                raise
+            self._servicer.failed(state, error, status_for(error).name)
+            with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
+                await self._write(response, b"data: " + _dumps(openai.error_of(error)[1]) + b"\n\n")
+            return response
+        except (TimeoutError, ConnectionError):
+            self._servicer.count(state, "CANCELLED")  # the reader went away or stalled: the replica call is closed
+            if response is None:
+                raise
+            return response
+        if response is None:
+            response = await opened()
+        state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
+        self._servicer.succeed(state, streamed=first is not None)
+        with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
+            await self._write(response, chunk("", self._servicer.summary(state, "")))
+            await self._write(response, DONE)
+        return response
+
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the bound: one 503 in OpenAI's error shape, then closed."""
+
+    def __init__(self, limit: int) -> None:
+        self._body = _dumps(openai.error_body(f"too many connections (limit {limit})", "server_error",
+                                              code="too_many_connections"))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: {JSON}\r\nContent-Length: {len(self._body)}"
+                f"\r\nRetry-After: 1\r\nx-request-id: {uuid.uuid4().hex}\r\nConnection: close\r\n\r\n")
+        transport.write(head.encode() + self._body)
+        transport.close()

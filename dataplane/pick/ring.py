@@ -98,5 +98,6 @@ def key_shares(loads: Sequence[float], capacities: Sequence[float], factor: floa
     total_load, total_capacity = sum(loads), sum(capacities)
     if total_load <= 0 or total_capacity <= 0:
         return tuple(1.0 for _ in loads)
-    return tuple(min(1.0, factor * total_load * cap / total_capacity / load) if load > 0 else 1.0
+    # total_load / load >= 1 first: a tiny load must not underflow the product to a share of 0
+    return tuple(min(1.0, factor * (total_load / load) * (cap / total_capacity)) if load > 0 else 1.0
                  for load, cap in zip(loads, capacities, strict=True))

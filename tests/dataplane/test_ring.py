@@ -43,6 +43,11 @@ def test_key_draw_is_uniform_enough_and_deterministic() -> None:
 loads = st.lists(st.floats(min_value=0.0, max_value=1000.0, allow_nan=False), min_size=1, max_size=32)
 
 
+def test_a_tiny_load_keeps_its_share_of_keys() -> None:
+    """A load so small that the bound's product would underflow keeps its share of keys, not none."""
+    assert key_shares([0.0, 5e-324], [1, 1], 1.25) == (1.0, 0.625)  # c x its half of the load, not 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(loads=loads, data=st.data(), factor=st.floats(min_value=1.01, max_value=4.0))
 def test_key_shares_keep_every_replica_within_the_bound(loads: list[float], data: st.DataObject,

@@ -1,0 +1,342 @@
+"""Failure drills against ``ferry up`` processes under load: each scenario injures the fleet and measures.
+
+``python -m tools.drills [--scenario NAME ...] [--seconds S] [--rate R]`` runs
+each scenario on a fresh ``ferry up`` (real processes on loopback, in a
+temporary workdir), drives it with :class:`Load` for ``S`` seconds (default
+20) at ``R`` requests per second (default 20), injures it a third of the way
+in, and writes every scenario's figures to ``bench-results/drills.json``.
+Bounded: at most ``S × R`` requests per scenario, each with a 10 s deadline,
+and a 90 s start; it stops by itself. ``tests/drills/`` runs the same
+scenarios under ``pytest -m drills`` and asserts their :func:`verdict`.
+
+The load is mixed: requests cycle over the three tiers (interactive with the
+enterprise key, standard and batch with the paid key) and alternate unary
+``Infer`` with server-streamed ``InferStream``, over 4 channels to the one
+data-plane address. The client behaves as a service is told to: every call
+waits for a connection (``wait_for_ready``) and one that fails with
+UNAVAILABLE before any output is tried again once, with the same idempotency
+key (a stream only if it delivered nothing); ``failed`` counts the final
+outcome, ``first_failed`` the failures a client without that retry would have
+seen.
+
+Scenarios (``SCENARIOS``): ``baseline``; ``node_kill`` (SIGKILL a node);
+``leader_kill`` (SIGKILL the leading control plane of two on etcd; figures:
+when a new leader answered); ``etcd_stop`` (SIGSTOP etcd 10 s, then
+SIGCONT); ``etcd_kill`` (SIGKILL etcd; ``ferry up`` restarts it on its data
+dir; figures: when its new pid was in the ready file); ``proxy_kill``
+(SIGKILL one of two proxies behind one address). Each expects zero failed
+requests in every tier. Figures per scenario: per tier ``failed``/``total``,
+``first_failed``, p50 and p99 latency of the successes (seconds), the
+recovery time, and the proxies' peak RSS (bytes, ``/proc/PID/status``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ferry.cli.ctl.main import AdminClient
+from ferry.procs import Child
+from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
+
+TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),
+         ("standard", common_pb2.TIER_STANDARD, "paid-1"),
+         ("batch", common_pb2.TIER_BATCH, "paid-1"))
+DEADLINE_SECONDS = 10.0
+
+
+@dataclass
+class Outcome:
+    """One request of the load: its tier, kind, result and latency (seconds)."""
+
+    tier: str
+    kind: str
+    ok: bool
+    first_ok: bool
+    code: str
+    first_code: str
+    seconds: float
+    started: float
+
+
+class Load:
+    """Mixed unary and streaming requests over three tiers at ``rate`` per second to one address, bounded."""
+
+    def __init__(self, ready: dict[str, Any], rate: float = 20.0, channels: int = 4, model: str = "chat-small",
+                 max_tokens: int = 4) -> None:
+        self.max_tokens = max_tokens
+        self.address = ready["data_plane"]
+        self.keys = ready["api_keys"]
+        self.rate = rate
+        self.model = model
+        self._channels = [grpc.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                          for _ in range(channels)]  # a connection each, spread over the proxies
+        self._stubs = [inference_pb2_grpc.InferenceStub(c) for c in self._channels]
+        self.outcomes: list[Outcome] = []
+        self._lock = threading.Lock()
+
+    def _call(self, n: int) -> None:
+        name, tier, tenant = TIERS[n % len(TIERS)]
+        kind = "stream" if (n // len(TIERS)) % 2 else "unary"
+        stub = self._stubs[n % len(self._stubs)]
+        request = inference_pb2.InferRequest(model=self.model, tier=tier, prompt=f"drill {n % 50} hello",
+                                             max_tokens=self.max_tokens, idempotency_key=uuid.uuid4().hex)
+        metadata = (("x-api-key", self.keys[tenant]),)
+        started = time.monotonic()
+        deadline = started + DEADLINE_SECONDS
+        first_ok, ok, code, first_code = False, False, "OK", "OK"
+        for attempt in range(2):
+            delivered = 0
+            try:
+                remaining = max(0.1, deadline - time.monotonic())
+                if kind == "unary":
+                    stub.Infer(request, metadata=metadata, timeout=remaining, wait_for_ready=True)
+                else:
+                    for _ in stub.InferStream(request, metadata=metadata, timeout=remaining, wait_for_ready=True):
+                        delivered += 1
+                ok, code = True, "OK"
+            except grpc.RpcError as exc:
+                code = exc.code().name
+                if attempt == 0:
+                    first_code = code
+                if code == "UNAVAILABLE" and delivered == 0 and attempt == 0:
+                    continue
+            if attempt == 0:
+                first_ok = ok
+            break
+        with self._lock:
+            self.outcomes.append(Outcome(name, kind, ok, first_ok, code, first_code, time.monotonic() - started,
+                                         started))
+
+    def run(self, seconds: float, during: Callable[[], None] | None = None, at: float = 0.33) -> None:
+        """Send ``seconds × rate`` requests evenly; call ``during`` (in a thread) after ``at`` of the run."""
+        total = int(seconds * self.rate)
+        start = time.monotonic()
+        injury: threading.Thread | None = None
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            for n in range(total):
+                time.sleep(max(0.0, start + n / self.rate - time.monotonic()))
+                if during is not None and injury is None and n >= total * at:
+                    injury = threading.Thread(target=during, daemon=True)
+                    injury.start()
+                pool.submit(self._call, n)
+        if injury is not None:
+            injury.join(60)
+        for channel in self._channels:
+            channel.close()
+
+    def figures(self) -> dict[str, Any]:
+        """Per tier: failed, first_failed, total, p50 and p99 seconds of the successes; codes of the failures."""
+        out: dict[str, Any] = {}
+        for name, _, _ in TIERS:
+            rows = [o for o in self.outcomes if o.tier == name]
+            times = sorted(o.seconds for o in rows if o.ok)
+            out[name] = {"total": len(rows), "failed": sum(not o.ok for o in rows),
+                         "first_failed": sum(not o.first_ok for o in rows),
+                         "p50": _quantile(times, 0.5), "p99": _quantile(times, 0.99),
+                         "codes": sorted({o.code for o in rows if not o.ok}),
+                         "first_codes": sorted({f"{o.kind}:{o.first_code}" for o in rows if not o.first_ok})}
+        return out
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4)
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident set size of ``pid`` (``VmRSS``), 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def read_ready(child: Child) -> dict[str, Any]:
+    return child.check_ready() or {}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float) -> float | None:
+    """Seconds until ``predicate`` is truthy (polled every 20 ms), or None after ``timeout``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return round(time.monotonic() - start, 3)
+        time.sleep(0.02)
+    return None
+
+
+@dataclass
+class Scenario:
+    """A drill: the ``ferry up`` flags it needs, and the injury (it returns its recovery figures)."""
+
+    name: str
+    flags: list[str]
+    injure: Callable[[Child, dict[str, Any]], dict[str, Any]] | None
+    max_tokens: int = 4
+
+
+def _kill_pid_and_wait_restart(up: Child, component: str) -> dict[str, Any]:
+    old = read_ready(up)["pids"][component]
+    killed = time.monotonic()
+    os.kill(old, signal.SIGKILL)
+    seconds = wait_until(lambda: read_ready(up).get("pids", {}).get(component, old) != old, 30)
+    return {"killed": component, "restarted_after_seconds": seconds,
+            "restarts": read_ready(up).get("restarts", {}).get(component), "at": killed}
+
+
+def _connections(pid: int, port: str) -> int:
+    """Established connections ``pid`` holds on local port ``port`` (``ss``; 0 when ss is missing)."""
+    try:
+        out = subprocess.run(["ss", "-Htnp", "state", "established", "sport", "=", f":{port}"],
+                             capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(f"pid={pid}," in line for line in out.splitlines())
+
+
+def _proxy_kill(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
+    port = ready["data_plane"].rpartition(":")[2]
+    pid = ready["pids"]["proxy-1"]
+    held = _connections(pid, port)
+    return {"client_connections_on_killed": held, **_kill_pid_and_wait_restart(up, "proxy-1")}
+
+
+def _leader(ready: dict[str, Any]) -> tuple[str, str]:
+    """(id, address) of the leading control plane, as the first control plane that answers sees it."""
+    for address in ready["control_planes"]:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                status = AdminClient(channel, ready["admin_token"]).GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
+                if status.leader_id:
+                    return status.leader_id, status.leader_address
+        except grpc.RpcError:
+            continue
+    return "", ""
+
+
+def _leader_kill(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
+    leader_id, _ = _leader(ready)
+    old = ready["pids"][leader_id]
+    os.kill(old, signal.SIGKILL)
+    seconds = wait_until(lambda: _leader(ready)[0] not in ("", leader_id), 30)
+    return {"killed": leader_id, "new_leader_after_seconds": seconds, "new_leader": _leader(ready)[0]}
+
+
+def _etcd_stop(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
+    pid = ready["pids"]["etcd"]
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(10)  # the injury itself lasts 10 s
+    os.kill(pid, signal.SIGCONT)
+    return {"stopped": "etcd", "stopped_seconds": 10}
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("baseline", ["--replicas", "4"], None),
+    Scenario("node_kill", ["--replicas", "4"], lambda up, r: _kill_pid_and_wait_restart(up, "node-1")),
+    Scenario("leader_kill", ["--replicas", "4", "--store", "etcd", "--control-planes", "2"], _leader_kill),
+    Scenario("etcd_stop", ["--replicas", "4", "--store", "etcd", "--control-planes", "2"], _etcd_stop),
+    Scenario("etcd_kill", ["--replicas", "4", "--store", "etcd", "--control-planes", "2"],
+             lambda up, r: _kill_pid_and_wait_restart(up, "etcd")),
+    Scenario("proxy_kill", ["--replicas", "4", "--proxies", "2"], lambda up, r: _proxy_kill(up, r), max_tokens=64),
+)}
+NOT_BUILT = {"unread_streams": "200 unread streams for 30 s: needs the proxy's stream backpressure",
+             "fake_agent": "an agent with the join token claiming a live replica: needs the control plane's refusal"}
+
+
+def run_scenario(name: str, seconds: float, rate: float, workdir: Path) -> dict[str, Any]:
+    """Start ``ferry up`` with the scenario's flags, load it, injure it, and return the figures."""
+    scenario = SCENARIOS[name]
+    up = Child("up", ["up", *scenario.flags, "--workdir", str(workdir / "fleet")], workdir).start()
+    try:
+        ready = up.wait_ready(90)
+        load = Load(ready, rate, max_tokens=scenario.max_tokens)
+        proxies = dict(ready.get("proxies") or {"proxy": ready["pids"].get("proxy")})
+        peak: dict[str, int] = {}
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                for pname, pid in (read_ready(up).get("proxies") or proxies).items():
+                    peak[pname] = max(peak.get(pname, 0), rss_bytes(pid))
+                stop.wait(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        recovery: dict[str, Any] = {}
+
+        def injure() -> None:
+            if scenario.injure is not None:
+                recovery.update(scenario.injure(up, ready))
+
+        started = time.monotonic()
+        load.run(seconds, injure if scenario.injure else None)
+        stop.set()
+        sampler.join(2)
+        recovery.pop("at", None)
+        return {"scenario": name, "seconds": round(time.monotonic() - started, 2), "rate": rate,
+                "tiers": load.figures(), "recovery": recovery, "proxy_peak_rss_bytes": peak,
+                "restarts": read_ready(up).get("restarts", {})}
+    finally:
+        up.stop(15)
+
+
+def verdict(figures: dict[str, Any]) -> list[str]:
+    """What a scenario's figures miss of its target (empty: it passed): zero failed requests in every tier."""
+    misses = []
+    for tier, row in figures["tiers"].items():
+        if row["total"] == 0:
+            misses.append(f"{tier}: no requests")
+        if row["failed"]:
+            misses.append(f"{tier}: {row['failed']}/{row['total']} failed ({', '.join(row['codes'])})")
+    for key, value in figures["recovery"].items():
+        if key.endswith("_seconds") and value is None:
+            misses.append(f"{key}: not within the bound")
+    return misses
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the scenarios, print a line each, write ``bench-results/drills.json``."""
+    parser = argparse.ArgumentParser(prog="python -m tools.drills", description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--out", default="bench-results/drills.json")
+    args = parser.parse_args(argv)
+    results = []
+    failed = 0
+    for name in args.scenario or list(SCENARIOS):
+        with tempfile.TemporaryDirectory(prefix=f"ferry-drill-{name}-") as tmp:
+            figures = run_scenario(name, args.seconds, args.rate, Path(tmp))
+        figures["misses"] = verdict(figures)
+        failed += bool(figures["misses"])
+        results.append(figures)
+        tiers = ", ".join(f"{t} {r['failed']}/{r['total']} failed p99 {r['p99']}" for t, r in figures["tiers"].items())
+        print(f"{name}: {'PASS' if not figures['misses'] else 'MISS'}: {tiers}; {figures['recovery']}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": "python -m tools.drills " + " ".join(argv or []), "results": results,
+                               "not_built": NOT_BUILT}, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -37,6 +37,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -51,12 +52,13 @@ import grpc
 
 from ferry.cli.ctl.main import AdminClient
 from ferry.procs import Child
-from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
+from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, inference_pb2, inference_pb2_grpc
 
 TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),
          ("standard", common_pb2.TIER_STANDARD, "paid-1"),
          ("batch", common_pb2.TIER_BATCH, "paid-1"))
 DEADLINE_SECONDS = 10.0
+P99_RATIO = 1.2  # target: normal requests' p99 with 200 unread streams within this factor of the p99 without
 
 
 @dataclass
@@ -196,6 +198,7 @@ class Scenario:
     injure: Callable[[Child, dict[str, Any]], dict[str, Any]] | None
     max_tokens: int = 4
     in_flight_may_fail: bool = False  # the injury kills what holds the client's connection
+    drive: Callable[[Child, dict[str, Any], float, float], dict[str, Any]] | None = None  # its own load, if any
 
 def _kill_pid_and_wait_restart(up: Child, component: str) -> dict[str, Any]:
     old = read_ready(up)["pids"][component]
@@ -252,6 +255,101 @@ def _etcd_stop(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
     return {"stopped": "etcd", "stopped_seconds": 10}
 
 
+def _admin(ready: dict[str, Any]) -> tuple[grpc.Channel, Any]:
+    channel = grpc.insecure_channel(ready["control_plane"])
+    return channel, AdminClient(channel, ready["admin_token"])
+
+
+def _replicas(ready: dict[str, Any]) -> dict[str, Any]:
+    channel, admin = _admin(ready)
+    with channel:
+        return {r.replica_id: r for r in admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5).replicas}
+
+
+def _fake_agent(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
+    """Register a node ``intruder`` with the join token that claims a live replica at a dead address."""
+    token = (Path(ready["workdir"]) / "join-token").read_text().strip()
+    before = _replicas(ready)
+    victim = next(r for r in before.values() if r.in_table)
+    claim = fleet_pb2.ReplicaInfo(replica_id=victim.replica_id, model=victim.model, version=victim.version,
+                                  address="127.0.0.1:1", kserve_model=victim.model, gpus=1, max_concurrency=8,
+                                  kv_block_tokens=16, max_context_tokens=4096, state=common_pb2.REPLICA_STATE_READY)
+    register = fleet_pb2.AgentMessage(register=fleet_pb2.Register(
+        node="intruder", region=ready["region"], gpus=1, replicas=[claim], agent_version="drill", join_token=token))
+    hold = threading.Event()
+
+    def messages() -> Any:
+        yield register
+        hold.wait(5)
+
+    figures: dict[str, Any] = {"claimed": victim.replica_id}
+    with grpc.insecure_channel(ready["control_plane"]) as channel:
+        call = fleet_pb2_grpc.FleetStub(channel).Connect(messages(), timeout=5)
+        try:
+            first = next(call)
+            figures.update(refused=False, answer=first.WhichOneof("body"))
+        except grpc.RpcError as exc:
+            figures.update(refused=True, code=exc.code().name, details=exc.details())
+        except StopIteration:
+            figures.update(refused=True, code="OK", details="stream ended")
+        time.sleep(2.0)  # a few table ticks (0.5 s) for a claim that was taken to show
+        after = _replicas(ready).get(victim.replica_id)
+        hold.set()
+        call.cancel()
+    details = str(figures.get("details", ""))
+    figures["field_named"] = "replica" in details and "replica_id" in details
+    figures["table_unchanged"] = (after is not None and after.node == victim.node and after.address == victim.address
+                                  and after.in_table)
+    return figures
+
+
+def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: float) -> dict[str, Any]:
+    """Normal load alone for ``seconds/2``, then with 200 batch streams of the free tenant never read."""
+    half = seconds / 2
+    alone = Load(ready, rate)
+    alone.run(half)
+    channel = grpc.insecure_channel(ready["data_plane"], options=[("grpc.use_local_subchannel_pool", 1)])
+    stub = inference_pb2_grpc.InferenceStub(channel)
+    metadata = (("x-api-key", ready["api_keys"]["free-1"]),)  # a tenant of its own: its limits are its own
+    rss_before = rss_bytes(ready["pids"]["proxy"])
+    calls = [stub.InferStream(inference_pb2.InferRequest(model="chat-small", tier=common_pb2.TIER_BATCH,
+                                                         prompt=f"unread {i}", max_tokens=4096),
+                              metadata=metadata, timeout=half + 30) for i in range(200)]
+    peak = [rss_before]
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_bytes(ready["pids"]["proxy"]))
+            done.wait(0.5)
+
+    done = threading.Event()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    loaded = Load(ready, rate)
+    loaded.run(half)
+    done.set()
+    sampler.join(2)
+    refused = sum(1 for c in calls if c.done() and c.code() != grpc.StatusCode.OK)
+    for c in calls:
+        c.cancel()
+    channel.close()
+
+    def busy() -> int:
+        return sum(r.load.running + r.load.queued for r in _replicas(ready).values())
+
+    freed = wait_until(lambda: busy() == 0, 20)
+    fig_alone, fig_loaded = alone.figures(), loaded.figures()
+    tiers = {t: {**fig_loaded[t], "total": fig_loaded[t]["total"] + fig_alone[t]["total"],
+                 "failed": fig_loaded[t]["failed"] + fig_alone[t]["failed"]} for t in fig_loaded}
+    p99_alone = _quantile(sorted(o.seconds for o in alone.outcomes if o.ok), 0.99)
+    p99_loaded = _quantile(sorted(o.seconds for o in loaded.outcomes if o.ok), 0.99)
+    ratio = round(p99_loaded / p99_alone, 3) if p99_alone and p99_loaded else None
+    return {"tiers": tiers, "recovery": {
+        "unread_streams": len(calls), "unread_refused": refused, "held_seconds": round(half, 1),
+        "p99_without": p99_alone, "p99_with": p99_loaded, "p99_ratio": ratio,
+        "proxy_rss_before_bytes": rss_before, "proxy_rss_peak_bytes": peak[0], "slots_freed_after_seconds": freed}}
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("baseline", ["--replicas", "4"], None),
     Scenario("node_kill", ["--replicas", "4"], lambda up, r: _kill_pid_and_wait_restart(up, "node-1")),
@@ -261,9 +359,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              lambda up, r: _kill_pid_and_wait_restart(up, "etcd")),
     Scenario("proxy_kill", ["--replicas", "4", "--proxies", "2"], lambda up, r: _proxy_kill(up, r), max_tokens=64,
              in_flight_may_fail=True),
+    Scenario("unread_streams", ["--replicas", "4"], None, drive=_unread_streams),
+    Scenario("fake_agent", ["--replicas", "4"], _fake_agent),
 )}
-NOT_BUILT = {"unread_streams": "200 unread streams for 30 s: needs the proxy's stream backpressure",
-             "fake_agent": "an agent with the join token claiming a live replica: needs the control plane's refusal"}
 
 
 def run_scenario(name: str, seconds: float, rate: float, workdir: Path) -> dict[str, Any]:
@@ -292,6 +390,12 @@ def run_scenario(name: str, seconds: float, rate: float, workdir: Path) -> dict[
                 recovery.update(scenario.injure(up, ready))
 
         started = time.monotonic()
+        if scenario.drive is not None:
+            driven = scenario.drive(up, ready, seconds, rate)
+            stop.set()
+            return {"scenario": name, "seconds": round(time.monotonic() - started, 2), "rate": rate,
+                    "tiers": driven["tiers"], "recovery": driven["recovery"], "proxy_peak_rss_bytes": peak,
+                    "restarts": read_ready(up).get("restarts", {})}
         load.run(seconds, injure if scenario.injure else None)
         stop.set()
         sampler.join(2)
@@ -317,9 +421,16 @@ def verdict(figures: dict[str, Any]) -> list[str]:
         failed = row["failed"] - (row.get("in_flight_failed", 0) if figures.get("in_flight_may_fail") else 0)
         if failed:
             misses.append(f"{tier}: {failed}/{row['total']} failed ({', '.join(row['codes'])})")
-    for key, value in figures["recovery"].items():
+    recovery = figures["recovery"]
+    for key, value in recovery.items():
         if key.endswith("_seconds") and value is None:
             misses.append(f"{key}: not within the bound")
+    if "p99_ratio" in recovery and (recovery["p99_ratio"] is None or recovery["p99_ratio"] > P99_RATIO):
+        misses.append(f"p99 with unread streams {recovery['p99_ratio']}x the p99 without (target {P99_RATIO}x)")
+    if "claimed" in recovery:
+        for key in ("refused", "field_named", "table_unchanged"):
+            if not recovery.get(key):
+                misses.append(f"fake agent: not {key} ({recovery.get('code')}: {recovery.get('details')})")
     return misses
 
 
@@ -343,8 +454,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {'PASS' if not figures['misses'] else 'MISS'}: {tiers}; {figures['recovery']}", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": "python -m tools.drills " + " ".join(argv or []), "results": results,
-                               "not_built": NOT_BUILT}, indent=2) + "\n")
+    command = "python -m tools.drills " + " ".join(sys.argv[1:] if argv is None else argv)
+    out.write_text(json.dumps({"command": command.strip(), "results": results}, indent=2) + "\n")
     return 1 if failed else 0
 
 

@@ -58,6 +58,7 @@ TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),
          ("standard", common_pb2.TIER_STANDARD, "paid-1"),
          ("batch", common_pb2.TIER_BATCH, "paid-1"))
 DEADLINE_SECONDS = 10.0
+LEADER_SECONDS = 5.0  # target: a new leader, and its table applied by a proxy, within this of the kill
 P99_RATIO = 1.2  # target: normal requests' p99 with 200 unread streams within this factor of the p99 without
 
 
@@ -226,25 +227,53 @@ def _proxy_kill(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
     return {"client_connections_on_killed": held, **_kill_pid_and_wait_restart(up, "proxy-1")}
 
 
-def _leader(ready: dict[str, Any]) -> tuple[str, str]:
-    """(id, address) of the leading control plane, as the first control plane that answers sees it."""
+def _leader(ready: dict[str, Any]) -> str:
+    """The id of the control plane that answers as the leader itself (role ``leader``), or ``""``."""
     for address in ready["control_planes"]:
         try:
             with grpc.insecure_channel(address) as channel:
                 status = AdminClient(channel, ready["admin_token"]).GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
-                if status.leader_id:
-                    return status.leader_id, status.leader_address
+                if status.role == "leader":
+                    return str(status.control_plane_id)
         except grpc.RpcError:
             continue
-    return "", ""
+    return ""
 
 
 def _leader_kill(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
-    leader_id, _ = _leader(ready)
+    """SIGKILL the leader; recovered once a live process answers as leader (another one, or it restarted)."""
+    leader_id = _leader(ready)
     old = ready["pids"][leader_id]
     os.kill(old, signal.SIGKILL)
-    seconds = wait_until(lambda: _leader(ready)[0] not in ("", leader_id), 30)
-    return {"killed": leader_id, "new_leader_after_seconds": seconds, "new_leader": _leader(ready)[0]}
+
+    def led() -> str:
+        now = _leader(ready)
+        return now if now and (now != leader_id or read_ready(up).get("pids", {}).get(now) != old) else ""
+
+    killed = time.monotonic()
+    seconds = wait_until(led, 30)
+    table = wait_until(lambda: _table_served(ready, led(), len(ready["replicas"])), 30) if seconds is not None else None
+    return {"killed": leader_id, "new_leader_after_seconds": seconds, "new_leader": _leader(ready),
+            "table_after_seconds": None if table is None else round(time.monotonic() - killed, 3)}
+
+
+def _table_served(ready: dict[str, Any], leader_id: str, replicas: int) -> bool:
+    """Whether ``leader_id``'s table holds every replica and a proxy (watching any control plane) applied it."""
+    if not leader_id:
+        return False
+    statuses = {}
+    for address in ready["control_planes"]:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                status = AdminClient(channel, ready["admin_token"]).GetStatus(admin_pb2.GetStatusRequest(), timeout=2)
+                statuses[status.control_plane_id] = status
+        except grpc.RpcError:
+            continue
+    if leader_id not in statuses:
+        return False
+    versions = {t.region: (t.version, t.replicas) for t in statuses[leader_id].regions}
+    return any(versions.get(p.region, (0, 0)) == (p.applied_version, replicas) and p.connected
+               for status in statuses.values() for p in status.proxies)
 
 
 def _etcd_stop(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
@@ -425,6 +454,8 @@ def verdict(figures: dict[str, Any]) -> list[str]:
     for key, value in recovery.items():
         if key.endswith("_seconds") and value is None:
             misses.append(f"{key}: not within the bound")
+        elif key in ("new_leader_after_seconds", "table_after_seconds") and value > LEADER_SECONDS:
+            misses.append(f"{key}: {value} s, target {LEADER_SECONDS} s")
     if "p99_ratio" in recovery and (recovery["p99_ratio"] is None or recovery["p99_ratio"] > P99_RATIO):
         misses.append(f"p99 with unread streams {recovery['p99_ratio']}x the p99 without (target {P99_RATIO}x)")
     if "claimed" in recovery:

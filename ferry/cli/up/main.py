@@ -1,7 +1,8 @@
 """``ferry up``: the whole system on one machine, each component its own OS process.
 
-Starts ``--control-planes`` control planes (default 1), one proxy and ``--replicas`` simulated replicas on
-nodes of ``--replicas-per-node`` (each node is one process: its agent and its
+Starts ``--control-planes`` control planes (default 1), ``--proxies`` proxies
+per region (default 1) and ``--replicas`` simulated replicas on nodes of
+``--replicas-per-node`` (each node is one process: its agent and its
 replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
 Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
@@ -9,7 +10,15 @@ until every replica is in the region's table and the proxy applied it, writes
 ``--ready-file`` (``data_plane``, ``control_plane``, ``control_planes``,
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs
-until SIGINT or SIGTERM, then stops every child.
+until SIGINT or SIGTERM, then stops every child. While it runs it supervises
+them (:mod:`ferry.cli.up.supervise`): a child that dies is logged and
+restarted with backoff on its own address, and the ready file is rewritten
+with the new pids, ``restarts``, ``given_up`` and ``up_metrics`` (where
+``ferry_up_restarts_total`` is served); ``--no-supervise`` turns it off.
+``--proxies N`` runs N proxies per region on one address: the first binds a
+port chosen by the kernel, the others bind the same one (gRPC servers set
+``SO_REUSEPORT`` on Linux, and the kernel spreads connections over them);
+``proxies`` in the ready file maps their names to pids.
 It makes up a fresh admin token for the Admin API, hands it to its control
 planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
 it in the ready file, where ``ferryctl --ready-file`` finds it.

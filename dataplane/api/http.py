@@ -126,7 +126,8 @@ class HttpFront:
 
         host, _, port = listen.rpartition(":")
         self._listener = await asyncio.get_running_loop().create_server(
-            protocol, host, int(port), backlog=min(s.http_max_connections, 4096), reuse_address=True)
+            protocol, host, int(port), backlog=min(s.http_max_connections, 4096), reuse_address=True,
+            reuse_port=True)  # several proxies of one host may share the port, as their gRPC servers do
         self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
 

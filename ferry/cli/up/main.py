@@ -1,7 +1,8 @@
 """``ferry up``: the whole system on one machine, each component its own OS process.
 
-Starts ``--control-planes`` control planes (default 1), one proxy and ``--replicas`` simulated replicas on
-nodes of ``--replicas-per-node`` (each node is one process: its agent and its
+Starts ``--control-planes`` control planes (default 1), ``--proxies`` proxies
+per region (default 1) and ``--replicas`` simulated replicas on nodes of
+``--replicas-per-node`` (each node is one process: its agent and its
 replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
 Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
@@ -10,7 +11,15 @@ until every replica is in the region's table and the proxy applied it, writes
 API, docs/api.md; ``http_by_region`` with regions), ``control_plane``, ``control_planes``,
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs
-until SIGINT or SIGTERM, then stops every child.
+until SIGINT or SIGTERM, then stops every child. While it runs it supervises
+them (:mod:`ferry.cli.up.supervise`): a child that dies is logged and
+restarted with backoff on its own address, and the ready file is rewritten
+with the new pids, ``restarts``, ``given_up`` and ``up_metrics`` (where
+``ferry_up_restarts_total`` is served); ``--no-supervise`` turns it off.
+``--proxies N`` runs N proxies per region on one address: the first binds a
+port chosen by the kernel, the others bind the same one (gRPC servers set
+``SO_REUSEPORT`` on Linux, and the kernel spreads connections over them);
+``proxies`` in the ready file maps their names to pids.
 It makes up a fresh admin token for the Admin API, hands it to its control
 planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
 it in the ready file, where ``ferryctl --ready-file`` finds it.
@@ -45,15 +54,18 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client import start_http_server
 from tomli_w import dumps
 
 from ferry import clienttls, tlsgen
 from ferry.cli.ctl.main import AdminClient
 from ferry.cli.up.regions import region_names, with_regions
+from ferry.cli.up.supervise import Supervisor
 from ferry.config import hash_api_key
 from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
@@ -82,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for readiness")
     parser.add_argument("--store", default="memory",
                         help="memory (default), etcd (start a local etcd) or etcd://host:port")
+    parser.add_argument("--proxies", type=int, default=1,
+                        help="proxy processes per region behind one address (SO_REUSEPORT; default 1)")
+    parser.add_argument("--no-supervise", dest="supervise", action="store_false",
+                        help="do not restart children that die (ferry.cli.up.supervise)")
     parser.add_argument("--control-planes", type=int, default=1,
                         help="control planes (default 1; more than one needs an etcd store)")
     parser.add_argument("--tls", action="store_true",
@@ -134,11 +150,22 @@ class Fleet:
         self.store = "memory://"
         self.proxy: Child | None = None
         self.proxies: dict[str, Child] = {}
+        self.siblings: list[Child] = []  # proxies beyond the first of a region, on its address
         self.nodes: list[Child] = []
         self.api_keys: dict[str, str] = {}
         self.admin_token = "fat_" + secrets.token_hex(16)
         self.join_token = "fjt_" + secrets.token_hex(16)
         self.tls_dir: Path | None = None
+        self.supervisor: Supervisor | None = None
+        self.metrics_address = ""
+
+    def supervise(self, on_change: Callable[[], None]) -> Supervisor:
+        """Watch every child (etcd included) from now on, and serve ``ferry_up_restarts_total`` on loopback."""
+        watched: list[Child] = [*([self.etcd] if self.etcd else []), *self.children]
+        self.supervisor = Supervisor(watched, on_change=on_change)
+        server, _ = start_http_server(0, addr="127.0.0.1", registry=self.supervisor.registry)
+        self.metrics_address = f"127.0.0.1:{server.server_port}"
+        return self.supervisor
 
     def start(self) -> dict[str, Any]:
         args = self.args
@@ -161,12 +188,23 @@ class Fleet:
         addresses = [cp.wait_ready(args.timeout)["grpc"] for cp in self.control_planes]
         self.control_plane = self.control_planes[0]
         cp_addr = addresses[0]
-        for region in regions:  # one proxy per region: "proxy" (id proxy-1) alone, else proxy-a, proxy-b, …
-            name = "proxy" if len(regions) == 1 else f"proxy-{region}"
-            self.proxies[region] = self._spawn(name, ["proxy", "--listen", "127.0.0.1:0",
-                                                      "--http-listen", "127.0.0.1:0", "--control-plane",
-                                                      ",".join(addresses), "--region", region, "--id",
-                                                      "proxy-1" if len(regions) == 1 else name, *cfg])
+        per_region = max(1, getattr(args, "proxies", 1))
+        for region in regions:  # "proxy" (id proxy-1) alone, else proxy-a, proxy-b, … and -1, -2 … per region
+            base = "proxy" if len(regions) == 1 else f"proxy-{region}"
+            listen, http_listen = "127.0.0.1:0", "127.0.0.1:0"
+            for k in range(per_region):
+                name = base if per_region == 1 else f"{base}-{k + 1}"
+                pid = "proxy-1" if len(regions) == 1 and per_region == 1 else name
+                child = self._spawn(name, ["proxy", "--listen", listen, "--http-listen", http_listen,
+                                           "--control-plane", ",".join(addresses), "--region", region,
+                                           "--id", pid, *cfg])
+                if k == 0:
+                    self.proxies[region] = child
+                    if per_region > 1:  # the siblings bind the same ports (SO_REUSEPORT: gRPC's default, HTTP's own)
+                        ready = child.wait_ready(args.timeout)
+                        listen, http_listen = ready["grpc"], ready["http"]
+                else:
+                    self.siblings.append(child)
         self.proxy = self.proxies[regions[0]]
         expected = []
         by_region: dict[str, set[str]] = {r: set() for r in regions}
@@ -200,8 +238,9 @@ class Fleet:
                 batch = [r["replica_id"] for r in node.ready.get("replicas", [])]
                 expected += batch
                 by_region[regions[0]].update(batch)
-        for region, child in self.proxies.items():
+        for child in [*self.proxies.values(), *self.siblings]:
             proxy = child.wait_ready(args.timeout)
+            region = proxy.get("region", regions[0])
             wait_routable(cp_addr, set(expected) if len(regions) == 1 else by_region[region], proxy["proxy_id"],
                           args.timeout, self.children, nodes_with_any=set(adopting), admin_token=self.admin_token,
                           credentials=clienttls.credentials(ready={"tls": self.tls_section()}))
@@ -279,7 +318,12 @@ class Fleet:
             "pids": {c.name: c.pid for c in self.children} | ({self.etcd.name: self.etcd.pid} if self.etcd else {}),
             "metrics": {c.name: c.ready.get("metrics") for c in self.children},
             "replicas": [r for node in self.nodes for r in node.ready.get("replicas", [])],
+            "proxies": {c.name: c.pid for c in [*self.proxies.values(), *self.siblings]},
+            "restarts": self.supervisor.restarts if self.supervisor else {},
+            "given_up": self.supervisor.given_up if self.supervisor else [],
         }
+        if self.metrics_address:
+            info["up_metrics"] = self.metrics_address
         if self.store != "memory://":
             info["etcd"] = self.store.removeprefix("etcd://")
         return info
@@ -342,9 +386,15 @@ def run(args: argparse.Namespace) -> int:
         except ChildFailed as exc:
             print(f"ferry up: {exc}", file=sys.stderr)
             return 1
+        supervisor = None
+        if args.supervise:
+            supervisor = fleet.supervise(lambda: write_ready_file(args.ready_file, fleet.describe()))
+            info = fleet.describe()
         write_ready_file(args.ready_file, info)
         print_summary(info, len(fleet.nodes))
         while not stop:
+            if supervisor is not None:
+                supervisor.poll()
             time.sleep(0.2)
         print("ferry up: stopping", flush=True)
         return 0
@@ -361,7 +411,9 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
     models = ", ".join(f"{m} x{n}" for m, n in counts.items())
     planes = info["control_planes"]
     what = "1 control plane" if len(planes) == 1 else f"{len(planes)} control planes"
-    print(f"ferry up: {what}, 1 proxy, {nodes} nodes, {len(info['replicas'])} replicas ({models}) "
+    proxies = len(info.get("proxies", {})) or 1
+    what += f", {proxies} {'proxy' if proxies == 1 else 'proxies'}"
+    print(f"ferry up: {what}, {nodes} nodes, {len(info['replicas'])} replicas ({models}) "
           f"in region {info['region']}")
     print(f"  data plane     {info['data_plane']}")
     print(f"  HTTP API       http://{info['http']}/v1")
@@ -373,4 +425,7 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
     print(f"  admin token    {info['admin_token']} (ferryctl --ready-file finds it there too)")
     if info.get("tls"):
         print(f"  tls            CA {info['tls']['ca']}, operator certificate {info['tls']['client_cert']}")
+    if "up_metrics" in info:
+        print(f"  supervision    children restarted on exit; ferry_up_restarts_total at "
+              f"http://{info['up_metrics']}/metrics")
     print("  Ctrl-C stops everything.", flush=True)

@@ -109,7 +109,8 @@ def refusal(claim: Claim, holder: Holder | None, *, node: str, control_plane: st
     if holder is None:
         return None
     if holder.node == node:
-        foreign = claim.kind == NODE and holder.control_plane != control_plane and not (hosts and hosts <= set(holder.hosts))
+        same_hosts = bool(hosts) and hosts <= set(holder.hosts)
+        foreign = claim.kind == NODE and holder.control_plane != control_plane and not same_hosts
         if foreign and not dead(node):
             return (f"held by node {holder.node!r} on control plane {holder.control_plane!r}, "
                     "which serves from other hosts")

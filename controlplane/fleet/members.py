@@ -97,9 +97,8 @@ class MemberLeases:
         """
         record = self._records.setdefault(node, _Record())
         async with record.lock:
-            for c in claims:
-                if c.kind == NODE:
-                    record.claimed.pop(c.key, None)  # written again: its hosts are the registration's
+            if any(c.kind == NODE for c in claims):  # a registration: every claim read and written again, so
+                record.claimed.clear()  # none is trusted that another control plane took meanwhile
             for last in (False, True):
                 if not record.lease:
                     record.lease = await self._store.grant_lease(self._ttl)

@@ -8,10 +8,13 @@ and the holder, and the leader's table keeps n2/r0 where n2 serves it.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import grpc
 import pytest
 
-from controlplane.fleet.claims import Claim, Holder, refusal
+from controlplane.fleet.claims import Claim, Holder, claim_key, refusal
 from ferry.v1 import admin_pb2, fleet_pb2
 from tests.controlplane.fakes import WAIT, FakeAgent, FakeProxy, Harness, Pair, register, replica, routed
 
@@ -97,10 +100,6 @@ async def test_telemetry_cannot_take_an_address_a_node_serves_on_the_same_contro
     assert sorted(views) == ["n1/r0", "n2/r0"]
 
 
-def _dead(*nodes: str) -> object:
-    return lambda node: node in nodes
-
-
 REFUSALS = [
     ("free", None, "n1", set(), None),
     ("own", Holder("n1", "cp2"), "n1", set(), None),
@@ -130,3 +129,17 @@ def test_a_node_name_held_on_another_control_plane_moves_only_from_its_own_hosts
     why = refusal(claim, Holder("n1", "cp2", held), node="n1", control_plane="cp1", hosts=frozenset(hosts),
                   dead=lambda n: False)
     assert (why is not None) == refused
+
+
+async def test_a_replica_the_node_drops_is_released_for_another_node(harness: Harness) -> None:
+    holder = harness.agent()
+    await holder.register(register("n1", replica("n1/r0"), replica("n1/r1")))
+    key = claim_key("replica", "n1/r1")
+    assert await harness.cp.store.get(key) is not None
+    await holder.telemetry(removed=["n1/r1"])
+    deadline = time.monotonic() + WAIT
+    while await harness.cp.store.get(key) is not None:  # released at the next member write (a tick)
+        assert time.monotonic() < deadline, "the claim of n1/r1 was not released"
+        await asyncio.sleep(0.01)
+    await harness.agent().register(register("n2", replica("n1/r1")))
+    assert (await harness.replicas())["n1/r1"].node == "n2"

@@ -31,8 +31,9 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
 control plane of ``--ready-file`` of ``ferry up``, else env
-``FERRY_CONTROL_PLANE``, also a comma-separated list: the first that accepts
-a connection within :data:`CONNECT_TIMEOUT` is asked), ``--admin-token TOKEN`` (else
+``FERRY_CONTROL_PLANE``, also a comma-separated list: each is asked in turn
+until one answers; one whose call fails UNAVAILABLE and that accepts no
+connection within :data:`CONNECT_TIMEOUT` is skipped as unreachable), ``--admin-token TOKEN`` (else
 the ready file's ``admin_token``, else env ``FERRY_ADMIN_TOKEN``; sent as
 ``authorization: Bearer TOKEN``), ``--tls-ca``/``--tls-cert``/``--tls-key``
 (mutual TLS; else the ready file's ``tls`` section; a certificate of common
@@ -85,6 +86,7 @@ ALLOC_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 2.0  # seconds to wait for a control plane to accept a connection before trying the next
 TOKEN_ENV = "FERRY_ADMIN_TOKEN"
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_DEPENDENCY = 0, 1, 2, 3
+AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def admin_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -408,28 +410,28 @@ def main(argv: list[str] | None = None) -> int:
         credentials = _credentials(args)
         for address in args.addresses:
             with clienttls.sync_channel(address, credentials) as channel:
-                if not _reachable(channel):
-                    args.skipped[address] = f"unreachable: no connection within {CONNECT_TIMEOUT:g} s"
-                    continue
-                COMMANDS[args.command](AdminClient(channel, _token(args)), args)
-                return EXIT_OK
-        print(f"ferryctl: control plane {', '.join(args.addresses)} unreachable: no connection within "
-              f"{CONNECT_TIMEOUT:g} s", file=sys.stderr)
+                try:
+                    COMMANDS[args.command](AdminClient(channel, _token(args)), args)
+                    return EXIT_OK
+                except grpc.RpcError as exc:
+                    if exc.code() not in AWAY or _reachable(channel):
+                        raise
+                    args.skipped[address] = f"unreachable: {exc.code().name}: {exc.details()}"
+        print(f"ferryctl: control plane {', '.join(args.addresses)} unreachable: "
+              f"{'; '.join(args.skipped.values())}", file=sys.stderr)
         return EXIT_USAGE
     except UsageError as exc:
         print(f"ferryctl: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except grpc.RpcError as exc:
         code = exc.code()
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            # the control plane accepted the connection: what failed is behind it (its store, the leader)
+        if code in AWAY:  # the control plane accepts connections: what failed is behind it (its store, the leader)
             print(f"ferryctl: the control plane at {address} answered, but what it needs (its store, or the "
                   f"leader) is away ({code.name}); nothing was changed, retry when it is back: {exc.details()}",
                   file=sys.stderr)
             return EXIT_DEPENDENCY
         print(f"ferryctl: {code.name}: {exc.details()}", file=sys.stderr)
         return EXIT_REFUSED
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -44,7 +44,7 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.fleet.agents import Agents
 from controlplane.fleet.members import MemberLeases
 from controlplane.fleet.service import FleetService
-from controlplane.fleet.view import FleetView
+from controlplane.fleet.view import FleetView, is_live
 from controlplane.metrics import Metrics
 from controlplane.regions.planner import SpillPlanner
 from controlplane.rollout.service import RolloutService
@@ -102,7 +102,9 @@ class Controller:
         allocator = GangAllocator(store, self.intent, s.alloc_policy(), wall=wall, clock=clock,
                                   grace_seconds=s.grace_seconds, timeout=s.store_timeout_seconds,
                                   on_placed=metrics.placed)
-        leases = MemberLeases(store, clock=clock, ttl_seconds=s.grace_seconds)
+        self._clock = clock
+        leases = MemberLeases(store, clock=clock, ttl_seconds=s.grace_seconds, control_plane=s.id,
+                              dead=self._seen_dead)
         # -- services
         self.peers = PeerService(
             s, store, fleet=self.fleet, tables=self.tables, watchers=self.watchers, proxy_usage=self.proxy_usage,
@@ -139,6 +141,11 @@ class Controller:
         """Something changed: recompute after the debounce; the allocator looks again."""
         self.table_service.notify()
         self.allocation_service.wake()
+
+    def _seen_dead(self, node: str) -> bool:
+        """Whether ``node`` is known here (held here or by a peer) and not live: its claims may be taken."""
+        member = next((m for m in self.peers.members() if m.node == node), None)
+        return member is not None and not is_live(member, self._clock(), self.settings.grace_seconds)
 
     def _drain_changed(self, replica_id: str, drained: bool) -> None:
         self.fleet_service.drain_changed(replica_id, drained)

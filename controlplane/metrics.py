@@ -14,6 +14,8 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_table_pushes_total`` | counter: snapshots sent to proxies | region |
 | ``ferry_controlplane_proxy_applied_version`` | gauge | proxy |
 | ``ferry_controlplane_proxy_lag_versions`` | gauge | proxy |
+| ``ferry_controlplane_proxy_behind_seconds`` | gauge: seconds not connected and in sync (0: fine) | proxy |
+| ``ferry_controlplane_proxies_disconnected`` | gauge: proxies remembered whose stream is gone | region |
 | ``ferry_controlplane_telemetry_age_seconds`` | histogram: age of each routable replica's load at each computation | |
 | ``ferry_controlplane_telemetry_messages_total`` | counter | |
 | ``ferry_controlplane_table_compute_seconds`` | histogram: one recomputation (compute, version, offer) | |
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -88,6 +91,14 @@ class Metrics:
         self.proxy_lag_versions = Gauge(
             name("controlplane_proxy_lag_versions"), "Versions each proxy is behind its region.", ["proxy"],
             registry=registry,
+        )
+        self.proxy_behind = Gauge(
+            name("controlplane_proxy_behind_seconds"), "Seconds each proxy has not been connected with its "
+            "region's current table applied (0: connected and in sync).", ["proxy"], registry=registry,
+        )
+        self.proxies_disconnected = Gauge(
+            name("controlplane_proxies_disconnected"), "Proxies remembered here whose table stream is gone.",
+            ["region"], registry=registry,
         )
         self.telemetry_age = Histogram(
             name("controlplane_telemetry_age_seconds"), "Age of routable replicas' load at each table computation.",
@@ -155,8 +166,14 @@ class Metrics:
         self.alloc_placements.labels(branch=placement.branch).inc()
         self.alloc_displaced.inc(len(placement.slot.displaces))
 
-    def observe_usage(self, rows: Iterable[admin_pb2.UsageRow]) -> None:
-        """KV and GPU utilisation per region and model, oldest telemetry per region."""
+    def observe_usage(self, rows: Iterable[admin_pb2.UsageRow],
+                      aged: Iterable[admin_pb2.UsageRow] | None = None) -> None:
+        """KV and GPU utilisation per region and model, oldest telemetry per region.
+
+        ``aged``: the rows whose telemetry age this control plane measures itself (a follower: the
+        nodes held here); None: ``rows``. A follower's copy of the leader's loads has no age of its own.
+        """
+        rows = list(rows)
         self.kv_utilisation.clear()
         self.gpu_utilisation.clear()
         self.telemetry_max_age.clear()
@@ -166,7 +183,9 @@ class Metrics:
                 continue
             self.kv_utilisation.labels(region=row.region, model=row.model).set(row.kv_utilisation)
             self.gpu_utilisation.labels(region=row.region, model=row.model).set(row.gpu_utilisation)
-            ages[row.region] = max(ages.get(row.region, 0.0), row.telemetry_age_seconds)
+        for row in rows if aged is None else aged:
+            if row.replicas_ready:
+                ages[row.region] = max(ages.get(row.region, 0.0), row.telemetry_age_seconds)
         for region, age in ages.items():
             self.telemetry_max_age.labels(region=region).set(age)
 
@@ -201,8 +220,12 @@ class Metrics:
     def reject(self, reason: str, count: int = 1) -> None:
         self.rejected.labels(reason=reason).inc(count)
 
-    def observe_fleet(self, members: Iterable[Member], tables: TableVersions, *, now: float, grace: float) -> None:
-        """Members, replicas by region and state, and the load age of each routable replica, at ``now``."""
+    def observe_fleet(self, members: Iterable[Member], tables: TableVersions, *, now: float, grace: float,
+                      aged: AbstractSet[str] | None = None) -> None:
+        """Members, replicas by region and state, and the load age of each routable replica, at ``now``.
+
+        ``aged``: the nodes whose load age is observed (a follower: those held here); None: all.
+        """
         live = 0
         counts: Tally[tuple[str, str]] = Tally()
         for member in members:
@@ -211,24 +234,42 @@ class Metrics:
             published = tables.get(member.region)
             for replica_id in member.replicas:
                 counts[member.region, STATE_NAMES[replica_state(member, replica_id, alive)]] += 1
-                if published is not None and replica_id in published.replica_ids:
+                if published is not None and replica_id in published.replica_ids and (
+                        aged is None or member.node in aged):
                     self.telemetry_age.observe(load_of(member, replica_id, now)[1])
         self.members.set(live)
         self.replicas.clear()
         for (region, state), count in counts.items():
             self.replicas.labels(region=region, state=state).set(count)
 
-    def observe_proxies(self, statuses: Iterable[ProxyStatus], tables: TableVersions) -> None:
-        """Applied version and lag of every proxy remembered; the series of forgotten ones are removed."""
+    def observe_proxies(self, statuses: Iterable[ProxyStatus], tables: TableVersions, *, now: float) -> None:
+        """Applied version, lag and time behind of every proxy remembered; forgotten ones lose their series.
+
+        Behind: 0 while connected with the region's current version applied; else the seconds since
+        it last was (since its last ack while connected but lagging, since its stream ended when gone).
+        """
         seen = set()
+        disconnected: Tally[str] = Tally()
         for status in statuses:
             seen.add(status.proxy_id)
             current = tables.get(status.region)
+            lag = status.lag(current.version) if current is not None else 0
             self.proxy_applied_version.labels(proxy=status.proxy_id).set(status.applied_version)
-            self.proxy_lag_versions.labels(proxy=status.proxy_id).set(
-                status.lag(current.version) if current is not None else 0
-            )
+            self.proxy_lag_versions.labels(proxy=status.proxy_id).set(lag)
+            if not status.connected:
+                disconnected[status.region] += 1
+                behind = now - status.last_seen
+            elif lag:
+                behind = now - (status.subscribed_at if status.last_ack_at is None else status.last_ack_at)
+            else:
+                behind = 0.0
+            self.proxy_behind.labels(proxy=status.proxy_id).set(max(0.0, behind))
+            disconnected[status.region] += 0
         for proxy in self._proxies - seen:
             self.proxy_applied_version.remove(proxy)
             self.proxy_lag_versions.remove(proxy)
+            self.proxy_behind.remove(proxy)
         self._proxies = seen
+        self.proxies_disconnected.clear()
+        for region, count in disconnected.items():
+            self.proxies_disconnected.labels(region=region).set(count)

@@ -128,7 +128,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
         except Unauthenticated:
             self._metrics.reject("register_unauthenticated")
             raise
-        session = self._fleet.register(first.register)
+        session = await self._fleet.register(first.register)
         try:
             await context.write(fleet_pb2.ControlMessage(registered=fleet_pb2.Registered(
                 control_plane_id=settings.id, telemetry_interval_seconds=settings.telemetry_interval_seconds,
@@ -155,7 +155,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
                 except Overloaded:
                     self._metrics.reject("telemetry_rate")
                     raise
-                self._fleet.telemetry(session, message.telemetry)
+                await self._fleet.telemetry(session, message.telemetry)
             elif kind == "result":
                 self._fleet.command_result(session, message.result)
             else:

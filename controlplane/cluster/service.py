@@ -138,6 +138,10 @@ class PeerService:
         remote = self.cluster.remote.members(own={m.node for m in local})
         return merge(local, remote, now=self._clock(), grace=self.settings.grace_seconds)
 
+    def held_here(self) -> set[str]:
+        """The nodes whose agent stream this control plane holds (their telemetry is measured here)."""
+        return {m.node for m in self._fleet.members() if m.connected}
+
     def holder(self, replica_id: str) -> Member | None:
         """The member that holds ``replica_id``: this control plane's first, else any peer's."""
         local = self._fleet.find(replica_id)

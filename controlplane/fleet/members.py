@@ -14,18 +14,30 @@ stops at the first batch that finds the store unreachable, so an absent
 store costs one timeout per pass, not one per member. Cost: one store call
 per member per third of the grace (a lease keep-alive: no write in etcd),
 plus one write per registration change.
+
+Claims (:mod:`controlplane.fleet.claims`): the member's lease also holds its
+claim keys (its node name, each replica id and address). :meth:`claim` takes
+them before a registration or a telemetry change is applied (refused with
+``AlreadyExists`` naming the field when a live owner anywhere holds one), and
+each write of a member (:meth:`sync`) takes the ones it lacks (after a lost
+lease: all of them again; one now held by someone else is logged as
+``claim_lost``) and deletes the ones of replicas the member no longer has.
+A record's lease, value and claims change under its lock only, so a claim
+and a write never take two leases for one member.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
+from controlplane.fleet.claims import NODE, Claim, Holder, host_of, refusal, register_claims
 from controlplane.fleet.view import Member
 from controlplane.store.base import LeaseNotFound, Store, member_key
-from ferry.errors import FerryError
+from ferry.errors import AlreadyExists, FerryError
+from ferry.logs import event
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +49,18 @@ class _Record:
     lease: int = 0
     refreshed_at: float = float("-inf")
     dirty: bool = True  # the stored value is stale (or was never written)
+    claimed: dict[str, int] = field(default_factory=dict)  # claim key -> revision written under ``lease``
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class MemberLeases:
     """The store side of each member: its lease and whether its value needs writing."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], float], ttl_seconds: float, batch: int = 64) -> None:
+    def __init__(self, store: Store, *, clock: Callable[[], float], ttl_seconds: float, batch: int = 64,
+                 control_plane: str = "", dead: Callable[[str], bool] = lambda node: False) -> None:
         self._store = store
+        self._cp = control_plane
+        self._dead = dead  # whether this control plane sees a node dead (its claims may be taken)
         self._clock = clock
         self._ttl = ttl_seconds
         self._batch = batch
@@ -71,10 +88,79 @@ class MemberLeases:
                             len(todo), errors[0])
                 return  # the store is away: the rest waits for the next pass
 
+    async def claim(self, node: str, claims: Sequence[Claim], hosts: frozenset[str]) -> None:
+        """Take ``claims`` for ``node`` under its lease, or raise AlreadyExists naming the first one held.
+
+        Nothing is written when one is refused. A claim lost to a race (the conditional put fails)
+        is read again and refused. Store errors (``Unavailable``) propagate: ownership cannot be
+        checked while the store is away.
+        """
+        record = self._records.setdefault(node, _Record())
+        async with record.lock:
+            if any(c.kind == NODE for c in claims):  # a registration: every claim read and written again, so
+                record.claimed.clear()  # none is trusted that another control plane took meanwhile
+            for last in (False, True):
+                if not record.lease:
+                    record.lease = await self._store.grant_lease(self._ttl)
+                    record.claimed.clear()
+                    record.dirty = True  # the member's value and other claims go under the new lease
+                try:
+                    await self._take(record, node, claims, hosts)
+                    return
+                except LeaseNotFound:
+                    record.lease = 0
+                    if last:
+                        raise
+
+    async def _take(self, record: _Record, node: str, claims: Sequence[Claim], hosts: frozenset[str]) -> None:
+        first: dict[str, Claim] = {}
+        for c in claims:
+            first.setdefault(c.key, c)  # a key claimed twice (replicas sharing an address): its first field
+        todo = [c for c in first.values() if c.key not in record.claimed]
+        found = await asyncio.gather(*(self._store.get(c.key) for c in todo))
+        for c, kv in zip(todo, found, strict=True):
+            reason = refusal(c, None if kv is None else Holder.decode(kv.value), node=node,
+                             control_plane=self._cp, hosts=hosts, dead=self._dead)
+            if reason:
+                raise AlreadyExists(c.field, reason)
+        value = Holder(node, self._cp, tuple(sorted(hosts))).encode()
+        for c, kv in zip(todo, found, strict=True):
+            revision = await self._store.put_if(c.key, value, revision=0 if kv is None else kv.revision,
+                                                lease=record.lease)
+            if not revision:  # taken meanwhile
+                now = await self._store.get(c.key)
+                reason = refusal(c, None if now is None else Holder.decode(now.value), node=node,
+                                 control_plane=self._cp, hosts=hosts, dead=self._dead)
+                raise AlreadyExists(c.field, reason or "claimed by another registration meanwhile")
+            record.claimed[c.key] = revision
+
+    async def _reconcile(self, record: _Record, member: Member) -> None:
+        """Take the member's claims it lacks (logging those held by others); delete those it no longer needs."""
+        reg = member.registration()
+        claims = register_claims(reg)
+        wanted = {c.key for c in claims}
+        for key in [k for k in record.claimed if k not in wanted]:
+            kv = await self._store.get(key)
+            if kv is not None and Holder.decode(kv.value).node == member.node:
+                await self._store.delete(key)
+            record.claimed.pop(key, None)
+        hosts = frozenset(host_of(info.address) for info in reg.replicas)
+        for c in claims:
+            if c.key in record.claimed:
+                continue
+            try:
+                await self._take(record, member.node, [c], hosts)
+            except AlreadyExists as exc:
+                event(log, "claim_lost", logging.WARNING, node=member.node, field=exc.field, detail=exc.reason)
+
     async def _write(self, member: Member) -> str:
-        """Refresh the member's lease, or (re)write it under a lease when stale or lost; the error or ""."""
+        """Refresh the member's lease, or (re)write it and its claims when stale or lost; the error or ""."""
 
         record = self._records.setdefault(member.node, _Record())
+        async with record.lock:
+            return await self._write_locked(record, member)
+
+    async def _write_locked(self, record: _Record, member: Member) -> str:
         try:
             if not record.dirty and record.lease:
                 try:
@@ -87,6 +173,7 @@ class MemberLeases:
             for last in (False, True):  # a lease that ran out while the node was away: take a new one, once
                 if not record.lease:
                     record.lease = await self._store.grant_lease(self._ttl)
+                    record.claimed.clear()
                 try:
                     await self._store.put(member_key(member.node), value, lease=record.lease)
                     break
@@ -94,6 +181,7 @@ class MemberLeases:
                     record.lease = 0
                     if last:
                         raise
+            await self._reconcile(record, member)
             record.dirty = False
             record.refreshed_at = self._clock()
             return ""

@@ -3,7 +3,15 @@
 :class:`FleetService` holds this control plane's members and their agents.
 
 - Agents (``Fleet.Connect``): :meth:`FleetService.register`,
-  :meth:`FleetService.telemetry`, :meth:`FleetService.disconnect`. Members are
+  :meth:`FleetService.telemetry`, :meth:`FleetService.disconnect`. A
+  registration, and a telemetry message that adds a replica or moves one to
+  another address, is checked against this control plane's view, then claims
+  its node name, replica ids and addresses in the store
+  (:mod:`controlplane.fleet.claims`), so a claim on what a live node holds on
+  any control plane is refused (``AlreadyExists`` naming the field: the stream
+  ends with ALREADY_EXISTS) before it reaches a table. While the store does
+  not answer within ``store_timeout_seconds`` such a message is refused with
+  ``Unavailable`` (loads alone need no store). Members are
   written to the store under a lease (``/ferry/members/{node}``, TTL
   ``grace_seconds``, refreshed every third of it while the agent stream is
   open, so a node whose control plane or stream is gone drops out of the store
@@ -43,17 +51,18 @@ from controlplane.cluster.service import PeerService
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet import telemetry as telemetry_check
 from controlplane.fleet.agents import Agents, AgentSession
+from controlplane.fleet.claims import Claim, changed_claims, host_of, register_claims
 from controlplane.fleet.members import MemberLeases
-from controlplane.fleet.view import FleetView, Member, is_live, replica_state
+from controlplane.fleet.view import FleetView, Member, claim_conflict, is_live, replica_state
 from controlplane.fleet.views import model_views, node_view, usage_rows
 from controlplane.metrics import Metrics
-from controlplane.store.base import KeyValue, cordon_key, drain_key, drain_value
+from controlplane.store.base import KeyValue, LeaseNotFound, cordon_key, drain_key, drain_value
 from controlplane.store.intent import IntentCache
 from controlplane.store.writer import IntentWriter
 from controlplane.tables import views
 from controlplane.tables.compute import TableVersions, catalog_models
 from ferry.config import ModelConfig
-from ferry.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded
+from ferry.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded, Unavailable
 from ferry.logs import event
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
 
@@ -123,9 +132,13 @@ class FleetService:
     def close_stream(self) -> None:
         self.agents.close_stream()
 
-    def register(self, reg: fleet_pb2.Register) -> AgentSession:
+    async def register(self, reg: fleet_pb2.Register) -> AgentSession:
+        """Admit a registration: valid, claiming nothing a live node holds here or anywhere (the store's claims)."""
         try:
             validate.check_register(reg, self.settings, self._strict_models)
+            claim_conflict(self.fleet, reg)  # this control plane's own view first: no store call to refuse
+            hosts = frozenset(host_of(info.address) for info in reg.replicas)
+            await self._claim(reg.node, register_claims(reg), hosts, "register")
             member = self.fleet.register(reg)
         except InvalidArgument:
             self._metrics.reject("register_field")
@@ -136,6 +149,9 @@ class FleetService:
         except AlreadyExists:
             self._metrics.reject("register_conflict")
             raise
+        except Unavailable:
+            self._metrics.reject("register_store")
+            raise
         session = self.agents.attach(member)
         self._member_changed(member.node)
         for replica_id, info in member.replicas.items():  # drains requested while the node was away
@@ -145,7 +161,35 @@ class FleetService:
         event(log, "node_registered", node=member.node, region=member.region, replicas=len(member.replicas))
         return session
 
-    def telemetry(self, session: AgentSession, telemetry: fleet_pb2.Telemetry) -> None:
+    async def _claim(self, node: str, claims: list[Claim], hosts: frozenset[str], what: str) -> None:
+        """Take ``claims`` in the store within ``store_timeout_seconds`` (``Unavailable`` naming ``what`` if not)."""
+        if not claims:
+            return
+        try:
+            async with asyncio.timeout(self.settings.store_timeout_seconds):
+                await self._leases.claim(node, claims, hosts)
+        except TimeoutError as exc:
+            raise Unavailable(f"{what}: the store did not answer within {self.settings.store_timeout_seconds:g} s, "
+                              "so ownership of the node and its replicas cannot be checked; retry") from exc
+        except LeaseNotFound as exc:
+            raise Unavailable(f"{what}: {exc}; retry") from exc
+
+    def _telemetry_conflict(self, member: Member, telemetry: fleet_pb2.Telemetry) -> None:
+        """Raise AlreadyExists naming the ``telemetry.changed`` entry that takes what another live node holds here."""
+        for i, info in enumerate(telemetry.changed):
+            holder = self.fleet.find(info.replica_id)
+            if holder is not None and holder is not member and self.fleet.live(holder):
+                raise AlreadyExists(f"telemetry.changed[{i}].replica_id",
+                                    f"held by node {holder.node!r} on control plane {self.settings.id!r}")
+            for node in sorted(self.fleet.serving(info.address) - {member.node}):
+                other = self.fleet.member(node)
+                if other is not None and self.fleet.live(other):
+                    raise AlreadyExists(f"telemetry.changed[{i}].address",
+                                        f"{info.address!r} is served by node {node!r} on control plane "
+                                        f"{self.settings.id!r}")
+
+    async def telemetry(self, session: AgentSession, telemetry: fleet_pb2.Telemetry) -> None:
+        """Apply one telemetry message; replicas it adds or moves are claimed first, like a registration's."""
         self._metrics.telemetry_messages.inc()
         if self.fleet.member(session.node) is not session.member:
             self._metrics.reject("stale_session")
@@ -156,7 +200,24 @@ class FleetService:
         except InvalidArgument:
             self._metrics.reject("telemetry_field")
             raise
-        outcome = self.fleet.apply_telemetry(session.member, telemetry)
+        member = session.member
+        fresh = [info for info in telemetry.changed
+                 if (old := member.replicas.get(info.replica_id)) is None or old.address != info.address]
+        if fresh:
+            try:
+                self._telemetry_conflict(member, telemetry)
+                hosts = frozenset(host_of(i.address) for i in (*member.replicas.values(), *telemetry.changed))
+                await self._claim(member.node, changed_claims(telemetry), hosts, "telemetry")
+            except AlreadyExists:
+                self._metrics.reject("telemetry_conflict")
+                raise
+            except Unavailable:
+                self._metrics.reject("telemetry_store")
+                raise
+            if self.fleet.member(session.node) is not member:  # replaced while the store answered
+                self._metrics.reject("stale_session")
+                return
+        outcome = self.fleet.apply_telemetry(member, telemetry)
         for reason, count in outcome.ignored.items():
             self._metrics.reject(reason, count)
         if outcome.membership_changed:

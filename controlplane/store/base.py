@@ -43,6 +43,10 @@ key                                   value                                     
                                       ``{"version", "leader", "computed_at",
                                       "replicas"}``: the body is pushed, not stored
 ``catalog/{model}``                   reserved for the operator catalog             none
+``claims/node/{node}``,               JSON ``{"node", "control_plane", "hosts"}``:  the member's (the
+``claims/replica/{id}``,              who owns the name, id or address              claimant's lease)
+``claims/address/{address}``          (:mod:`controlplane.fleet.claims`), created
+                                      only by :meth:`Store.put_if`
 ====================================  ============================================  =====================
 
 Semantics (those of etcd v3):
@@ -85,6 +89,7 @@ ELECTION_PREFIX = PREFIX + "election/"
 ELECTION_KEY = ELECTION_PREFIX + "leader"
 TABLES_PREFIX = PREFIX + "tables/"
 CATALOG_PREFIX = PREFIX + "catalog/"
+CLAIMS_PREFIX = PREFIX + "claims/"
 
 
 def member_key(node: str) -> str:

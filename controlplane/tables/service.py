@@ -131,9 +131,18 @@ class TableService:
                 if self._peers.leading:
                     self.recompute()
                 else:
+                    self._reabsorb()
                     self._observe(self._clock(), self._peers.members())
             except Exception:  # the loop must outlive a bug in one pass
                 log.exception("table computation failed")
+
+    def _reabsorb(self) -> None:
+        """A follower: the loads and telemetry ages of other control planes' replicas as the leader's last tables
+        give them (the age the leader measured, not the time since the table arrived)."""
+        for region in self.versions.regions():
+            published = self.versions.get(region)
+            if published is not None:
+                self._peers.absorbed(published.snapshot)
 
     def recompute(self) -> list[Published]:
         """Compute every region's table; offer each new version to its watchers and followers at once."""
@@ -207,9 +216,13 @@ class TableService:
             watcher.offer(published.snapshot)
 
     def _observe(self, now: float, members: list[Member]) -> None:
+        """The metrics of one pass; a follower measures telemetry ages of the nodes it holds only."""
         metrics, intent, leading = self._metrics, self._intent, self._peers.leading
-        metrics.observe_fleet(members, self.versions, now=now, grace=self.settings.grace_seconds)
-        metrics.observe_usage(usage_rows(members, self.versions, now=now))
+        held = None if leading else self._peers.held_here()
+        metrics.observe_fleet(members, self.versions, now=now, grace=self.settings.grace_seconds, aged=held)
+        rows = usage_rows(members, self.versions, now=now)
+        aged = None if held is None else usage_rows([m for m in members if m.node in held], self.versions, now=now)
+        metrics.observe_usage(rows, aged)
         metrics.observe_region_usage(self.proxy_usage.figures() if leading else {})
         wall = self._wall()
         nodes = [node_view(m, intent.allocations.get(m.node), now=now, grace=self.settings.grace_seconds,
@@ -292,4 +305,4 @@ class TableService:
             self._metrics.reject(ignored)
 
     def _observe_proxies(self) -> None:
-        self._metrics.observe_proxies(self.watchers.statuses(), self.versions)
+        self._metrics.observe_proxies(self.watchers.statuses(), self.versions, now=self._clock())

@@ -3,7 +3,9 @@
 Pure functions: the fleet's members, the drain intent, the current tables and
 the proxies' statuses at ``now`` in, ``admin_pb2`` messages out, sorted for
 stable output (replicas by id, regions by name, proxies by id). A replica is
-``in_table`` when its region's current table lists it. Cost: O(replicas) for
+``in_table`` when its region's current table lists it; a replica whose node
+is not live is ``dead`` and shown with no load (its last one is not what it
+carries now), only the age of its last report. Cost: O(replicas) for
 a listing, O(regions + proxies) for the tables.
 """
 
@@ -15,7 +17,7 @@ from collections.abc import Set as AbstractSet
 from controlplane.fleet.view import Member, is_live, load_of, replica_state
 from controlplane.tables.compute import TableVersions
 from controlplane.tables.watchers import ProxyStatus
-from ferry.v1 import admin_pb2
+from ferry.v1 import admin_pb2, common_pb2
 
 
 def replica_view(
@@ -25,6 +27,8 @@ def replica_view(
     info = member.replicas[replica_id]
     live = is_live(member, now, grace)
     load, age = load_of(member, replica_id, now)
+    if not live:
+        load = common_pb2.ReplicaLoad(replica_id=replica_id, state=common_pb2.REPLICA_STATE_DEAD)
     published = tables.get(member.region)
     return admin_pb2.ReplicaView(
         replica_id=replica_id, node=member.node, region=member.region, model=info.model, version=info.version,

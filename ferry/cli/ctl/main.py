@@ -29,16 +29,22 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   store and pushed to the proxies (:mod:`ferry.cli.ctl.tenants`);
 - ``completion bash|zsh``: a shell completion script.
 
-Every command takes ``--control-plane host:port`` (else ``--ready-file`` of
-``ferry up``, else env ``FERRY_CONTROL_PLANE``), ``--admin-token TOKEN`` (else
+Every command takes ``--control-plane host:port[,host:port…]`` (else every
+control plane of ``--ready-file`` of ``ferry up``, else env
+``FERRY_CONTROL_PLANE``, also a comma-separated list: each is asked in turn
+until one answers; one whose call fails UNAVAILABLE and that accepts no
+connection within :data:`CONNECT_TIMEOUT` is skipped as unreachable), ``--admin-token TOKEN`` (else
 the ready file's ``admin_token``, else env ``FERRY_ADMIN_TOKEN``; sent as
 ``authorization: Bearer TOKEN``), ``--tls-ca``/``--tls-cert``/``--tls-key``
 (mutual TLS; else the ready file's ``tls`` section; a certificate of common
 name ``admin`` needs no token) and ``--json`` (JSON on stdout; ``top``:
-one object per line and frame). Human tables by default. Exit codes: 0 done,
-1 the control plane refused (the status and its message are printed, e.g.
-UNAUTHENTICATED saying how to pass the token), 2 usage error or the control
-plane is unreachable.
+one object per line and frame). Human tables by default. Exit codes
+(:data:`EXIT_OK` …): 0 done; 1 the control plane refused (the status and its
+message are printed, e.g. UNAUTHENTICATED saying how to pass the token); 2
+usage error, or no control plane reachable; 3 a control plane answered but
+could not do it now because something it needs is away (UNAVAILABLE from a
+reachable control plane: its store, or the leader): nothing was changed,
+retry later.
 """
 
 from __future__ import annotations
@@ -77,7 +83,10 @@ from ferry.v1 import admin_pb2, admin_pb2_grpc
 
 TIMEOUT = 5.0
 ALLOC_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 2.0  # seconds to wait for a control plane to accept a connection before trying the next
 TOKEN_ENV = "FERRY_ADMIN_TOKEN"
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_DEPENDENCY = 0, 1, 2, 3
+AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def admin_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -161,11 +170,25 @@ def _ready(args: argparse.Namespace) -> dict[str, Any]:
     return (read_ready_file(args.ready_file) or {}) if args.ready_file else {}
 
 
-def _address(args: argparse.Namespace) -> str:
-    address = args.control_plane or _ready(args).get("control_plane") or os.environ.get("FERRY_CONTROL_PLANE")
-    if not address:
-        raise UsageError("give --control-plane host:port, --ready-file, or set FERRY_CONTROL_PLANE")
-    return str(address)
+def _addresses(args: argparse.Namespace) -> list[str]:
+    """The control planes to try, in order: ``--control-plane`` (comma-separated), the ready file's, the env's."""
+    ready = _ready(args)
+    given: Any = (args.control_plane or ready.get("control_planes") or ready.get("control_plane")
+                  or os.environ.get("FERRY_CONTROL_PLANE"))
+    items = given.split(",") if isinstance(given, str) else [str(a) for a in given or ()]
+    addresses = list(dict.fromkeys(a.strip() for a in items if a.strip()))
+    if not addresses:
+        raise UsageError("give --control-plane host:port[,host:port...], --ready-file, or set FERRY_CONTROL_PLANE")
+    return addresses
+
+
+def _reachable(channel: grpc.Channel) -> bool:
+    """Whether the channel's control plane accepts a connection within :data:`CONNECT_TIMEOUT`."""
+    try:
+        grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT)
+    except grpc.FutureTimeoutError:
+        return False
+    return True
 
 
 def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
@@ -294,7 +317,8 @@ def cmd_alloc(stub: Any, args: argparse.Namespace) -> None:
     _emit(args, data, show)
 
 
-def cmd_status(stub: Any, args: argparse.Namespace) -> None:
+def gather_status(stub: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Every control plane's GetStatus merged (:func:`ferry.cli.ctl.views.merge_status`), the dead ones shown."""
     first = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=TIMEOUT)
     answers: dict[str, Any] = {first.control_plane_id: first}
     unreachable: dict[str, str] = {}
@@ -307,7 +331,26 @@ def cmd_status(stub: Any, args: argparse.Namespace) -> None:
                                                                                 timeout=2.0)
         except grpc.RpcError as exc:
             unreachable[view.id] = f"{exc.code().name}: {exc.details()}"
-    status = merge_status(first, answers, unreachable)
+    known = {view.address for view in first.control_planes}
+    skipped: dict[str, str] = getattr(args, "skipped", {})
+    missing = {address: skipped.get(address, "not registered in the store (stopped or dead)")
+               for address in getattr(args, "addresses", ()) if address not in known}  # given but gone from the store
+    return merge_status(first, answers, unreachable, missing=missing)
+
+
+def proxy_summary(proxies: list[dict[str, Any]]) -> str:
+    """One line: proxies connected, and each disconnected one (whose traffic no figure shows)."""
+    gone = sorted({p["proxy_id"] for p in proxies if not p["connected"]} - {p["proxy_id"] for p in proxies
+                                                                                if p["connected"]})
+    live = len({p["proxy_id"] for p in proxies if p["connected"]})
+    text = f"proxies: {live} connected"
+    if gone:
+        text += f", {len(gone)} DISCONNECTED ({', '.join(gone)}): their traffic is in no figure"
+    return text
+
+
+def cmd_status(stub: Any, args: argparse.Namespace) -> None:
+    status = gather_status(stub, args)
     if args.json:
         print(json.dumps(status, indent=2))
         return
@@ -318,6 +361,7 @@ def cmd_status(stub: Any, args: argparse.Namespace) -> None:
     print(f"leader: {leader['id']} at {leader['address']} (term {leader['term']})" if leader else "leader: none")
     print(f"store: {store['backend']}{where} {health}, revision {store['revision']}")
     print(f"fleet: {status['members']} live nodes, {status['drains']} drains, {status['allocations']} allocations")
+    print(proxy_summary(status["proxies"]))
     print()
     print_table(status["control_planes"], ["id", "address", "role", "reachable", "agents", "store_healthy", "error"])
     print()
@@ -332,7 +376,7 @@ def cmd_top(stub: Any, args: argparse.Namespace) -> None:
         raise UsageError("top: --iterations must be >= 0 and --interval > 0")
     with ctlflow.leader(stub, functools.partial(_at, args), TIMEOUT) as target:  # the leader has every proxy
         ctltop.run(target, iterations=args.iterations, interval=args.interval, as_json=args.json, timeout=TIMEOUT,
-                   by_tier=args.by_tier)
+                   by_tier=args.by_tier, proxies=lambda: gather_status(stub, args)["proxies"], summary=proxy_summary)
 
 
 @contextlib.contextmanager
@@ -359,22 +403,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "completion":
         print(completion.SHELLS[args.shell](parser), end="")
         return 0
+    address = ""
     try:
-        address = _address(args)
-        with clienttls.sync_channel(address, _credentials(args)) as channel:
-            COMMANDS[args.command](AdminClient(channel, _token(args)), args)
+        args.addresses = _addresses(args)
+        args.skipped = {}  # address -> why it was not asked
+        credentials = _credentials(args)
+        for address in args.addresses:
+            with clienttls.sync_channel(address, credentials) as channel:
+                try:
+                    COMMANDS[args.command](AdminClient(channel, _token(args)), args)
+                    return EXIT_OK
+                except grpc.RpcError as exc:
+                    if exc.code() not in AWAY or _reachable(channel):
+                        raise
+                    args.skipped[address] = f"unreachable: {exc.code().name}: {exc.details()}"
+        print(f"ferryctl: control plane {', '.join(args.addresses)} unreachable: "
+              f"{'; '.join(args.skipped.values())}", file=sys.stderr)
+        return EXIT_USAGE
     except UsageError as exc:
         print(f"ferryctl: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except grpc.RpcError as exc:
         code = exc.code()
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            print(f"ferryctl: control plane {address} unreachable ({code.name}): {exc.details()}", file=sys.stderr)
-            return 2
+        if code in AWAY:  # the control plane accepts connections: what failed is behind it (its store, the leader)
+            print(f"ferryctl: the control plane at {address} answered, but what it needs (its store, or the "
+                  f"leader) is away ({code.name}); nothing was changed, retry when it is back: {exc.details()}",
+                  file=sys.stderr)
+            return EXIT_DEPENDENCY
         print(f"ferryctl: {code.name}: {exc.details()}", file=sys.stderr)
-        return 1
-    return 0
-
+        return EXIT_REFUSED
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,6 +19,11 @@ proxies' queue of that tier). ``--json`` rows also carry
 the replicas' ``requests_total`` between two frames (a counter that went
 back, a restart, counts as zero); so the first frame waits one interval.
 
+Each frame also names the proxies (``proxies``: every control plane's
+``GetStatus``): a dead, disconnected proxy is shown as such, so that its
+missing traffic does not read as an idle fleet (``--json``: ``proxies``, one
+object per proxy with ``connected``).
+
 Human frames are separated by a blank line (the screen is cleared first when
 stdout is a terminal); ``--json`` prints one JSON object per frame and line.
 Stops after ``--iterations`` frames, or on Ctrl-C / SIGTERM with exit 0.
@@ -31,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ferry.cli.ctl.flow import human, p99_ms
@@ -76,8 +82,10 @@ def frame_rows(previous: Any, current: Any, *, by_tier: bool = False) -> list[di
     return rows
 
 
-def run(stub: Any, *, iterations: int, interval: float, as_json: bool, timeout: float, by_tier: bool = False) -> None:
-    """Print frames until ``iterations`` (0: forever) or a stop signal."""
+def run(stub: Any, *, iterations: int, interval: float, as_json: bool, timeout: float, by_tier: bool = False,
+        proxies: Callable[[], list[dict[str, Any]]] = list,
+        summary: Callable[[list[dict[str, Any]]], str] = lambda p: "") -> None:
+    """Print frames until ``iterations`` (0: forever) or a stop signal; ``proxies`` gives each frame's proxies."""
     stop = threading.Event()
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     clear = sys.stdout.isatty() and not as_json
@@ -92,14 +100,17 @@ def run(stub: Any, *, iterations: int, interval: float, as_json: bool, timeout: 
             previous = current
             shown += 1
             stamp = time.strftime("%H:%M:%S", time.localtime(current.sampled_at))
+            known = proxies()
             if as_json:
-                print(json.dumps({"at": current.sampled_at, "rows": rows}), flush=True)
+                print(json.dumps({"at": current.sampled_at, "rows": rows, "proxies": known}), flush=True)
             else:
                 if clear:
                     print("\033[H\033[2J", end="")
                 elif shown > 1:
                     print()
                 print(f"ferryctl top  {stamp}  (rate, p99, shed, errors: the proxies' last window)")
+                if known:
+                    print(summary(known))
                 print_table(human(rows), columns)
                 sys.stdout.flush()
             if iterations and shown >= iterations:

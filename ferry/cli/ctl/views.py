@@ -33,11 +33,14 @@ def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:
 
 
 def replica_row(r: Any) -> dict[str, Any]:
+    """One replica for display; a dead one has no load (None: empty cells, ``null`` in JSON)."""
+    dead = r.state == common_pb2.REPLICA_STATE_DEAD
     return {
         "id": r.replica_id, "node": r.node, "region": r.region, "model": r.model, "version": r.version,
         "address": r.address, "state": state_name(r.state), "drain_requested": r.drain_requested,
-        "cordoned": r.cordoned, "in_table": r.in_table, "queue": r.load.queued, "running": r.load.running,
-        "free_kv": r.load.kv_blocks_free, "total_kv": r.load.kv_blocks_total,
+        "cordoned": r.cordoned, "in_table": r.in_table, "queue": None if dead else r.load.queued,
+        "running": None if dead else r.load.running, "free_kv": None if dead else r.load.kv_blocks_free,
+        "total_kv": None if dead else r.load.kv_blocks_total,
         "telemetry_age_s": round(r.telemetry_age_seconds, 3),
     }
 
@@ -78,11 +81,14 @@ def change_row(c: Any) -> dict[str, Any]:
     return {"change": c.change, "model": c.model, "replica_id": c.replica_id, "detail": c.detail}
 
 
-def merge_status(first: Any, answers: dict[str, Any], unreachable: dict[str, str]) -> dict[str, Any]:
+def merge_status(first: Any, answers: dict[str, Any], unreachable: dict[str, str],
+                 missing: dict[str, str] | None = None) -> dict[str, Any]:
     """One view of the control side from each control plane's GetStatus (``first`` answered the call).
 
     Tables and counts come from the leader's answer when it answered; proxies from the control plane
     each one watches from, with ``leader_version`` and ``synced`` (applied the leader's version).
+    ``missing``: control planes the operator named (address -> why) that the store no longer lists:
+    shown unreachable, with no id, so that a dead control plane does not vanish from the view.
     """
     leader = answers.get(first.leader_id) if first.leader_id else None
     main = leader if leader is not None else first
@@ -96,6 +102,9 @@ def merge_status(first: Any, answers: dict[str, Any], unreachable: dict[str, str
             "error": unreachable.get(view.id, ""), "agents": answer.agents if answer is not None else 0,
             "store_healthy": answer.store.healthy if answer is not None else None,
         })
+    for address, why in sorted((missing or {}).items()):
+        planes.append({"id": "", "address": address, "leader": False, "role": "", "reachable": False,
+                       "error": why, "agents": 0, "store_healthy": None})
     proxies = []
     for cp_id, answer in sorted(answers.items()):
         for p in answer.proxies:

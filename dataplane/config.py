@@ -35,7 +35,12 @@ retry-after of 1 s); two attempts (one retry) for the interactive tier only,
 retries within a budget of 10 % of requests plus 10 a second (10 s window), a
 stream cut mid-way continued on another replica at most twice; outlier
 ejection after 5 failures in a row or 5x the peers' decode or prefill rate, for 2 s
-doubling to 60 s, at most 10 % of a model's replicas (at least one);
+doubling to 60 s, at most 10 % of a model's replicas (at least one); a
+replica that refused a connection out of the pick at once, until a table
+carries newer telemetry for it or ``unreachable_probe_seconds`` (5 s,
+doubling to ``unreachable_max_probe_seconds``, 60 s) pass
+(:mod:`dataplane.pick.unreachable`); a request that never reached a replica,
+or whose connection broke before any output, retried in every tier;
 a warning when the table has not been refreshed for 10 s; telemetry older
 than 1 s starts to cost score and counts as saturated at 6 s; reconnects to
 the control plane back off from 0.1 s, doubling, to 5 s, with jitter.
@@ -98,6 +103,7 @@ from dataplane.failover.budget import RetryBudget
 from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
+from dataplane.pick.unreachable import UnreachableParams
 from dataplane.table.local import MAX_VNODES, TableParams
 from ferry.config import TIERS, FileConfig, Limits, TenantConfig, from_mapping, load_file
 from ferry.errors import ConfigError
@@ -222,6 +228,13 @@ class OutlierSettings:
     outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
     outlier_max_ejection_seconds: float = 60.0
     outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
+    unreachable_probe_seconds: float = 5.0  # a refused replica is probed again after this (doubling), unless a
+    unreachable_max_probe_seconds: float = 60.0  # table brings telemetry newer than the refusal first
+
+    def unreachable_params(self) -> UnreachableParams:
+        """The refused replicas' parameters (:class:`dataplane.pick.unreachable.Unreachable`)."""
+        return UnreachableParams(probe_seconds=self.unreachable_probe_seconds,
+                                 max_probe_seconds=self.unreachable_max_probe_seconds)
 
     def params(self) -> OutlierParams:
         """The outlier detector's parameters (raises ConfigError naming ``proxy.outlier``)."""

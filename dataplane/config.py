@@ -29,7 +29,9 @@ type checker. Tenants and request limits come from the shared ``[[tenants]]`` an
 fields (:func:`load`). Every field has a default, so a proxy runs without a
 file; unknown keys fail at load time with their dotted name.
 
-Defaults: region ``local``; a request without a gRPC deadline gets 300 s;
+Defaults: region ``local``; a request without a gRPC deadline gets 300 s; a
+stream whose client has not taken a chunk for ``stream_unread_timeout_seconds``
+(30 s) ends RESOURCE_EXHAUSTED, cancelled upstream (:mod:`dataplane.api.service`);
 at most 4096 requests in flight per proxy (then RESOURCE_EXHAUSTED with a
 retry-after of 1 s); two attempts (one retry) for the interactive tier only,
 retries within a budget of 10 % of requests plus 10 a second (10 s window), a
@@ -131,10 +133,12 @@ class ServerSettings:
     max_inflight: int = 4096
     retry_after_seconds: float = 1.0
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
+    stream_unread_timeout_seconds: float = 30.0  # a stream chunk the client has not taken in this long ends it
 
     def __post_init__(self) -> None:
         _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
-                   "retry_after_seconds": self.retry_after_seconds})
+                   "retry_after_seconds": self.retry_after_seconds,
+                   "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -89,7 +89,10 @@ class Proxy:
             rng=self._rng,
             clock=clock,
         )
-        self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock)
+        server = self.settings.server
+        self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
+                                          unread_timeout=server.stream_unread_timeout_seconds,
+                                          retry_after=server.retry_after_seconds)
         self.watcher: TableWatcher | None = None
         if self.control_planes:
             watch = self.settings.watch

@@ -50,9 +50,13 @@ def default_factory(max_message_bytes: int, tls: TLSConfig | None = None) -> Cli
     """Build clients with Ferry's channel options (message size limits, keepalive); mutual TLS with ``tls``.
 
     Each channel has its own subchannel pool (``grpc.use_local_subchannel_pool``): a channel made after
-    :meth:`ClientPool.discard` connects afresh instead of sharing the old one's connection in backoff.
+    :meth:`ClientPool.discard` connects afresh instead of sharing the old one's connection in backoff. No
+    BDP probing (``grpc.http2.bdp_probe`` 0): each stream's receive window stays at gRPC's default (64 KiB),
+    so a stream the proxy stops reading (its client does not read, :mod:`dataplane.api.service`) stops its
+    replica after that much instead of a window grown to megabytes; token streams need no more.
     """
-    options = [*channel_options(max_message_bytes), ("grpc.use_local_subchannel_pool", 1)]
+    options = [*channel_options(max_message_bytes), ("grpc.use_local_subchannel_pool", 1),
+               ("grpc.http2.bdp_probe", 0)]
 
     def make(address: str) -> ReplicaClient:
         if tls is None:

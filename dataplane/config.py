@@ -32,6 +32,8 @@ file; unknown keys fail at load time with their dotted name.
 Defaults: region ``local``; a request without a gRPC deadline gets 300 s; a
 stream whose client has not taken a chunk for ``stream_unread_timeout_seconds``
 (30 s) ends RESOURCE_EXHAUSTED, cancelled upstream (:mod:`dataplane.api.service`);
+the allocator trimmed once RSS grew by ``memory_trim_growth_mib`` (32; 0: off)
+since the last trim, checked every second (:mod:`dataplane.memory`);
 at most 4096 requests in flight per proxy (then RESOURCE_EXHAUSTED with a
 retry-after of 1 s); two attempts (one retry) for the interactive tier only,
 retries within a budget of 10 % of requests plus 10 a second (10 s window), a
@@ -134,11 +136,13 @@ class ServerSettings:
     retry_after_seconds: float = 1.0
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
     stream_unread_timeout_seconds: float = 30.0  # a stream chunk the client has not taken in this long ends it
+    memory_trim_growth_mib: int = 32  # malloc_trim once RSS grew this much since the last trim (dataplane.memory)
 
     def __post_init__(self) -> None:
         _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
                    "retry_after_seconds": self.retry_after_seconds,
                    "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
+        _at_least_zero({"memory_trim_growth_mib": self.memory_trim_growth_mib})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -6,7 +6,8 @@ starts the table watcher when control-plane addresses are given;
 with ``tls`` the public port is TLS (no client certificate asked: tenants
 authenticate by API key) and the proxy uses mutual TLS to the control planes
 and, unless ``replica_tls`` is false, to the replicas;
-``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
+a task trims the allocator after bursts of large requests
+(:mod:`dataplane.memory`); ``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
 seconds, stops the watcher and closes the replica clients. Tests run it in
 process; :mod:`dataplane.main` runs it as ``ferry proxy``.
 
@@ -33,6 +34,7 @@ from dataplane.api.service import InferenceServicer
 from dataplane.config import ProxySettings
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
+from dataplane.memory import MIB, MemoryTrim
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
 from dataplane.table.local import Table, TableHolder
@@ -117,6 +119,9 @@ class Proxy:
         self._server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
+        # Memory back to the system after bursts of large requests (dataplane.memory).
+        self.memory = MemoryTrim(self.settings.server.memory_trim_growth_mib * MIB)
+        self._trim_task: asyncio.Task[None] | None = None
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
@@ -139,6 +144,7 @@ class Proxy:
         )
         if self.watcher is not None:
             self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")
+        self._trim_task = asyncio.create_task(self.memory.run(self._stop), name="memory-trim")
         return self.port
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -147,6 +153,11 @@ class Proxy:
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if self._trim_task is not None:
+            self._trim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trim_task
+            self._trim_task = None
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -206,6 +206,7 @@ def _fill(outcome: Outcome, params: Any) -> bool:
 
 
 _MAX_DECOUPLED = 4096
+JOIN_PIECES = 64  # a stream's pieces kept apart before their texts are joined into one string
 
 
 def _decoupled_refusal(exc: InferenceServerException | grpc.aio.AioRpcError) -> bool:
@@ -317,6 +318,8 @@ class Forwarder:
                             outcome.ttft_seconds = self._clock() - start
                             started = True
                         texts.append(text)
+                        if len(texts) >= JOIN_PIECES:  # the text as one string, not thousands of small ones
+                            texts[:] = ["".join(texts)]
                         yield Piece(text, tokens)
                     if _param(params, "triton_final_response"):
                         break

@@ -19,6 +19,8 @@ from prometheus_client import CollectorRegistry
 from agent.replica.engine import EngineParams
 from agent.replica.server import SimulatedReplica
 from dataplane.config import ProxySettings
+from dataplane.failover.continuation import JOIN_PIECES, Delivered
+from dataplane.forward.kserve import Piece
 from dataplane.server import Proxy
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tests.dataplane.conftest import FAST, PAID, TENANTS
@@ -89,3 +91,11 @@ async def test_unread_streams_are_cancelled_upstream_and_others_are_served_meanw
                     pass
             assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert (ended.value.details() or "").startswith("stream: not read for 0.5 s"), ended.value.details()
+
+
+def test_a_long_stream_holds_its_text_as_one_string_not_its_pieces() -> None:
+    delivered = Delivered()
+    for i in range(1000):
+        delivered.add(Piece(f"w{i} ", 1))
+    assert len(delivered.texts) <= JOIN_PIECES and delivered.tokens == 1000
+    assert delivered.text == "".join(f"w{i} " for i in range(1000))

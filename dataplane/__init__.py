@@ -7,5 +7,6 @@ proxy routes by arrives from the control plane (:mod:`.table`); the other
 regions it may spill to come with it (:mod:`.regions`). :mod:`.api` is the
 wire: the ``ferry.v1.Inference`` servicer, API keys, request validation and
 idempotency. :mod:`.server` wires one proxy process, :mod:`.main` is
-``ferry proxy``, :mod:`.config` reads the ``[proxy]`` section.
+``ferry proxy``, :mod:`.config` reads the ``[proxy]`` section, :mod:`.memory`
+gives memory back to the system after bursts of large requests.
 """

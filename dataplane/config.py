@@ -31,13 +31,22 @@ type checker. Tenants and request limits come from the shared ``[[tenants]]`` an
 fields (:func:`load`). Every field has a default, so a proxy runs without a
 file; unknown keys fail at load time with their dotted name.
 
-Defaults: region ``local``; a request without a gRPC deadline gets 300 s;
+Defaults: region ``local``; a request without a gRPC deadline gets 300 s; a
+stream whose client has not taken a chunk for ``stream_unread_timeout_seconds``
+(30 s) ends RESOURCE_EXHAUSTED, cancelled upstream (:mod:`dataplane.api.service`);
+the allocator trimmed once RSS grew by ``memory_trim_growth_mib`` (32; 0: off)
+since the last trim, checked every second (:mod:`dataplane.memory`);
 at most 4096 requests in flight per proxy (then RESOURCE_EXHAUSTED with a
 retry-after of 1 s); two attempts (one retry) for the interactive tier only,
 retries within a budget of 10 % of requests plus 10 a second (10 s window), a
 stream cut mid-way continued on another replica at most twice; outlier
 ejection after 5 failures in a row or 5x the peers' decode or prefill rate, for 2 s
-doubling to 60 s, at most 10 % of a model's replicas (at least one);
+doubling to 60 s, at most 10 % of a model's replicas (at least one); a
+replica that refused a connection out of the pick at once, until a table
+carries newer telemetry for it or ``unreachable_probe_seconds`` (5 s,
+doubling to ``unreachable_max_probe_seconds``, 60 s) pass
+(:mod:`dataplane.pick.unreachable`); a request that never reached a replica,
+or whose connection broke before any output, retried in every tier;
 a warning when the table has not been refreshed for 10 s; telemetry older
 than 1 s starts to cost score and counts as saturated at 6 s; reconnects to
 the control plane back off from 0.1 s, doubling, to 5 s, with jitter.
@@ -100,6 +109,7 @@ from dataplane.failover.budget import RetryBudget
 from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
+from dataplane.pick.unreachable import UnreachableParams
 from dataplane.table.local import MAX_VNODES, TableParams
 from ferry.config import TIERS, FileConfig, Limits, ModelConfig, TenantConfig, from_mapping, load_file
 from ferry.errors import ConfigError
@@ -127,10 +137,14 @@ class ServerSettings:
     max_inflight: int = 4096
     retry_after_seconds: float = 1.0
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
+    stream_unread_timeout_seconds: float = 30.0  # a stream chunk the client has not taken in this long ends it
+    memory_trim_growth_mib: int = 32  # malloc_trim once RSS grew this much since the last trim (dataplane.memory)
 
     def __post_init__(self) -> None:
         _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
-                   "retry_after_seconds": self.retry_after_seconds})
+                   "retry_after_seconds": self.retry_after_seconds,
+                   "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
+        _at_least_zero({"memory_trim_growth_mib": self.memory_trim_growth_mib})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -224,6 +238,13 @@ class OutlierSettings:
     outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
     outlier_max_ejection_seconds: float = 60.0
     outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
+    unreachable_probe_seconds: float = 5.0  # a refused replica is probed again after this (doubling), unless a
+    unreachable_max_probe_seconds: float = 60.0  # table brings telemetry newer than the refusal first
+
+    def unreachable_params(self) -> UnreachableParams:
+        """The refused replicas' parameters (:class:`dataplane.pick.unreachable.Unreachable`)."""
+        return UnreachableParams(probe_seconds=self.unreachable_probe_seconds,
+                                 max_probe_seconds=self.unreachable_max_probe_seconds)
 
     def params(self) -> OutlierParams:
         """The outlier detector's parameters (raises ConfigError naming ``proxy.outlier``)."""

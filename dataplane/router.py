@@ -56,6 +56,7 @@ from dataplane.api.idempotency import Idempotency
 from dataplane.api.tokenwork import TokenWork
 from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
 from dataplane.config import ProxySettings
+from dataplane.failover.budget import unreached
 from dataplane.failover.continuation import Delivered, cut_error
 from dataplane.failover.recover import Failover, retry_reason
 from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
@@ -319,8 +320,10 @@ class Router:
         self._metrics.telemetry_age.observe(decision.replica.telemetry_age + now - state.table.applied_at)
         return decision
 
-    def _result(self, state: RequestState, attempt: Attempt, *, ok: bool, outcome: Outcome | None = None) -> None:
-        """Feed one attempt's result to the outlier detector (through the picker)."""
+    def _result(self, state: RequestState, attempt: Attempt, *, ok: bool, outcome: Outcome | None = None,
+                error: FerryError | None = None) -> None:
+        """Feed one attempt's result to the outlier detector (through the picker); a refused connection takes
+        the replica out of the pick at once (:mod:`dataplane.pick.unreachable`)."""
         now = self._clock()
         if ok and outcome is not None:
             self.picker.answered(attempt, now=now, completion_tokens=outcome.completion_tokens,
@@ -328,7 +331,7 @@ class Router:
             if not state.region:  # how long a local request lasts: the age at which pushed loads go stale
                 self.picker.local.observe(now - state.forwarded_at)
         else:
-            self.picker.failed(attempt, now=now)
+            self.picker.failed(attempt, now=now, unreached=error is not None and unreached(error))
 
     def _ejected(self, replica_id: str, group: str, reason: str) -> None:
         """The outlier detector ejected a replica of ``group`` (model/version): counted and logged."""
@@ -418,7 +421,7 @@ class Router:
                 return state.outcome
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
-                    self._result(state, attempt, ok=False)
+                    self._result(state, attempt, ok=False, error=error)
                 if not self._retry(state, error):
                     raise
                 failed.append(replica)
@@ -465,7 +468,7 @@ class Router:
                 return
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
-                    self._result(state, attempt, ok=False)
+                    self._result(state, attempt, ok=False, error=error)
                 if not delivered.tokens and not delivered.texts:
                     if not self._retry(state, error):
                         raise

@@ -8,7 +8,8 @@ authenticate by API key) and the proxy uses mutual TLS to the control planes
 and, unless ``replica_tls`` is false, to the replicas;
 ``await proxy.start_http(listen) -> port`` adds the OpenAI-compatible HTTP
 front door (:mod:`dataplane.api.http`) on the same loop and router, with each
-model's chat template from ``models`` (:mod:`dataplane.api.chat`);
+model's chat template from ``models`` (:mod:`dataplane.api.chat`); a task
+trims the allocator after bursts of large requests (:mod:`dataplane.memory`);
 ``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
 seconds, stops the watcher and closes the replica clients. Tests run it in
 process; :mod:`dataplane.main` runs it as ``ferry proxy``.
@@ -39,6 +40,7 @@ from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
+from dataplane.memory import MIB, MemoryTrim
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
 from dataplane.table.local import Table, TableHolder
@@ -99,7 +101,10 @@ class Proxy:
             clock=clock,
             tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
         )
-        self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock)
+        server = self.settings.server
+        self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
+                                          unread_timeout=server.stream_unread_timeout_seconds,
+                                          retry_after=server.retry_after_seconds)
         self.templates = ChatTemplates(  # raises ConfigError naming a model whose template does not load
             {m.name: load_template(m.chat_template, f"models.{m.name}.chat_template") for m in models},
             max_bytes=self.limits.max_prompt_bytes)
@@ -129,6 +134,9 @@ class Proxy:
         self._server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
+        # Memory back to the system after bursts of large requests (dataplane.memory).
+        self.memory = MemoryTrim(self.settings.server.memory_trim_growth_mib * MIB)
+        self._trim_task: asyncio.Task[None] | None = None
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
@@ -151,6 +159,7 @@ class Proxy:
         )
         if self.watcher is not None:
             self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")
+        self._trim_task = asyncio.create_task(self.memory.run(self._stop), name="memory-trim")
         return self.port
 
     async def start_http(self, listen: str = "127.0.0.1:0") -> int:
@@ -170,6 +179,11 @@ class Proxy:
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if self._trim_task is not None:
+            self._trim_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trim_task
+            self._trim_task = None
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -5,8 +5,14 @@ UNKNOWN ("Unexpected DecodeError"). :class:`DecodeGuard`, a server
 interceptor that :func:`ferry.grpcutil.start_server` installs on every server,
 wraps each method's handler once (cached per method): its deserializer turns a
 parse failure into a marker, and the handler aborts with INVALID_ARGUMENT
-(``request: …``) when it meets one, for unary and streaming requests alike.
-Cost per call: one dictionary lookup and one ``isinstance``.
+when it meets one, for unary and streaming requests alike. The message names
+what is at fault: ``request body: not a valid ferry.v1.InferRequest: field 4
+(prompt): not valid UTF-8``. :func:`fault` finds the field by walking the
+protobuf wire format against the message's descriptor (tags, wire types,
+lengths, UTF-8 of strings, nested messages to :data:`MAX_DEPTH` levels);
+when the walk finds nothing, the parser's own reason is given.
+Cost per call: one dictionary lookup and one ``isinstance``; a refused
+message is walked once, O(its size).
 """
 
 from __future__ import annotations
@@ -16,6 +22,87 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+
+MAX_DEPTH = 8  # nested messages :func:`fault` descends into
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_SCALAR_WIRE = {
+    FieldDescriptor.TYPE_DOUBLE: _I64, FieldDescriptor.TYPE_FIXED64: _I64, FieldDescriptor.TYPE_SFIXED64: _I64,
+    FieldDescriptor.TYPE_FLOAT: _I32, FieldDescriptor.TYPE_FIXED32: _I32, FieldDescriptor.TYPE_SFIXED32: _I32,
+    FieldDescriptor.TYPE_STRING: _LEN, FieldDescriptor.TYPE_BYTES: _LEN, FieldDescriptor.TYPE_MESSAGE: _LEN,
+}
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int] | None:
+    """The varint at ``at`` and the offset after it; None when truncated or longer than 10 bytes."""
+    value, shift = 0, 0
+    for i in range(at, min(len(data), at + 10)):
+        value |= (data[i] & 0x7F) << shift
+        if not data[i] & 0x80:
+            return value, i + 1
+        shift += 7
+    return None
+
+
+def _repeated(field: FieldDescriptor) -> bool:
+    is_repeated = getattr(field, "is_repeated", None)
+    if isinstance(is_repeated, bool):
+        return is_repeated
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)
+
+
+def fault(descriptor: Descriptor, data: bytes, depth: int = 0) -> str | None:
+    """Where ``data`` stops being a valid ``descriptor`` message on the wire, e.g. ``field 4 (prompt): …``.
+
+    Walks tag by tag: a bad tag or wire type, a truncated value, a string that is not UTF-8, and (to :data:`MAX_DEPTH`)
+    the same inside nested messages, whose path is dotted. None when the
+    walk finds no fault (the parser's reason stands then).
+    """
+    at, end = 0, len(data)
+    while at < end:
+        start, tag = at, _varint(data, at)
+        if tag is None:
+            return f"byte {start}: truncated field tag"
+        key, at = tag
+        number, wire = key >> 3, key & 7
+        field = descriptor.fields_by_number.get(number)
+        name = f"field {number} ({field.name})" if field is not None else f"field {number}"
+        if number == 0:
+            return f"byte {start}: field number 0"
+        if field is not None:
+            expected = _SCALAR_WIRE.get(field.type, _VARINT)
+            packable = _repeated(field) and expected != _LEN
+            if wire != expected and not (packable and wire == _LEN):
+                field = None  # parsers keep a mismatched wire type as an unknown field: only its framing counts
+        if wire == _VARINT:
+            value = _varint(data, at)
+            if value is None:
+                return f"{name}: truncated varint"
+            at = value[1]
+        elif wire in (_I64, _I32):
+            at += 8 if wire == _I64 else 4
+            if at > end:
+                return f"{name}: truncated fixed-width value"
+        elif wire == _LEN:
+            size = _varint(data, at)
+            if size is None:
+                return f"{name}: truncated length"
+            length, at = size
+            if at + length > end:
+                return f"{name}: length {length} runs past the end ({end - at} byte(s) left)"
+            chunk, at = data[at:at + length], at + length
+            if field is not None and field.type == FieldDescriptor.TYPE_STRING:
+                try:
+                    chunk.decode("utf-8")
+                except UnicodeDecodeError:
+                    return f"{name}: not valid UTF-8"
+            elif field is not None and field.type == FieldDescriptor.TYPE_MESSAGE and depth < MAX_DEPTH:
+                inner = fault(field.message_type, chunk, depth + 1)
+                if inner is not None:
+                    return f"{name} > {inner}"
+        else:
+            return f"{name}: unsupported wire type {wire}"
+    return None
 
 
 class _Undecodable:
@@ -40,17 +127,26 @@ async def relay(result: Any) -> AsyncIterator[Any]:
         await result
 
 
+def reason(deserializer: Callable[[bytes], Any], data: bytes, exc: Exception) -> str:
+    """The refusal of ``data`` that ``deserializer`` could not parse: the message type, and the field at fault."""
+    descriptor = getattr(getattr(deserializer, "__self__", None), "DESCRIPTOR", None)
+    if not isinstance(descriptor, Descriptor):
+        return f"request body: not a valid message ({type(exc).__name__}: {exc})"
+    where = fault(descriptor, bytes(data)) or f"{type(exc).__name__}: {exc}"
+    return f"request body: not a valid {descriptor.full_name}: {where}"
+
+
 def _safe(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
             return deserializer(data)
         except Exception as exc:  # any parse failure is the client's malformed message
-            return _Undecodable(f"{type(exc).__name__}: {exc}")
+            return _Undecodable(reason(deserializer, data, exc))
     return parse
 
 
 async def _refuse(context: grpc.aio.ServicerContext, method: str, bad: _Undecodable) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid message for {method} ({bad.reason})")
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{bad.reason} (method {method})")
 
 
 async def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext, method: str) -> AsyncIterator[Any]:
@@ -95,7 +191,7 @@ def _wrap(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Server interceptor: malformed request bytes get INVALID_ARGUMENT naming ``request``."""
+    """Server interceptor: malformed request bytes get INVALID_ARGUMENT naming the message type and field."""
 
     def __init__(self) -> None:
         self._cache: dict[str, grpc.RpcMethodHandler | None] = {}

@@ -16,6 +16,20 @@ carries one too, :mod:`dataplane.admission.coldstart`). It counts every request 
 metrics and writes one JSON log line per failed request (ids, model, tier,
 status, reason; never a key or a prompt).
 
+**Slow readers.** A stream's chunks are written one at a time
+(``context.write``), and the next piece is read from the replica only once
+the previous chunk was written: a client that does not read fills its HTTP/2
+window, the write waits, the proxy stops reading from the replica, and the
+replica's window fills in turn (the replica channels do not grow their
+windows, :func:`dataplane.forward.clients.default_factory`). So an unread
+stream holds at most one piece here, plus the two flow-control windows. A
+chunk not written within ``stream_unread_timeout_seconds`` (``[proxy]``,
+default 30 s) ends the stream RESOURCE_EXHAUSTED (:class:`StreamUnread`,
+``stream: not read for …``) and cancels it upstream, which frees the
+replica's slot; the request leaves the proxy's in-flight count at once, and
+the call ends when the client reads (it gets what was buffered, then the
+status) or its deadline passes.
+
 Cost per request, beyond the router: one ``x-request-id`` match, one initial
 metadata send, and the metric children of its (model, tier[, status])
 looked up in a dict (label sets are bounded: models the table names, the
@@ -52,6 +66,15 @@ log = logging.getLogger("ferry.proxy")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
+class StreamUnread(Overloaded):
+    """A stream's client read nothing for ``seconds``: its stream is cancelled upstream (RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, seconds: float, retry_after: float) -> None:
+        super().__init__(f"stream: not read for {seconds:g} s (stream_unread_timeout_seconds); cancelled, "
+                         "its replica freed", retry_after)
+        self.seconds = seconds
+
+
 def caller_request_id(metadata: Sequence[tuple[str, str | bytes]]) -> tuple[str, InvalidArgument | None]:
     """The caller's ``x-request-id`` ("" when none) and the error when it is malformed (a fresh id is used)."""
     for key, value in metadata:
@@ -75,7 +98,10 @@ def finish_reason(state: RequestState) -> str:
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """The public Inference API of one proxy."""
 
-    def __init__(self, router: Router, metrics: ProxyMetrics, *, region: str, clock: Callable[[], float]) -> None:
+    def __init__(self, router: Router, metrics: ProxyMetrics, *, region: str, clock: Callable[[], float],
+                 unread_timeout: float = 30.0, retry_after: float = 1.0) -> None:
+        self._unread_timeout = unread_timeout  # a stream's chunk not written in this long ends it (StreamUnread)
+        self._retry_after = retry_after
         self._router = router
         self._metrics = metrics
         self._region = region
@@ -98,6 +124,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         try:
             yield
         except FerryError as error:
+            self._router.end(state)  # before the status, which waits behind what an unread stream holds
             await self._fail(state, error, context)
         except asyncio.CancelledError:
             self.count(state, "CANCELLED")
@@ -132,10 +159,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         state.outcome.ttft_seconds = self._clock() - state.started
         return self.summary(state, state.outcome.text)
 
-    async def InferStream(
-        self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[inference_pb2.InferChunk]:
-        """One request, the text as chunks as they come, then a final chunk with the summary."""
+    async def InferStream(self, request: inference_pb2.InferRequest, context: grpc.aio.ServicerContext) -> None:
+        """One request, the text as chunks as they come, then a final chunk with the summary; each chunk written
+        before the next piece is read (see Slow readers in the module docstring)."""
         metadata = context.invocation_metadata() or ()
         state, refused = await self._start(context, metadata)
         first: float | None = None
@@ -148,10 +174,17 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 async for piece in pieces:
                     if first is None:
                         first = self._clock() - state.started
-                    yield inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens)
-        state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
-        self.succeed(state, streamed=first is not None)
-        yield inference_pb2.InferChunk(final=True, summary=self.summary(state, ""))
+                    await self._write(context, inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens))
+            state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
+            await self._write(context, inference_pb2.InferChunk(final=True, summary=self.summary(state, "")))
+            self.succeed(state, streamed=first is not None)
+
+    async def _write(self, context: grpc.aio.ServicerContext, chunk: inference_pb2.InferChunk) -> None:
+        """Write one chunk; raises StreamUnread when the client has not taken it in ``stream_unread_timeout``."""
+        try:
+            await asyncio.wait_for(context.write(chunk), self._unread_timeout)
+        except TimeoutError:
+            raise StreamUnread(self._unread_timeout, self._retry_after) from None
 
     def summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
         """The ``InferResponse`` of a finished request (shared with the HTTP front door)."""

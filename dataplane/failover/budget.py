@@ -10,11 +10,16 @@ attempts). When one replica of many fails, its few
 in-flight requests fit the budget and are retried; when every replica fails,
 at most about 10 % of requests are tried twice instead of 100 %.
 
-Retries of requests that never reached a replica (:func:`charged` is false:
-the connection was refused, so no replica did any work for them) are not
-charged: the budget exists to stop retries from multiplying the work sent to
-a struggling fleet, and a dead replica's refusals add none; ``max_attempts``
-still bounds them per request, and outlier ejection soon keeps traffic off.
+Retries of requests that never reached a replica (:func:`unreached`, and
+so :func:`charged` is false: the connection was refused, so no replica did
+any work for them) are not charged: the budget exists to stop retries from
+multiplying the work sent to a struggling fleet, and a dead replica's
+refusals add none; the retry policy still bounds them per request
+(:func:`dataplane.failover.recover.retry_reason`), and the refusing replica
+leaves the pick at once (:mod:`dataplane.pick.unreachable`).
+:func:`unserved` is wider: also a call whose connection to the replica broke
+before the replica sent anything (its process or node is gone, and the work
+it had started with it); such a retry is charged.
 
 Pure: the clock is passed to every call (seconds, monotonic). Cost: O(1)
 amortised per call (advancing clears at most ``slots`` buckets), memory
@@ -30,14 +35,32 @@ DEFAULT_MIN_PER_SECOND = 10.0
 DEFAULT_WINDOW_SECONDS = 10.0
 DEFAULT_SLOTS = 10
 UNREACHABLE = ("failed to connect", "connection refused")
+TRANSPORT_LOST = ("socket closed", "connection reset", "broken pipe", "goaway", "connection aborted",
+                  "end of tcp stream", "stream removed", "keepalive watchdog")
+
+
+def _marked(error: FerryError, marks: tuple[str, ...]) -> bool:
+    if not isinstance(error, ReplicaFailed) or getattr(error, "kind", "unavailable") != "unavailable":
+        return False
+    reason = error.reason.lower()
+    return any(mark in reason for mark in marks)
+
+
+def unreached(error: FerryError) -> bool:
+    """Whether ``error`` says the request never reached its replica (the connection was refused or failed)."""
+    return _marked(error, UNREACHABLE)
+
+
+def unserved(error: FerryError) -> bool:
+    """Whether the replica served nothing of the request: it was never reached, or the connection to it broke
+    before any output (the replica's transport UNAVAILABLE, not an UNAVAILABLE the replica answered)."""
+    return (_marked(error, UNREACHABLE + TRANSPORT_LOST) and isinstance(error, ReplicaFailed)
+            and not error.output_started)
 
 
 def charged(error: FerryError) -> bool:
     """Whether retrying after ``error`` spends budget: not when the request never reached the replica."""
-    if isinstance(error, ReplicaFailed):
-        reason = error.reason.lower()
-        return not any(mark in reason for mark in UNREACHABLE)
-    return True
+    return not unreached(error)
 
 
 class RetryBudget:

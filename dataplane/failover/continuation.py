@@ -17,7 +17,8 @@ UNAVAILABLE and :func:`cut_message` saying how many tokens were delivered;
 a stream cut by the client's own deadline ends DEADLINE_EXCEEDED
 (:func:`cut_error`), whichever side's timer fired first.
 
-Pure, no I/O. Cost: O(pieces) text held per stream (bounded by max_tokens).
+Pure, no I/O. Cost: the text delivered held per stream (bounded by max_tokens), as one string and at most
+``JOIN_PIECES`` (64) pieces; joining copies it once per 64 pieces.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import dataclasses
 
 from dataplane.forward.kserve import RETRYABLE, Call, Outcome, Piece
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed, Unavailable
+
+JOIN_PIECES = 64  # pieces' texts kept apart before they are joined into one string
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,9 +41,13 @@ class Delivered:
     texts: list[str] = dataclasses.field(default_factory=list)
 
     def add(self, piece: Piece) -> None:
-        """A piece was sent to the client."""
+        """A piece was sent to the client (the pieces' texts are joined every ``JOIN_PIECES``, so what a stream
+        holds is its text, not thousands of small strings)."""
         self.tokens += piece.tokens
-        self.texts.append(piece.text)
+        texts = self.texts
+        texts.append(piece.text)
+        if len(texts) >= JOIN_PIECES:
+            texts[:] = ["".join(texts)]
 
     @property
     def text(self) -> str:

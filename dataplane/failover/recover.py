@@ -4,8 +4,18 @@
 failure is a :class:`ferry.errors.ReplicaFailed` marked retryable (no output
 reached the client; a transport or replica error, not a bad request), the
 request's tier is in ``retry_tiers`` (default: interactive only) and
-attempts are left (``max_attempts``, default 2 = one retry). It returns the
-metric reason label, or None for no retry; pure, shared with the simulator.
+attempts are left (``max_attempts``, default 2 = one retry). A request the
+replica served nothing of (:func:`dataplane.failover.budget.unserved`: the
+connection was refused, or broke before any output: the replica or its node
+is gone) is retried in every tier: nothing of it ran anywhere, so a retry
+cannot run it twice, and no tier should fail for a node lost under it. One
+that never reached a replica (:func:`dataplane.failover.budget.unreached`)
+may take ``UNREACHED_EXTRA_ATTEMPTS`` (2) attempts beyond ``max_attempts``:
+refusals cost no replica any work, and several replicas of a dead node may
+refuse before the table drops them. It returns the metric reason label
+(``unreached`` and ``transport_lost`` for those two, else the failure's
+kind), or None for no retry; pure, shared with the simulator. The deadline
+and the retry budget bound all of them.
 
 :class:`Failover` owns, per proxy, the decision to retry after an error
 (:mod:`dataplane.failover.budget`, the budget being the
@@ -26,7 +36,7 @@ import logging
 from collections.abc import Callable, Collection
 
 from dataplane.config import RetrySettings
-from dataplane.failover.budget import RetryBudget, charged
+from dataplane.failover.budget import RetryBudget, charged, unreached, unserved
 from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error
 from dataplane.forward.kserve import Call
 from dataplane.metrics import ProxyMetrics
@@ -35,12 +45,18 @@ from ferry.logs import event
 
 log = logging.getLogger(__name__)
 
+UNREACHED_EXTRA_ATTEMPTS = 2  # attempts beyond max_attempts for requests that never reached a replica
+
 
 def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: int,
                  retry_tiers: Collection[str]) -> str | None:
     """The retry reason label if the request should try another replica, else None."""
     if not isinstance(error, ReplicaFailed) or not error.retryable or error.output_started:
         return None
+    if unreached(error):
+        return "unreached" if attempts < max_attempts + UNREACHED_EXTRA_ATTEMPTS else None
+    if unserved(error):
+        return "transport_lost" if attempts < max_attempts else None
     if tier not in retry_tiers or attempts >= max_attempts:
         return None
     kind = getattr(error, "kind", "")

@@ -11,6 +11,10 @@ a draining replica's running streams are never cut. An address outside the
 current table (a request picked just before a table change) still gets a
 client, closed again when its last call ends. The pool is thus bounded by
 the table's addresses plus the proxy's in-flight requests.
+:meth:`ClientPool.discard` closes an address's client once its calls end
+(the forwarder calls it when a connection was refused), so that the next
+call connects afresh rather than failing fast through the old channel's
+reconnect backoff when the replica is back.
 
 Cost: a dict lookup per call; a channel (lazy connect) per new address.
 """
@@ -43,8 +47,16 @@ class ReplicaClient:
 
 
 def default_factory(max_message_bytes: int, tls: TLSConfig | None = None) -> ClientFactory:
-    """Build clients with Ferry's channel options (message size limits, keepalive); mutual TLS with ``tls``."""
-    options = channel_options(max_message_bytes)
+    """Build clients with Ferry's channel options (message size limits, keepalive); mutual TLS with ``tls``.
+
+    Each channel has its own subchannel pool (``grpc.use_local_subchannel_pool``): a channel made after
+    :meth:`ClientPool.discard` connects afresh instead of sharing the old one's connection in backoff. No
+    BDP probing (``grpc.http2.bdp_probe`` 0): each stream's receive window stays at gRPC's default (64 KiB),
+    so a stream the proxy stops reading (its client does not read, :mod:`dataplane.api.service`) stops its
+    replica after that much instead of a window grown to megabytes; token streams need no more.
+    """
+    options = [*channel_options(max_message_bytes), ("grpc.use_local_subchannel_pool", 1),
+               ("grpc.http2.bdp_probe", 0)]
 
     def make(address: str) -> ReplicaClient:
         if tls is None:
@@ -63,6 +75,7 @@ class ClientPool:
         self._uses: dict[str, int] = {}
         self._wanted: frozenset[str] | None = None  # None: no table yet, keep everything
         self._closing: set[asyncio.Task[None]] = set()
+        self._discarded: set[str] = set()  # addresses whose client closes when its last call ends
 
     def __len__(self) -> int:
         return len(self._clients)
@@ -87,7 +100,7 @@ class ClientPool:
                 self._uses[address] = left
             else:
                 del self._uses[address]
-                if self._wanted is not None and address not in self._wanted:
+                if address in self._discarded or (self._wanted is not None and address not in self._wanted):
                     self._close(address)
 
     def retain(self, addresses: Collection[str]) -> None:
@@ -97,7 +110,17 @@ class ClientPool:
             if address not in self._wanted and address not in self._uses:
                 self._close(address)
 
+    def discard(self, address: str) -> None:
+        """Close the client of ``address`` as soon as no call uses it (the next call gets a new one)."""
+        if address not in self._clients:
+            return
+        if address in self._uses:
+            self._discarded.add(address)
+        else:
+            self._close(address)
+
     def _close(self, address: str) -> None:
+        self._discarded.discard(address)
         client = self._clients.pop(address, None)
         if client is None:
             return

@@ -46,6 +46,7 @@ from tritonclient.grpc import InferResult
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
+from dataplane.failover.budget import unreached
 from dataplane.forward.clients import ClientPool
 from dataplane.table.local import Replica
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
@@ -216,6 +217,7 @@ def _fill(outcome: Outcome, params: Any) -> bool:
 
 
 _MAX_DECOUPLED = 4096
+JOIN_PIECES = 64  # a stream's pieces kept apart before their texts are joined into one string
 
 
 def _decoupled_refusal(exc: InferenceServerException | grpc.aio.AioRpcError) -> bool:
@@ -237,6 +239,14 @@ class Forwarder:
         # unary call to them is served as a stream whose pieces are collected. Bounded; cleared when full.
         self._decoupled: set[tuple[str, str]] = set()
 
+    def _failed(self, replica: Replica, exc: BaseException, *, output_started: bool) -> FerryError:
+        """The error of a failed call; a refused connection also discards the address's client, so that the
+        next call connects afresh (:meth:`ClientPool.discard`)."""
+        error = failure(replica.replica_id, exc, output_started=output_started)
+        if unreached(error):
+            self._pool.discard(replica.address)
+        return error
+
     async def infer(self, replica: Replica, call: Call, remaining: float) -> Outcome:
         """One unary ``ModelInfer`` (a collected stream for a decoupled model); raises ForwardFailed or
         DeadlineExceeded."""
@@ -251,7 +261,7 @@ class Forwarder:
                 result: pb.ModelInferResponse | None = await client.stub.ModelInfer(request, timeout=remaining)
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:
                 if not _decoupled_refusal(exc):
-                    raise failure(replica.replica_id, exc, output_started=False) from None
+                    raise self._failed(replica, exc, output_started=False) from None
                 result = None
         if result is None:
             if len(self._decoupled) >= _MAX_DECOUPLED:
@@ -320,11 +330,13 @@ class Forwarder:
                             outcome.ttft_seconds = self._clock() - start
                             started = True
                         texts.append(text)
+                        if len(texts) >= JOIN_PIECES:  # the text as one string, not thousands of small ones
+                            texts[:] = ["".join(texts)]
                         yield Piece(text, tokens)
                     if _param(params, "triton_final_response"):
                         break
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:
-                raise failure(replica.replica_id, exc, output_started=started) from None
+                raise self._failed(replica, exc, output_started=started) from None
             finally:
                 responses.cancel()  # no-op once the stream ended; frees the replica otherwise
         outcome.text = "".join(texts)

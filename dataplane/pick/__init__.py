@@ -6,7 +6,9 @@ placement, bounded-load ring, new-key placement, prefill detour, P2C),
 :mod:`.ring` (consistent hashing with bounded load), :mod:`.pool` (what the
 pick needs of one model version, computed once per table), :mod:`.prefix`
 (prefix keys and hot-key detection), :mod:`.outlier` (ejection of replicas
-that fail or run far slower than their peers). State around it:
-:mod:`.picker` (in-flight load, placements, outliers, retry budget; the one
-object the router and the fleet simulator both drive).
+that fail or run far slower than their peers), :mod:`.unreachable` (replicas
+that refused a connection, out until newer telemetry or a re-probe). State
+around it: :mod:`.picker` (in-flight load, placements, outliers, refused
+replicas, retry budget; the one object the router and the fleet simulator
+both drive).
 """

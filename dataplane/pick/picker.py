@@ -5,7 +5,9 @@ its in-flight load and prefill backlog (:class:`dataplane.pick.p2c.LocalLoad`),
 where it sent each prefix key (:class:`dataplane.pick.decide.Placements`), its
 hot-prefix sketch (:class:`dataplane.pick.prefix.HotKeys`), what it learned of
 prefix reuse (:class:`Reuse`), its outlier detector
-(:class:`dataplane.pick.outlier.OutlierDetector`), its retry budget
+(:class:`dataplane.pick.outlier.OutlierDetector`), the replicas that refused
+a connection (:class:`dataplane.pick.unreachable.Unreachable`, out of the
+pick with the ejected ones until their telemetry is newer), its retry budget
 (:class:`dataplane.failover.budget.RetryBudget`) and its random generator. The
 router calls it per request; the fleet simulator (``tools/sim``) drives the
 very same object in virtual time, so both run one decision with everything
@@ -14,7 +16,7 @@ it weighs.
 - :meth:`Picker.apply_table`, once per table: the frozen
   :class:`dataplane.pick.decide.View`, the in-flight counts the table's loads
   include (:meth:`LocalLoad.mark`), the outlier state of departed replicas
-  dropped.
+  dropped, refused replicas with fresh telemetry readmitted.
 - :meth:`Picker.prepare`, once per request: the prefix keys (the explicit
   ``prefix_key``'s, else one per depth of the prompt's block hashes), the
   first that is not hot (threshold: ``load_factor`` / replicas of the model,
@@ -87,6 +89,7 @@ from dataplane.pick.decide import (
 from dataplane.pick.outlier import OutlierDetector, Timing
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need, ScoreParams, load
 from dataplane.pick.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
+from dataplane.pick.unreachable import Unreachable
 from dataplane.regions.choice import LocalQueue
 from dataplane.table.local import Table
 
@@ -149,7 +152,7 @@ class Picker:
                  hot: HotKeys | None = None, detour_factor: float = 24.0, place_factor: float = 3.0,
                  learn_rate: float = 0.01,
                  placements: int = 65_536, outliers: OutlierDetector | None = None,
-                 budget: RetryBudget | None = None) -> None:
+                 budget: RetryBudget | None = None, unreachable: Unreachable | None = None) -> None:
         self.rng = rng
         self.params = params
         self.depths = tuple(depths)
@@ -161,6 +164,7 @@ class Picker:
         self.reuse = Reuse(learn_rate)
         self.outliers = outliers if outliers is not None else OutlierDetector()
         self.budget = budget if budget is not None else RetryBudget()
+        self.unreachable = unreachable if unreachable is not None else Unreachable()
         self.view: View | None = None
         self.on_eject: Callable[[str, str, str], None] | None = None  # (replica id, pool group, reason)
         self._waiting: dict[str, dict[int, Attempt]] = {}  # streamed attempts without a first token, per replica
@@ -187,7 +191,8 @@ class Picker:
         return cls(rng, params=params, depths=pick.prefix_depths, detour_factor=pick.detour_factor,
                    place_factor=pick.place_factor, hot=HotKeys(capacity=pick.hot_keys, window=pick.hot_window),
                    placements=pick.placements, outliers=OutlierDetector((outliers or OutlierSettings()).params()),
-                   budget=(retries or RetrySettings()).budget())
+                   budget=(retries or RetrySettings()).budget(),
+                   unreachable=Unreachable((outliers or OutlierSettings()).unreachable_params()))
 
     def apply_table(self, table: Table) -> View:
         """A table was applied: its frozen view; the in-flight counts its loads include; departed replicas forgotten."""
@@ -195,6 +200,9 @@ class Picker:
         present = {r.replica_id for entry in table.models.values()
                    for pool in (entry.default, *entry.by_version.values()) for r in pool}
         self.outliers.forget(present)
+        if len(self.unreachable):
+            self.unreachable.forget(present)
+            self.unreachable.reported(_telemetry_times(table).get)
         self._prompted = {rid: n for rid, n in self._prompted.items() if rid in present}
         self.view = make_view(table, self.params)
         pushed, counted = 0.0, 0
@@ -249,7 +257,10 @@ class Picker:
             self._overdue(now)
         choices = self.params.place_choices if self.share >= SOLE_SHARE else min(2, self.params.place_choices)
         margin = self.reuse.advantage() * self.place_factor * self.reuse.mean_prompt
-        return Local(self.local, self.outliers.ejected(now), self.detour(), self.placements, queue, choices, margin)
+        ejected = self.outliers.ejected(now)
+        if len(self.unreachable):
+            ejected = ejected | self.unreachable.excluded(now)
+        return Local(self.local, ejected, self.detour(), self.placements, queue, choices, margin)
 
     def _overdue(self, now: float) -> None:
         """Tell the outlier detector how long each replica's oldest streamed attempt waits for a first token."""
@@ -351,6 +362,7 @@ class Picker:
 
         Replicas are compared with the others of the attempt's pool (one model version).
         """
+        self.unreachable.answered(attempt.replica_id)
         timing = Timing(sent=attempt.sent_at, first=attempt.first_at, ended=now,
                         prompt_tokens=attempt.routing.need.prompt_tokens,
                         completion_tokens=0 if attempt.decode_sampled or self._overlapped(attempt)
@@ -366,8 +378,21 @@ class Picker:
         return (attempt.first_at is not None and self._prompted.get(attempt.replica_id, 0) - attempt.mark
                 >= self.outliers.params.min_prefill_tokens)
 
-    def failed(self, attempt: Attempt, *, now: float) -> str | None:
-        """Feed a replica failure to the outlier detector; the ejection reason when it ejects the replica."""
+    def failed(self, attempt: Attempt, *, now: float, unreached: bool = False) -> str | None:
+        """Feed a replica failure to the outlier detector; the ejection reason when it ejects the replica.
+
+        ``unreached``: the connection was refused (:func:`dataplane.failover.budget.unreached`): the replica
+        leaves the pick at once (:class:`dataplane.pick.unreachable.Unreachable`; reason ``unreachable``).
+        """
         pool = attempt.routing.pool
+        if unreached:
+            taken = self.unreachable.refused(attempt.replica_id, now)
+            return self._report(attempt.replica_id, pool.group, "unreachable" if taken else None)
         return self._report(attempt.replica_id, pool.group, self.outliers.failed(
             attempt.replica_id, pool.group, now=now, pool_size=len(pool)))
+
+
+def _telemetry_times(table: Table) -> dict[str, float]:
+    """When each replica of ``table`` last reported, on the clock of its ``applied_at``."""
+    return {r.replica_id: table.applied_at - r.telemetry_age for entry in table.models.values()
+            for pool in (entry.default, *entry.by_version.values()) for r in pool}

@@ -90,10 +90,11 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.server: grpc.aio.Server | None = None
         self.address = ""
 
-    async def start(self) -> FakeReplica:
+    async def start(self, port: int = 0) -> FakeReplica:
+        """Serve on 127.0.0.1:``port`` (0: any free port)."""
         self.server = grpc.aio.server()
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, self.server)
-        port = self.server.add_insecure_port("127.0.0.1:0")
+        port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         await self.server.start()
         self.address = f"127.0.0.1:{port}"
         return self

@@ -32,8 +32,8 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("FERRY_ADMIN_TOKEN", "FE
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    work = tmp_path_factory.mktemp("ferryctl-truth")
-    child = Child("up", ["up", "--store", "etcd", "--control-planes", "2", "--replicas", "4",
+    work = tmp_path_factory.mktemp("ferryctl-truth")  # unsupervised: what these tests kill must stay dead
+    child = Child("up", ["up", "--store", "etcd", "--control-planes", "2", "--replicas", "4", "--no-supervise",
                          "--workdir", str(work / "fleet")], work).start()
     try:
         ready = child.wait_ready(90)

@@ -49,6 +49,12 @@ def test_killed_proxy_and_node_are_restarted_behind_the_same_address(tmp_path: P
         assert exited[0]["component"] == "proxy-1" and exited[0]["signal"] == "SIGKILL"
         call = _call(up.ready_path)
         assert call.returncode == 0, call.stderr
+        status = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", str(up.ready_path),
+                                 "status", "--json"], capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stderr
+        rows = {r["component"]: r for r in json.loads(status.stdout)["supervision"]}
+        assert rows["proxy-1"] == {"component": "proxy-1", "pid": after["pids"]["proxy-1"], "restarts": 1,
+                                   "given_up": False}
         node = after["pids"]["node-1"]
         os.kill(node, signal.SIGKILL)
         wait_for(lambda: (r := up.check_ready()) and r["pids"]["node-1"] != node, 30, "a new node-1 pid")

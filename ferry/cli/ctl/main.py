@@ -77,6 +77,7 @@ from ferry.cli.ctl.views import (
     print_table,
     replica_row,
     slot_row,
+    supervision_rows,
 )
 from ferry.process import read_ready_file
 from ferry.v1 import admin_pb2, admin_pb2_grpc
@@ -351,6 +352,9 @@ def proxy_summary(proxies: list[dict[str, Any]]) -> str:
 
 def cmd_status(stub: Any, args: argparse.Namespace) -> None:
     status = gather_status(stub, args)
+    supervised = supervision_rows(_ready(args))  # ferry up's children, from its ready file (no RPC)
+    if supervised:
+        status["supervision"] = supervised
     if args.json:
         print(json.dumps(status, indent=2))
         return
@@ -369,6 +373,9 @@ def cmd_status(stub: Any, args: argparse.Namespace) -> None:
     print()
     print_table(status["proxies"], ["proxy_id", "region", "control_plane", "applied_version", "leader_version",
                                     "lag_versions", "synced", "connected", "last_ack_age_s", "last_error"])
+    if supervised:
+        print()
+        print_table(supervised, ["component", "pid", "restarts", "given_up"])
 
 
 def cmd_top(stub: Any, args: argparse.Namespace) -> None:

@@ -129,3 +129,15 @@ def merge_status(first: Any, answers: dict[str, Any], unreachable: dict[str, str
         "proxies": sorted(proxies, key=lambda p: (p["proxy_id"], not p["connected"])),
         "members": main.members, "drains": main.drains, "allocations": main.allocations,
     }
+
+
+def supervision_rows(ready: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per child ``ferry up`` supervises (``component``, ``pid``, ``restarts``, ``given_up``), from its
+    ready file's ``pids``, ``restarts`` and ``given_up``; empty when it has no ``restarts`` (not supervised)."""
+    restarts = ready.get("restarts")
+    if not isinstance(restarts, dict):
+        return []
+    pids = ready.get("pids") or {}
+    given_up = set(ready.get("given_up") or [])
+    return [{"component": name, "pid": pids.get(name), "restarts": int(count), "given_up": name in given_up}
+            for name, count in sorted(restarts.items())]

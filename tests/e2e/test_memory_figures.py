@@ -1,8 +1,9 @@
-"""The proxy's memory under oversize prompts and unread streams, measured on a fleet of processes (slow).
+"""The proxy's memory under oversize prompts and unread streams, measured on a fleet of processes.
 
 The figures of docs/evaluation.md (Slow readers and oversize requests), with
-bounds: ``pytest -m slow -s tests/e2e/test_memory_figures.py`` prints them.
-RSS is the proxy process's ``VmRSS``.
+bounds: ``pytest -m 'slow or not slow' -s tests/e2e/test_memory_figures.py``
+prints them (the unread-streams run is slow). RSS is the proxy process's
+``VmRSS``, read in its own process: the test runner's heap plays no part.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import grpc
 import pytest
 
 from ferry.v1 import common_pb2, inference_pb2
+from tests.e2e.harness import wait_for
 
-pytestmark = pytest.mark.slow
 MIB = 1 << 20
 
 
@@ -54,12 +55,13 @@ def test_oversize_prompts_leave_no_memory_behind(make_fleet) -> None:
             with ThreadPoolExecutor(8) as pool:
                 assert set(pool.map(one, range(16))) == {"INVALID_ARGUMENT"}
             rounds.append(rss_mib(pid))
-        time.sleep(2.0)  # the proxy checks its RSS every second
-        idle = rss_mib(pid)
-    print(f"\noversize: before {before:.1f} MiB, rounds {[round(r, 1) for r in rounds]} MiB, idle 2 s {idle:.1f} MiB")
-    assert idle - before < 48, (before, rounds, idle)
+        # the proxy checks its RSS every second and trims after growth: wait for it, bounded
+        idle = wait_for(lambda: (now := rss_mib(pid)) - before < 48 and now, 10,
+                        f"the proxy's RSS back within 48 MiB of {before:.1f} MiB (rounds {rounds})")
+    print(f"\noversize: before {before:.1f} MiB, rounds {[round(r, 1) for r in rounds]} MiB, idle {idle:.1f} MiB")
 
 
+@pytest.mark.slow
 def test_unread_streams_cost_the_proxy_little_and_free_their_slots(make_fleet) -> None:
     fleet = make_fleet({"node-a": ["chat:v1", "chat:v1"]}, config={"proxy": {"stream_unread_timeout_seconds": 5.0}})
     pid = fleet.proxies[0].pid

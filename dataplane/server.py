@@ -163,11 +163,11 @@ class Proxy:
         return self.port
 
     async def start_http(self, listen: str = "127.0.0.1:0") -> int:
-        """Serve the HTTP front door on ``listen`` (port 0: any free port); returns the bound port."""
+        """Serve the HTTP front door on ``listen`` (port 0: any free port; HTTPS with ``tls``); returns the port."""
         self.http = HttpFront(self.router, self.servicer, self.authenticator, self.holder, self.templates,
                               self.settings.http, default_deadline=self.settings.server.default_deadline_seconds,
                               clock=self._clock)
-        self.http_port = await self.http.start(listen)
+        self.http_port = await self.http.start(listen, self.tls.server_ssl_context() if self.tls else None)
         return self.http_port
 
     async def stop(self, grace: float = 1.0) -> None:

@@ -4,7 +4,8 @@ Every component takes ``--tls-ca``, ``--tls-cert`` and ``--tls-key`` (PEM files)
 or an explicit ``--insecure`` for plain text (:func:`add_arguments`,
 :func:`from_args`). Internal servers (control plane, replicas behind the agent)
 require a client certificate signed by the CA; the public ``Inference`` server
-asks for none. A servicer learns who called from the certificate's common name
+asks for none, and neither does the proxy's HTTP front door, served over TLS with the
+same certificate (:meth:`TLSConfig.server_ssl_context`). A servicer learns who called from the certificate's common name
 (:func:`peer_common_name`): ``agent``, ``proxy``, ``admin``, … as issued by
 :mod:`ferry.tlsgen` for the demo.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ssl
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +45,20 @@ class TLSConfig:
         """Server side: this certificate; peers verified against the CA (required when ``require_client_cert``)."""
         return grpc.ssl_server_credentials([(self.key, self.cert)], root_certificates=self.ca,
                                            require_client_auth=require_client_cert)
+
+    def server_ssl_context(self) -> ssl.SSLContext:
+        """Server side for a plain TLS socket (the proxy's HTTP front door): this certificate, no client one asked.
+
+        The PEM bytes pass through files in a private temporary directory (mode 0700) that is removed at once:
+        ``ssl`` loads a certificate chain from paths only."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        with tempfile.TemporaryDirectory(prefix="ferry-tls-") as private:
+            cert, key = Path(private) / "cert.pem", Path(private) / "key.pem"
+            cert.write_bytes(self.cert)
+            key.touch(mode=0o600)
+            key.write_bytes(self.key)
+            context.load_cert_chain(cert, key)
+        return context
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Client side: verify the server against the CA and present this certificate."""

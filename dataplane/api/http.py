@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import math
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -105,8 +106,8 @@ class HttpFront:
         app.router.add_get("/v1/models", self._models)
         return app
 
-    async def start(self, listen: str) -> int:
-        """Serve on ``listen`` (``host:port``, port 0: any free one); returns the bound port.
+    async def start(self, listen: str, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Serve on ``listen`` (``host:port``, port 0: any free one), over TLS with ``ssl_context``; returns the port.
 
         The listener's protocol factory holds the connection bound: a connection accepted while
         ``http_max_connections`` are open gets a 503 with ``Retry-After: 1`` at once and is closed.
@@ -127,7 +128,8 @@ class HttpFront:
         host, _, port = listen.rpartition(":")
         self._listener = await asyncio.get_running_loop().create_server(
             protocol, host, int(port), backlog=min(s.http_max_connections, 4096), reuse_address=True,
-            reuse_port=True)  # several proxies of one host may share the port, as their gRPC servers do
+            reuse_port=True,  # several proxies of one host may share the port, as their gRPC servers do
+            ssl=ssl_context)
         self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx2
+import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -67,6 +70,18 @@ def test_a_call_through_the_proxy_over_tls(up: tuple[Child, dict[str, Any]], str
     result = ferry(*args)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["completion_tokens"] == 3
+
+
+def test_the_http_front_door_is_https_under_tls(up: tuple[Child, dict[str, Any]]) -> None:
+    """The OpenAI-compatible HTTP API takes TLS like the gRPC one (no client certificate); plain HTTP gets nothing."""
+    _, ready = up
+    key = next(iter(ready["api_keys"].values()))
+    with openai.DefaultHttpx2Client(verify=ssl.create_default_context(cafile=ready["tls"]["ca"]), timeout=30) as http:
+        client = openai.OpenAI(base_url=f"https://{ready['http']}/v1", api_key=key, http_client=http, max_retries=0)
+        answer = client.completions.create(model="chat-small", prompt="hello", max_tokens=3)
+        assert answer.usage is not None and answer.usage.completion_tokens == 3
+    with httpx2.Client(timeout=5) as plain, pytest.raises(httpx2.HTTPError):
+        plain.get(f"http://{ready['http']}/v1/models", headers={"authorization": f"Bearer {key}"})
 
 
 def test_ferryctl_over_mutual_tls_with_the_admin_certificate_alone(up: tuple[Child, dict[str, Any]]) -> None:

@@ -1,18 +1,21 @@
-"""Give memory back to the system after bursts of large requests: a bounded ``malloc_trim``.
+"""Give memory back to the system after bursts of large requests: a collection, then a bounded ``malloc_trim``.
 
 A proxy that received large request bodies (prompts of megabytes, refused or
 served) frees them, but glibc's allocator keeps the freed pages in its arenas:
 measured, 80 refused 6 MiB prompts took a proxy from 60 MiB to 477 MiB of RSS,
-where it stayed while idle, and neither ``MALLOC_ARENA_MAX=2`` nor a fixed
-``MALLOC_MMAP_THRESHOLD_`` changed that (399 and 423 MiB); ``malloc_trim(0)``
-gave it back (docs/evaluation.md, Memory after oversize requests).
+where it stayed while idle. Neither ``MALLOC_ARENA_MAX=2`` nor a fixed
+``MALLOC_MMAP_THRESHOLD_`` changed that (423 and 400 MiB), nor did
+``malloc_trim(0)`` alone (532 MiB): the refused bodies were still held by
+reference cycles (an exception's frames) that the cyclic collector of an idle
+process does not visit. A collection, then the trim, gave it back: 74 MiB
+(docs/evaluation.md, Slow readers and oversize requests).
 
 :class:`MemoryTrim` runs in the proxy's loop: every ``CHECK_SECONDS`` (1 s)
 it reads the process's RSS (``/proc/self/statm``), and when it grew by
 ``memory_trim_growth_mib`` (``[proxy]``, default 32; 0: off) since the last
-trim (or the start), it calls ``malloc_trim(0)`` in a worker thread (ctypes
-releases the GIL; the event loop keeps serving) and takes the RSS after it as
-the new baseline. So it trims at most once a second, and only after growth;
+trim (or the start), it runs ``gc.collect()`` and then ``malloc_trim(0)`` in
+a worker thread (ctypes releases the GIL; the event loop keeps serving) and
+takes the RSS after it as the new baseline. So it trims at most once a second, and only after growth;
 a steady proxy never trims. Without glibc (no ``malloc_trim``) or
 ``/proc``, it does nothing.
 

@@ -8,25 +8,19 @@ reports the tokenizer's counts when the replica reports none.
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import CollectorRegistry
 
 from dataplane.api.tokenwork import TokenWork
 from dataplane.api.validate import validate_request
-from dataplane.config import ProxySettings
-from dataplane.server import Proxy
 from ferry.config import Limits
 from ferry.errors import Overloaded
 from ferry.tokens import WHITESPACE, Tokenizers, load_tokenizer
-from ferry.v1 import inference_pb2_grpc
-from tests.dataplane.conftest import FAST, PAID, TENANTS, request
-from tests.dataplane.fakes import Behaviour, FakeControlPlane, FakeReplica, route, snapshot
+from tests.dataplane.conftest import PAID, request
+from tests.dataplane.fakes import Behaviour
 from tests.test_tokens_hf import make_tokenizer
 
 pytestmark = pytest.mark.timeout(20)
@@ -83,59 +77,9 @@ async def test_offloaded_encodes_are_bounded(tokenizers: Tokenizers) -> None:
         work.close()
 
 
-class TokenRig:
-    """A proxy with ``tokenizers`` watching a fake control plane with one fake replica."""
-
-    def __init__(self) -> None:
-        self.cp = FakeControlPlane()
-        self.replica: FakeReplica | None = None
-        self.proxy: Proxy | None = None
-        self.channel: grpc.aio.Channel | None = None
-        self.stub: Any = None
-
-    async def start(self, behaviour: Behaviour, tokenizers: Tokenizers, registry: CollectorRegistry,
-                    **settings: Any) -> TokenRig:
-        self.replica = await FakeReplica("r1", behaviour).start()
-        self.cp.current = snapshot(1, [route(self.replica)])
-        await self.cp.start()
-        self.proxy = Proxy(settings=ProxySettings.from_section({"proxy_id": "p-tok", **FAST, **settings}),
-                           tenants=TENANTS, control_planes=[self.cp.address], registry=registry,
-                           rng=random.Random(7), tokenizers=tokenizers)
-        port = await self.proxy.start("127.0.0.1:0")
-        ack = await self.cp.next_ack()
-        assert ack.applied, ack.error
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-        self.stub = inference_pb2_grpc.InferenceStub(self.channel)
-        return self
-
-    async def stop(self) -> None:
-        if self.channel is not None:
-            await self.channel.close()
-        if self.proxy is not None:
-            await self.proxy.stop(0)
-        await self.cp.stop()
-        if self.replica is not None:
-            await self.replica.stop()
-
-
-@pytest.fixture
-async def token_rig() -> AsyncIterator[Any]:
-    rigs: list[TokenRig] = []
-
-    async def make(behaviour: Behaviour, tokenizers: Tokenizers, registry: CollectorRegistry | None = None,
-                   **settings: Any) -> TokenRig:
-        r = TokenRig()
-        rigs.append(r)
-        return await r.start(behaviour, tokenizers, registry or CollectorRegistry(), **settings)
-
-    yield make
-    for r in rigs:
-        await r.stop()
-
-
-async def test_a_proxy_counts_with_the_tokenizer_when_the_replica_reports_none(token_rig: Any,
+async def test_a_proxy_counts_with_the_tokenizer_when_the_replica_reports_none(rig: Any,
                                                                                tokenizers: Tokenizers) -> None:
-    r = await token_rig(Behaviour(report=False), tokenizers)
+    r = await rig({"r1": Behaviour(report=False)}, tokenizers=tokenizers)
     reply = await r.stub.Infer(request(prompt="hello, world!", max_tokens=3), metadata=PAID, timeout=5)
     # The fake answers "r1w0 r1w1 r1w2": unknown to the vocabulary, one token each
     assert reply.prompt_tokens == 4 and reply.completion_tokens == 3
@@ -146,8 +90,8 @@ async def test_a_proxy_counts_with_the_tokenizer_when_the_replica_reports_none(t
     assert chunks[-1].summary.completion_tokens == 3
 
 
-async def test_a_large_prompt_is_encoded_off_the_loop_end_to_end(token_rig: Any, tokenizers: Tokenizers) -> None:
-    r = await token_rig(Behaviour(report=False), tokenizers)
+async def test_a_large_prompt_is_encoded_off_the_loop_end_to_end(rig: Any, tokenizers: Tokenizers) -> None:
+    r = await rig({"r1": Behaviour(report=False)}, tokenizers=tokenizers)
     assert r.proxy is not None
     r.proxy.router.tokens.offload_chars = 32
     prompt = "hello, world! " * 8
@@ -163,8 +107,8 @@ def test_the_tokenizer_name_is_stable(tmp_path: Path) -> None:
     assert load_tokenizer(path).name == load_tokenizer(path).name
 
 
-async def test_a_full_tokenizer_never_refuses_an_answer(token_rig: Any, tokenizers: Tokenizers) -> None:
-    r = await token_rig(Behaviour(report=False), tokenizers)
+async def test_a_full_tokenizer_never_refuses_an_answer(rig: Any, tokenizers: Tokenizers) -> None:
+    r = await rig({"r1": Behaviour(report=False)}, tokenizers=tokenizers)
     assert r.proxy is not None
     work = r.proxy.router.tokens
     work.offload_chars, work.max_pending = 10, 1

@@ -27,9 +27,8 @@ from dataplane.server import Proxy
 from ferry.config import Limits
 from ferry.tokens import BLOCK_TOKENS, Tokenizers
 from ferry.v1 import inference_pb2_grpc
-from tests.dataplane.conftest import FAST, PAID, TENANTS, request
+from tests.dataplane.conftest import FAST, PAID, TENANTS, Rig, request
 from tests.dataplane.fakes import route, snapshot
-from tests.dataplane.test_tokenizer import TokenRig
 from tests.test_tokens_hf import make_tokenizer
 
 pytestmark = pytest.mark.timeout(30)
@@ -60,7 +59,7 @@ async def test_replica_blocks_are_the_proxys_blocks(tokenizers: Tokenizers) -> N
 
 async def test_cached_tokens_are_the_models_tokens_end_to_end(tokenizers: Tokenizers) -> None:
     replica = await SimulatedReplica("m-kserve", "v1", replica_id="r1", tokenizer=tokenizers.get("m")).start()
-    rig = TokenRig()
+    rig = Rig()
     try:
         rig.cp.current = snapshot(1, [route("r1", replica.address)])
         await rig.cp.start()

@@ -274,7 +274,8 @@ class HttpFront:
 
     async def _write(self, response: web.StreamResponse, data: bytes) -> None:
         """Write one event; waits for the socket to drain, at most ``http_write_timeout_seconds``."""
-        await asyncio.wait_for(response.write(data), self._settings.http_write_timeout_seconds)
+        async with asyncio.timeout(self._settings.http_write_timeout_seconds):  # no task per event
+            await response.write(data)
 
     async def _stream(self, request: web.Request, state: RequestState, parsed: openai.Parsed, chat: bool,
                       created: int, headers: dict[str, str]) -> web.StreamResponse:

@@ -182,7 +182,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def _write(self, context: grpc.aio.ServicerContext, chunk: inference_pb2.InferChunk) -> None:
         """Write one chunk; raises StreamUnread when the client has not taken it in ``stream_unread_timeout``."""
         try:
-            await asyncio.wait_for(context.write(chunk), self._unread_timeout)
+            async with asyncio.timeout(self._unread_timeout):  # no task per chunk, as wait_for would make
+                await context.write(chunk)
         except TimeoutError:
             raise StreamUnread(self._unread_timeout, self._retry_after) from None
 

@@ -39,6 +39,7 @@ State: the holder's current table (read once per request) and the picker
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -430,24 +431,36 @@ class Router:
                 self.picker.done(attempt, cached)
 
     async def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
-        """Forward a streaming request: retried while nothing reached the caller, continued after (module doc)."""
+        """Forward a streaming request: retried while nothing reached the caller, continued after (module doc).
+
+        A batch or standard stream may be preempted like a unary request
+        (:meth:`dataplane.admission.gate.Admission.watch`): its upstream call is
+        cancelled and its slot freed at once; when its caller next asks for
+        output it waits in its queue again, then continues from what it delivered.
+        """
         assert state.call is not None
         if state.cold_wait:
             await self._warm_up(state)
-        if state.ticket is not None:  # wait in the tier queue first (streams are not preempted)
-            state.ticket.preemptible = False
-            await self.admission.acquire(state.model_label, state.ticket)
+        ticket = state.ticket
+        if ticket is not None:  # wait in the tier queue first
+            await self.admission.acquire(state.model_label, ticket)
         failed: list[Replica] = []
         last: FerryError | None = None
         call: Call | None = state.call
         delivered = Delivered()
+        parked = False
         while call is not None:
+            if parked and ticket is not None:
+                parked = False
+                await self.admission.resume(state.model_label, ticket)
             replica, attempt = self._next(state, failed, last, streamed=True)
             outcome = Outcome()
             cached: int | None = None
+            preemption = self.admission.watch(state.model_label, ticket) if ticket is not None else None
             try:
                 await self.failover.cross_region(state.rtt_ms)
-                pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome)
+                pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome,
+                                                bind=preemption.bind if preemption is not None else None)
                 try:
                     got, probe = 0, self.picker.outliers.params.probe_tokens
                     async for piece in pieces:
@@ -464,8 +477,16 @@ class Router:
                 state.outcome = delivered.merge(outcome, state.call)
                 await self._recount(state.model_label, state.outcome)
                 cached = outcome.cached_tokens if outcome.cached_reported else None
-                self._result(state, attempt, ok=True, outcome=outcome)
+                self._result(state, attempt, ok=True, outcome=state.outcome)
                 return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if preemption is None or not preemption.fired or (task is not None and task.cancelling()):
+                    raise
+                parked = True  # preempted: the slot is free; wait again, then continue from what was delivered
+                call = self.failover.preempted(state.call, call, delivered, state.model_label)
+                if ticket is not None:
+                    ticket.preemptible = self.failover.may_continue(delivered)
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
                     self._result(state, attempt, ok=False, error=error)
@@ -478,6 +499,8 @@ class Router:
                     last = cut_error(delivered, error, "no other replica")
                 failed.append(replica)
             finally:
+                if ticket is not None:
+                    self.admission.unwatch(ticket)
                 self.picker.done(attempt, cached)
         # The cut stream had already delivered max_tokens: it is complete.
         state.outcome = Outcome(text=delivered.text, prompt_tokens=state.call.prompt_tokens,

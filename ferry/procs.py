@@ -50,8 +50,9 @@ class Child:
     """One component process with a ready file and a log file (default ``workdir/NAME.log``) in ``workdir``."""
 
     def __init__(self, name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, module: str = "ferry") -> None:
         self.name = name
+        self.module = module  # run as ``python -m MODULE`` (a tool such as tools.guardrail, or ferry itself)
         self.ready_path = workdir / f"{name}.ready.json"
         self.log_path = log_path if log_path is not None else workdir / f"{name}.log"
         self.args = args
@@ -65,8 +66,8 @@ class Child:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        """The argv of the process: ``python -m ferry ARGS --ready-file PATH``."""
-        return [sys.executable, "-m", "ferry", *self.args, "--ready-file", str(self.ready_path)]
+        """The argv of the process: ``python -m MODULE ARGS --ready-file PATH`` (MODULE: ferry by default)."""
+        return [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_path)]
 
     def check_ready(self) -> dict[str, Any] | None:
         """What the child reports once it is ready (its ready file), or None while it is not."""

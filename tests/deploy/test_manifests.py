@@ -28,7 +28,7 @@ from agent.config import AgentSettings
 from controlplane.config import ControlPlaneSettings
 from dataplane.config import load as load_proxy_config
 from ferry.config import parse
-from tests.deploy.conftest import KUBE, OVERLAYS, find
+from tests.deploy.conftest import KUBE, OVERLAYS, ROOT, find
 from tools import deploysync
 from tools.kustomize import KustomizeError, content_hash, render
 
@@ -358,3 +358,7 @@ def test_the_service_monitor_finds_a_metrics_port_on_every_ferry_service(rendere
     port = monitor["spec"]["endpoints"][0]["port"]
     assert all(any(p["name"] == port for p in s["spec"]["ports"]) for s in selected)
 
+
+def test_the_readme_lists_the_deploy_guide() -> None:
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `docs/` |")]
+    assert "`deploy.md`" in row and (ROOT / "docs/deploy.md").is_file()

@@ -40,8 +40,6 @@ from tests.deploy.local import LocalCluster, Pod, StandIn
 from tests.deploy.test_dockerfile import RUN, args_of
 from tests.e2e.harness import wait_for
 
-pytestmark = pytest.mark.timeout(120)
-
 
 class Traffic:
     """Streams sent in a loop through one proxy from a few threads, until told to stop; outcomes counted."""
@@ -114,6 +112,9 @@ def serves(address: str, key: str, model: str) -> bool:
     return True
 
 
+@pytest.mark.e2e
+@pytest.mark.etcd
+@pytest.mark.timeout(120)
 def test_the_manifests_commands_serve_traffic_and_a_proxy_stopped_mid_stream_loses_nothing(
         rendered, tmp_path: Path) -> None:
     if etcd_binary() is None:

@@ -46,6 +46,7 @@ class StandIn(Child):
         self.module = module
 
     def command(self) -> list[str]:
+        """``python -m MODULE ARGS --ready-file PATH``."""
         return [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_path)]
 
 
@@ -79,6 +80,7 @@ class LocalCluster:
         self.children: list[Child] = []
 
     def find(self, kind: str, name: str) -> Obj:
+        """The rendered object of ``kind`` named ``name``."""
         found = [o for o in self.objects if o["kind"] == kind and o["metadata"]["name"] == name]
         assert len(found) == 1, f"{kind}/{name}"
         return found[0]

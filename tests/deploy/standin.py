@@ -28,6 +28,7 @@ async def serve(model: str, ready_file: str) -> None:
 
 
 def main() -> None:
+    """Parse the arguments, die with the parent test, serve."""
     parser = argparse.ArgumentParser(prog="python -m tests.deploy.standin")
     parser.add_argument("model")
     parser.add_argument("--ready-file", required=True)

@@ -36,6 +36,7 @@ BUILD, RUN = stages(DOCKERFILE)
 
 
 def args_of(stage: list[tuple[str, str]], name: str) -> list[str]:
+    """The arguments of each ``name`` instruction of ``stage``."""
     return [rest for word, rest in stage if word == name]
 
 

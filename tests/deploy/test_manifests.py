@@ -246,6 +246,15 @@ def test_servers_bind_every_address_on_fixed_declared_ports(rendered, overlay) -
             assert int(port) in declared, value
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS[1:])
+def test_every_ferry_container_has_a_writable_tmp_beside_its_read_only_root(rendered, overlay) -> None:
+    for workload, container in containers(rendered[overlay]):
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        volume = next(v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+        assert "emptyDir" in volume
+
+
 def test_control_plane_and_proxy_probes_ask_grpc_health_on_their_grpc_port(rendered) -> None:
     objects = rendered["overlays/single-region"]
     for name, port in (("controlplane", 7070), ("proxy", 50051)):

@@ -68,17 +68,20 @@ class Traffic:
                         self.failed[exc.code().name] += 1
 
     def start(self) -> Traffic:
+        """Start the threads."""
         for thread in self.threads:
             thread.start()
         return self
 
     def join(self) -> None:
+        """Stop starting streams, and wait for the threads."""
         self.stop.set()
         for thread in self.threads:
             thread.join(timeout=60)
 
 
 def nodes_in_table(address: str, token: str) -> set[str]:
+    """The nodes with a replica in the table, as the control plane at ``address`` lists them."""
     with grpc.insecure_channel(address) as channel:
         try:
             replicas = AdminClient(channel, token).ListReplicas(admin_pb2.ListReplicasRequest(), timeout=2)
@@ -102,6 +105,7 @@ def add_tenant(addresses: list[str], token: str, key: str) -> None:
 
 
 def serves(address: str, key: str, model: str) -> bool:
+    """Whether the proxy at ``address`` answers one request for ``model``."""
     with grpc.insecure_channel(address) as channel:
         try:
             inference_pb2_grpc.InferenceStub(channel).Infer(

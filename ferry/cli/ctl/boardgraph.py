@@ -3,8 +3,8 @@
 Pure: :func:`to_dot` reads a :class:`Snapshot` and returns a string; the I/O
 (asking the Admin API, scraping metrics, running ``dot``) is
 :mod:`ferry.cli.ctl.board`. Layout is Graphviz's ``dot`` (ranked, left to
-right: services, proxies, tier queues, nodes; the control side above),
-not placed by hand.
+right: services, proxies, tier queues, nodes, then the control side),
+not placed by hand; the legend is the graph's label, under the picture.
 
 What is drawn:
 
@@ -201,6 +201,7 @@ class Flow:
     rate: str
     dead: bool = False
     requirements: str = ""
+    constraint: bool = True   # False: the edge does not pull its ends into ranks (a flow back up the picture)
 
 
 def rate(value: float | None, unit: str) -> str:
@@ -241,6 +242,8 @@ def _node(ident: str, label: str, *, dead: bool = False, extra: str = "") -> str
 def _edge(flow: Flow) -> str:
     label = f"{flow.wire}\\n{flow.rate}" + (f" [{flow.requirements}]" if flow.requirements else "")
     style = f', style=dashed, color="{DEAD_COLOUR}"' if flow.dead else ""
+    if not flow.constraint:
+        style += ", constraint=false"
     label = label.replace('"', '\\"')
     return f'  {flow.source} -> {flow.target} [label="{label}", dir=forward{style}];'
 
@@ -301,7 +304,7 @@ def flows(s: Snapshot) -> list[Flow]:
         source = planes.get(p.control_plane)
         if source is not None:
             out.append(Flow(node_id("cp", source.id), node_id("proxy", p.id), "Tables.Watch: table pushes",
-                            rate(p.pushes_per_s, "push"), gone or not source.reachable, "R5"))
+                            rate(p.pushes_per_s, "push"), gone or not source.reachable, "R5", constraint=False))
     for region in regions:
         members = [n for n in s.nodes if n.region == region]
         drawn, folded = members[:MAX_NODES_DRAWN], members[MAX_NODES_DRAWN:]
@@ -350,7 +353,10 @@ def _legend(title: str) -> str:
 
 
 def to_dot(s: Snapshot) -> str:
-    """The DOT source of the board for snapshot ``s`` (see the module docstring for what is drawn)."""
+    """The DOT source of the board for snapshot ``s`` (see the module docstring for what is drawn).
+
+    Ranks follow the request path (services, proxies, tier queues, nodes, then the control side their
+    telemetry reaches); table pushes flow back against it and do not pull ranks (``constraint=false``)."""
     lines = [
         "digraph ferry {",
         f'  graph [rankdir=LR, fontname="Helvetica", fontsize=11, labelloc=b, labeljust=l, label={_legend(s.title)}, '
@@ -386,7 +392,8 @@ def to_dot(s: Snapshot) -> str:
                     _tags(["R1", "R4", "R7", "R8", "R10"])]
             lines.append(_node(node_id("proxy", p.id), _box(rows, colour="#e8f5e9" if p.connected else "#ffebee"),
                                dead=not p.connected))
-        queue_rows = [f"<B>tier queues</B> ({_e(region)}, in every proxy)"]
+        queue_rows = [f"<B>tier queues</B> ({_e(region)}, in every proxy)",
+                      '<FONT POINT-SIZE="9">waiting; requests/s (the last second); slots reserved, lent</FONT>']
         for t in sorted((t for t in s.tiers if t.region == region), key=lambda t: TIERS.index(t.tier)
                         if t.tier in TIERS else len(TIERS)):
             queue_rows.append(_e(f"{t.tier}: {t.queued} waiting, {rate(t.rate_per_s, 'req')}, "

@@ -134,6 +134,13 @@ def test_a_killed_node_is_drawn_dead_while_watching(up: dict[str, Any], tmp_path
     assert f"node {victim}" in svg and "DEAD" in svg and f"{victim}-r0" in svg
 
 
+def test_human_output_names_the_files(up: dict[str, Any], tmp_path: Path) -> None:
+    result = board(up, tmp_path, "--window", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"board: {tmp_path / 'board.svg'}, {tmp_path / 'board.png'} (")
+    assert "proxies" in result.stdout and "flows)" in result.stdout
+
+
 def test_bad_flags_and_a_missing_dot_are_refused(up: dict[str, Any], tmp_path: Path) -> None:
     result = board(up, tmp_path, "--interval", "0")
     assert result.returncode == 2 and "--interval" in result.stderr

@@ -190,6 +190,22 @@ def test_render_without_dot_says_how_to_install_it(tmp_path: Path, monkeypatch: 
         board.render("digraph {}", tmp_path)
 
 
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed (make graphviz)")
+def test_an_out_directory_that_cannot_be_written_is_refused_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(UsageError, match="--out"):
+        board.render("digraph {}", blocker / "board")
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed (make graphviz)")
+def test_a_source_dot_refuses_is_reported_and_leaves_no_picture(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="could not render"):
+        board.render("digraph { a -> }", tmp_path)
+    assert not (tmp_path / "board.svg").exists() and not (tmp_path / "board.png").exists()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 # ---- rates from two samples -------------------------------------------------------------------------------
 
 def status(revision: int, *, proxy_connected: bool = True) -> dict[str, Any]:

@@ -253,11 +253,14 @@ def render(dot_source: str, out: Path, formats: tuple[str, ...] = FORMATS) -> li
     binary = shutil.which("dot")
     if binary is None:
         raise UsageError("graphviz's dot is not on PATH: install it (apt-get install graphviz, or make graphviz)")
-    out.mkdir(parents=True, exist_ok=True)
     source = out / "board.dot"
     tmp = out / ".board.dot.tmp"
-    tmp.write_text(dot_source)
-    os.replace(tmp, source)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(dot_source)
+        os.replace(tmp, source)
+    except OSError as exc:
+        raise UsageError(f"board: cannot write into --out {out}: {exc}") from exc
     written = [source]
     for fmt in formats:
         target = out / f"board.{fmt}"
@@ -265,6 +268,7 @@ def render(dot_source: str, out: Path, formats: tuple[str, ...] = FORMATS) -> li
         result = subprocess.run([binary, f"-T{fmt}", "-o", str(tmp), str(source)], capture_output=True, text=True,
                                 timeout=RENDER_TIMEOUT, check=False)
         if result.returncode != 0:
+            tmp.unlink(missing_ok=True)
             raise UsageError(f"dot could not render {source} as {fmt}: {result.stderr.strip()[:500]}")
         os.replace(tmp, target)
         written.append(target)

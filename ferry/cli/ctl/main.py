@@ -27,6 +27,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   --concurrency N (--api-key K | --api-key-sha256 H | --generate-key)``,
   ``tenants set NAME …``, ``tenants remove NAME``: the tenants kept in the
   store and pushed to the proxies (:mod:`ferry.cli.ctl.tenants`);
+- ``board [--out DIR] [--watch --interval S --count N]``: the fleet drawn as
+  SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -62,6 +64,7 @@ import grpc
 from google.protobuf import json_format
 
 from ferry import clienttls
+from ferry.cli.ctl import board as ctlboard
 from ferry.cli.ctl import completion
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
@@ -162,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlrollout.add_arguments(add("rollout", "a model's version rollout: --canary share, --promote, --rollback; "
                                             "alone: list"))
     ctltenants.add_arguments(add("tenants", ctltenants.HELP))
+    ctlboard.add_arguments(add("board", ctlboard.HELP))
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -401,6 +405,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "replicas": cmd_replicas, "nodes": cmd_nodes, "models": cmd_models, "table": cmd_table, "drain": cmd_drain,
     "undrain": cmd_drain, "cordon": cmd_cordon, "uncordon": cmd_cordon, "alloc": cmd_alloc, "status": cmd_status,
     "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
+    "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
 }
 
 

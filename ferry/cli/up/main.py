@@ -12,7 +12,7 @@ API, docs/api.md; ``http_by_region`` with regions), ``control_plane``, ``control
 ``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs
 until SIGINT or SIGTERM, then stops every child. While it runs it supervises
-them (:mod:`ferry.cli.up.supervise`): a child that dies is logged and
+them (:mod:`ferry.supervise`): a child that dies is logged and
 restarted with backoff on its own address, and the ready file is rewritten
 with the new pids, ``restarts``, ``given_up`` and ``up_metrics`` (where
 ``ferry_up_restarts_total`` is served); ``--no-supervise`` turns it off.
@@ -65,11 +65,11 @@ from tomli_w import dumps
 from ferry import clienttls, tlsgen
 from ferry.cli.ctl.main import AdminClient
 from ferry.cli.up.regions import region_names, with_regions
-from ferry.cli.up.supervise import Supervisor
 from ferry.config import hash_api_key
 from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
 from ferry.procs import Child, ChildFailed, stop_all
+from ferry.supervise import Supervisor
 from ferry.v1 import admin_pb2
 
 DEFAULT_MODELS = ("chat-large", "chat-small")
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proxies", type=int, default=1,
                         help="proxy processes per region behind one address (SO_REUSEPORT; default 1)")
     parser.add_argument("--no-supervise", dest="supervise", action="store_false",
-                        help="do not restart children that die (ferry.cli.up.supervise)")
+                        help="do not restart children that die (ferry.supervise)")
     parser.add_argument("--control-planes", type=int, default=1,
                         help="control planes (default 1; more than one needs an etcd store)")
     parser.add_argument("--tls", action="store_true",

@@ -33,6 +33,10 @@ high-water mark, so a slow reader holds back the replica's stream instead of
 filling memory, and one that takes longer than ``http_write_timeout_seconds``
 to take a chunk is cut off. A client that disconnects cancels its handler
 (``handler_cancellation``), which cancels the replica call.
+
+Stopping (:meth:`HttpFront.stop`, the proxy's drain): the listener closes,
+a request arriving on a connection still open is a 503 (``shutting_down``,
+``Retry-After``, ``Connection: close``), and those in flight get the grace.
 """
 
 from __future__ import annotations
@@ -92,6 +96,9 @@ class HttpFront:
         self._deadline = default_deadline
         self._clock = clock
         self._inflight = 0
+        self._closing = False  # stop() began: a new request is refused
+        self._idle = asyncio.Event()  # set while no request is in flight
+        self._idle.set()
         self._runner: web.AppRunner | None = None
         self._server: web.Server | None = None
         self._listener: asyncio.Server | None = None
@@ -133,11 +140,20 @@ class HttpFront:
         self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
 
-    async def stop(self) -> None:
-        """Stop accepting and close connections (in-flight requests get a second)."""
+    async def stop(self, grace: float = 1.0) -> None:
+        """Take no new request, let those in flight finish within ``grace`` seconds, close the connections.
+
+        The listener closes at once; a request that still arrives on an open connection gets a 503 with
+        ``Retry-After: 1`` and ``Connection: close``; once nothing is in flight, or ``grace`` passed, aiohttp
+        closes every connection (cancelling what still runs).
+        """
+        self._closing = True
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -149,6 +165,10 @@ class HttpFront:
         given = request.headers.get("x-request-id", "")
         request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         request[REQUEST_ID_KEY] = request_id
+        if self._closing:
+            return self._error(request_id, 503, openai.error_body(
+                "the proxy is shutting down; retry on another", "server_error", code="shutting_down"),
+                {"Retry-After": "1", "Connection": "close"})
         if self._inflight >= self._settings.http_max_streams:
             return self._error(request_id, 429, openai.error_body(
                 f"too many requests in flight over HTTP (limit {self._settings.http_max_streams})",
@@ -158,6 +178,7 @@ class HttpFront:
                 "x-request-id: must be 1 to 64 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error",
                 param="x-request-id", code="invalid_value"))
         self._inflight += 1
+        self._idle.clear()
         try:
             result: web.StreamResponse = await handler(request)
             return result
@@ -170,6 +191,8 @@ class HttpFront:
                 reason, "invalid_request_error", param=param, code="body_too_large" if status == 413 else None))
         finally:
             self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
 
     def _error(self, request_id: str, status: int, body: dict[str, Any],
                headers: dict[str, str] | None = None) -> web.Response:

@@ -66,7 +66,8 @@ def one_replica_fleet(proxy_args: Sequence[str] = ()) -> Iterator[Fleet]:
             cp = Child("controlplane", ["controlplane", *cfg], work, env={"FERRY_ADMIN_TOKEN": token}).start()
             children.append(cp)
             cp_addr = cp.wait_ready()["grpc"]
-            proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", *proxy_args, *cfg],
+            proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", "--workers", "1",
+                                    *proxy_args, *cfg],
                           work).start()
             node = Child("node", ["node", "--node", "bench-node", "--control-plane", cp_addr,
                                   "--replica", f"{MODEL}:v1", *cfg], work).start()

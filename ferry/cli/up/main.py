@@ -195,7 +195,7 @@ class Fleet:
             for k in range(per_region):
                 name = base if per_region == 1 else f"{base}-{k + 1}"
                 pid = "proxy-1" if len(regions) == 1 and per_region == 1 else name
-                child = self._spawn(name, ["proxy", "--listen", listen, "--http-listen", http_listen,
+                child = self._spawn(name, ["proxy", "--workers", "1", "--listen", listen, "--http-listen", http_listen,
                                            "--control-plane", ",".join(addresses), "--region", region,
                                            "--id", pid, *cfg])
                 if k == 0:

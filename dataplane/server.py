@@ -6,6 +6,8 @@ starts the table watcher when control-plane addresses are given;
 with ``tls`` the public port is TLS (no client certificate asked: tenants
 authenticate by API key) and the proxy uses mutual TLS to the control planes
 and, unless ``replica_tls`` is false, to the replicas;
+with TLS from files, a rotated certificate is served to new connections without a
+restart (:mod:`ferry.tls`: at once on gRPC, within ``RELOAD_SECONDS`` on HTTP);
 ``await proxy.start_http(listen) -> port`` adds the OpenAI-compatible HTTP
 front door (:mod:`dataplane.api.http`) on the same loop and router, with each
 model's chat template from ``models`` (:mod:`dataplane.api.chat`); a task
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import ssl
 import time
 from collections.abc import Callable, Sequence
 
@@ -58,7 +61,7 @@ from ferry.backoff import Backoff
 from ferry.config import TIERS, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.readiness import DrainTimes, Readiness
-from ferry.tls import TLSConfig
+from ferry.tls import RELOAD_SECONDS, CertificateFiles, TLSConfig
 from ferry.tokens import Tokenizers
 from ferry.v1 import inference_pb2_grpc, tables_pb2
 
@@ -147,6 +150,7 @@ class Proxy:
         # Memory back to the system after bursts of large requests (dataplane.memory).
         self.memory = MemoryTrim(self.settings.server.memory_trim_growth_mib * MIB)
         self._trim_task: asyncio.Task[None] | None = None
+        self._reload_task: asyncio.Task[None] | None = None  # the HTTP front door's certificate (ferry.tls)
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
@@ -179,8 +183,19 @@ class Proxy:
         self.http = HttpFront(self.router, self.servicer, self.authenticator, self.holder, self.templates,
                               self.settings.http, default_deadline=self.settings.server.default_deadline_seconds,
                               clock=self._clock)
-        self.http_port = await self.http.start(listen, self.tls.server_ssl_context() if self.tls else None)
+        context = self.tls.server_ssl_context() if self.tls else None
+        self.http_port = await self.http.start(listen, context)
+        if context is not None and self.tls is not None and self.tls.files is not None:
+            files = CertificateFiles(*self.tls.files, loaded=self.tls)
+            self._reload_task = asyncio.create_task(self._reload(files, context), name="tls-reload")
         return self.http_port
+
+    async def _reload(self, files: CertificateFiles, context: ssl.SSLContext) -> None:
+        """Every RELOAD_SECONDS until stopped: a rotated certificate into the HTTP front door's context."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), RELOAD_SECONDS)
+            files.reload(context)
 
     async def drain(self, times: DrainTimes | None = None) -> None:
         """Stop as on SIGTERM: NOT_SERVING, serve ``times.delay`` seconds more, then :meth:`stop` with
@@ -202,6 +217,11 @@ class Proxy:
         self.http = None
         self._server = None
         self._stop.set()
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reload_task
+            self._reload_task = None
         if self._trim_task is not None:
             self._trim_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

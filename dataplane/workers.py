@@ -21,7 +21,8 @@ written once every worker is ready, and again when one is restarted:
 "metrics"}]``. SIGTERM or SIGINT to the parent is passed to every worker at
 once, so all drain together (:meth:`dataplane.server.Proxy.drain`); a worker
 still running after ``drain_delay_seconds + drain_grace_seconds`` and 5 s more
-is killed. Exit status: 0 after a clean stop, 1 when a worker did not start.
+is killed. Exit status: 0 after a clean stop, 1 when a worker did not start
+or every worker was given up on (so that an orchestrator starts the proxy again).
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def run(argv: Sequence[str], args: argparse.Namespace, config: ProxyConfig, coun
         print(f"ferry proxy: {count} workers serving {listen}", flush=True)
         while not stop:
             supervisor.poll()
+            if len(supervisor.given_up) == count:
+                print("ferry proxy: every worker was given up on; exiting", file=sys.stderr, flush=True)
+                return 1
             time.sleep(POLL_SECONDS)
         return 0
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -81,3 +82,18 @@ def test_two_workers_share_the_ports_are_two_proxies_restart_when_killed_and_dra
         wait_for(lambda: not any(_alive(pid) for pid in pids), 10, "both workers gone")
     finally:
         parent.stop()
+
+
+def test_workers_whose_port_is_taken_fail_the_parent_with_the_reason(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # a listener without SO_REUSEPORT: nobody may share its port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        parent = Child("proxy-workers", ["proxy", "--workers", "2", "--listen", f"127.0.0.1:{port}",
+                                         "--control-plane", "127.0.0.1:1", "--insecure"], tmp_path).start()
+        try:
+            assert parent.proc is not None and parent.proc.wait(60) == 1
+        finally:
+            parent.stop()
+    log = parent.log_path.read_text()
+    assert "worker-1 exited" in log and "before it was ready" in log, log

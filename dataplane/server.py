@@ -60,7 +60,7 @@ from dataplane.table.watch import TableWatcher
 from ferry.backoff import Backoff
 from ferry.config import TIERS, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
-from ferry.readiness import DrainTimes, Readiness
+from ferry.readiness import SERVING, DrainTimes, Readiness
 from ferry.tls import RELOAD_SECONDS, CertificateFiles, TLSConfig
 from ferry.tokens import Tokenizers
 from ferry.v1 import inference_pb2_grpc, tables_pb2
@@ -182,7 +182,7 @@ class Proxy:
         """Serve the HTTP front door on ``listen`` (port 0: any free port; HTTPS with ``tls``); returns the port."""
         self.http = HttpFront(self.router, self.servicer, self.authenticator, self.holder, self.templates,
                               self.settings.http, default_deadline=self.settings.server.default_deadline_seconds,
-                              clock=self._clock)
+                              clock=self._clock, serving=lambda: self.readiness.status == SERVING)
         context = self.tls.server_ssl_context() if self.tls else None
         self.http_port = await self.http.start(listen, context)
         if context is not None and self.tls is not None and self.tls.files is not None:

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP front door: aiohttp on the proxy's event loop, into the same :class:`Router` as gRPC.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``. A connection accepted beyond
+``GET /v1/models``, and ``GET /health`` (no key asked: 200 with
+``{"status": "SERVING"}`` while the proxy's gRPC health says so, else 503
+with ``NOT_SERVING``: a load balancer that speaks only HTTP sees the drain too). A connection accepted beyond
 ``http_max_connections`` gets a 503 with ``Retry-After`` at once and is closed.
 Per request, in this order: the in-flight bound (``http_max_streams``: 429
 with ``Retry-After``), authentication
@@ -86,7 +88,9 @@ class HttpFront:
 
     def __init__(self, router: Router, servicer: InferenceServicer, authenticator: Authenticator,
                  holder: TableHolder, templates: ChatTemplates, settings: HttpSettings, *,
-                 default_deadline: float, clock: Callable[[], float]) -> None:
+                 default_deadline: float, clock: Callable[[], float],
+                 serving: Callable[[], bool] = lambda: True) -> None:
+        self._serving = serving  # the proxy's readiness (ferry.readiness), for GET /health
         self._router = router
         self._servicer = servicer
         self._auth = authenticator
@@ -111,7 +115,14 @@ class HttpFront:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
         return app
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        serving = self._serving() and not self._closing
+        return web.Response(status=200 if serving else 503, content_type=JSON,
+                            body=_dumps({"status": "SERVING" if serving else "NOT_SERVING"}),
+                            headers={"x-request-id": request[REQUEST_ID_KEY]})
 
     async def start(self, listen: str, ssl_context: ssl.SSLContext | None = None) -> int:
         """Serve on ``listen`` (``host:port``, port 0: any free one), over TLS with ``ssl_context``; returns the port.
@@ -165,6 +176,9 @@ class HttpFront:
         given = request.headers.get("x-request-id", "")
         request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         request[REQUEST_ID_KEY] = request_id
+        if request.path == "/health" and request.method == "GET":  # cheap, and never refused by the bounds
+            response: web.StreamResponse = await handler(request)
+            return response
         if self._closing:
             return self._error(request_id, 503, openai.error_body(
                 "the proxy is shutting down; retry on another", "server_error", code="shutting_down"),

@@ -2,7 +2,7 @@
 
 A proxy started before its control plane answers NOT_SERVING on gRPC health
 until a table arrives. A proxy sent SIGTERM while streams run (gRPC and HTTP)
-turns NOT_SERVING, still serves during ``drain_delay_seconds``, then refuses
+turns NOT_SERVING (gRPC health, and ``GET /health`` on HTTP), still serves during ``drain_delay_seconds``, then refuses
 new work on both front doors while the streams finish whole, and exits 0.
 """
 
@@ -41,6 +41,19 @@ def health(address: str) -> int | None:
             return None
 
 
+def http_health(address: str) -> int | str:
+    """The status of ``GET /health`` on the HTTP front door, or the error's name."""
+    host, _, port = address.rpartition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=5)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        conn.close()
+
+
 def test_a_proxy_is_not_serving_before_its_first_table_and_serving_after(tmp_path: Path) -> None:
     config = tmp_path / "ferry.toml"
     config.write_text(dumps({"proxy": {"reconnect_initial_seconds": 0.05, "reconnect_max_seconds": 0.2},
@@ -49,10 +62,13 @@ def test_a_proxy_is_not_serving_before_its_first_table_and_serving_after(tmp_pat
     children: list[Child] = []
     try:
         proxy = Child("proxy", ["proxy", "--workers", "1", "--control-plane", cp_address, "--id", "p-ready",
-                                "--config", str(config), "--insecure"], tmp_path).start()
+                                "--http-listen", "127.0.0.1:0", "--config", str(config), "--insecure"],
+                      tmp_path).start()
         children.append(proxy)
-        address = proxy.wait_ready()["grpc"]
+        ready = proxy.wait_ready()
+        address = ready["grpc"]
         assert health(address) == NOT_SERVING  # it serves its port, but has no table to route by
+        assert http_health(ready["http"]) == 503
         with grpc.insecure_channel(address) as channel:  # a known service, and an unknown one
             stub = health_pb2_grpc.HealthStub(channel)
             assert stub.Check(health_pb2.HealthCheckRequest(service="ferry.v1.Inference"),
@@ -67,6 +83,7 @@ def test_a_proxy_is_not_serving_before_its_first_table_and_serving_after(tmp_pat
         children.append(cp)
         cp.wait_ready()
         wait_for(lambda: health(address) == SERVING, 30, "the proxy to be SERVING once a table is applied")
+        assert http_health(ready["http"]) == 200
     finally:
         stop_all(children)
 
@@ -178,9 +195,11 @@ def test_sigterm_turns_the_proxy_not_serving_lets_streams_finish_refuses_new_wor
 
 def test_a_request_during_the_drain_delay_is_still_served(make_fleet) -> None:
     fleet = make_fleet({"node-a": ["chat:v1"]},
-                       config={"proxy": {"drain_delay_seconds": 30.0, "drain_grace_seconds": 5.0}})
+                       config={"proxy": {"drain_delay_seconds": 30.0, "drain_grace_seconds": 5.0,
+                                         "http_listen": "127.0.0.1:0"}})
     proxy = fleet.proxies[0]
     address = proxy.ready["grpc"]
+    assert http_health(proxy.ready["http"]) == 200
     key = (("x-api-key", fleet.keys["ent"]),)
     with grpc.insecure_channel(address) as channel:
         stub = fleet.inference(channel)
@@ -188,5 +207,7 @@ def test_a_request_during_the_drain_delay_is_still_served(make_fleet) -> None:
         os.kill(proxy.pid, signal.SIGTERM)
         wait_for(lambda: health(address) == NOT_SERVING, 10, "NOT_SERVING after SIGTERM")
         assert [_new_unary(stub, key) for _ in range(5)] == ["OK"] * 5  # within the 30 s delay
+        assert http_health(proxy.ready["http"]) == 503  # an HTTP load balancer sees the drain too
+        assert _new_http(proxy.ready["http"], fleet.keys["ent"]) == "HTTP 200"
     assert proxy.alive()  # still in its delay
     proxy.kill()

@@ -152,7 +152,7 @@ class ControlPlane:
         if self._stopped:
             return
         self._stopped = True
-        self.readiness.set(False)
+        await self.readiness.drain()  # NOT_SERVING for good; health Watch streams end
         if self._follow_task is not None:
             self._follow_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

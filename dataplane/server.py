@@ -207,7 +207,7 @@ class Proxy:
     async def stop(self, grace: float = 1.0) -> None:
         """Take no new request on either front door, give those in flight ``grace`` seconds (both at once),
         then stop watching and close the replica clients (the table still updates while calls finish)."""
-        self.readiness.set(False)
+        await self.readiness.drain()  # NOT_SERVING for good; health Watch streams end
         stopping = []
         if self.http is not None:
             stopping.append(self.http.stop(grace))

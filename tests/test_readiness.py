@@ -1,11 +1,14 @@
-"""The pure parts of readiness, drain and workers: the drain settings refused with their key, the control plane's
-readiness rule, the workers' arguments."""
+"""Readiness, drain and workers: the drain settings refused with their key, the control plane's readiness rule,
+the workers' arguments, and the health servicer on a real gRPC server (Check, Watch, the drain)."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from controlplane.config import ControlPlaneSettings
 from controlplane.server import ready
@@ -14,7 +17,8 @@ from dataplane.config import ProxySettings
 from dataplane.main import main as proxy_main
 from dataplane.workers import metrics_address, without, worker_argv
 from ferry.errors import ConfigError
-from ferry.readiness import MAX_DRAIN_SECONDS, DrainTimes
+from ferry.grpcutil import start_server
+from ferry.readiness import MAX_DRAIN_SECONDS, NOT_SERVING, SERVING, DrainTimes, Readiness
 
 
 @pytest.mark.parametrize("key", ["drain_delay_seconds", "drain_grace_seconds"])
@@ -62,3 +66,31 @@ def test_each_worker_gets_its_own_id_and_metrics_port_and_the_bound_addresses() 
 def test_ferry_proxy_refuses_a_bad_worker_count_naming_the_flag(count: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert proxy_main(["--workers", count, "--insecure"]) == 2
     assert "--workers" in capsys.readouterr().err
+
+
+async def test_health_watchers_see_each_change_and_end_on_drain_so_the_grace_is_not_held() -> None:
+    readiness = Readiness(ready=False)
+    server, port = await start_server([], "127.0.0.1:0", readiness=readiness)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            watch = stub.Watch(health_pb2.HealthCheckRequest())
+            unknown = stub.Watch(health_pb2.HealthCheckRequest(service="nope"))
+            assert (await watch.read()).status == NOT_SERVING
+            assert (await unknown.read()).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            readiness.set(True)
+            assert (await watch.read()).status == SERVING
+            assert (await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+            await readiness.drain()
+            readiness.set(True)  # ignored once draining
+            assert (await watch.read()).status == NOT_SERVING
+            assert await watch.read() == grpc.aio.EOF and await watch.code() == grpc.StatusCode.OK
+            assert await unknown.read() == grpc.aio.EOF
+            assert (await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)).status == NOT_SERVING
+        async with asyncio.timeout(30):  # a watcher left open would hold the whole 600 s grace
+            await server.stop(600)
+    finally:
+        await server.stop(0)

@@ -15,7 +15,8 @@ Flags (every address ``host:port``, port 0 for any free one):
 - ``--tls-ca``, ``--tls-cert``, ``--tls-key`` (TLS on the public port, mutual
   TLS to the control planes and replicas; ``--replica-plaintext`` keeps the
   replicas in plain text) or ``--insecure``: one of them is required;
-- ``--workers N`` (default: the number of cores): N proxy processes on the
+- ``--workers N`` (default: the cores this process may use, within a
+  container's CPU quota): N proxy processes on the
   same ports, each with its own table watch and id ``{id}-{k}``, supervised
   (:mod:`dataplane.workers`, whose ready file adds ``workers``); 1 runs the
   proxy in this process.
@@ -65,9 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="TOML config file (tenants, limits, [proxy])")
     logs.add_argument(p)
     p.add_argument("--id", dest="proxy_id", default=None, help="proxy id (default: hostname-pid)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+    p.add_argument("--workers", type=int, default=workers.default_workers(),
                    help="proxy processes sharing the ports with SO_REUSEPORT (dataplane.workers; "
-                        "default: the cores, %(default)s here)")
+                        "default: the cores usable, within the CPU quota: %(default)s here)")
     p.add_argument("--replica-plaintext", action="store_true",
                    help="with TLS, still reach the replicas in plain text (replicas that serve no TLS)")
     tls.add_arguments(p)

@@ -1,6 +1,8 @@
 """``ferry proxy --workers N``: N proxy processes behind one gRPC port and one HTTP port, supervised.
 
-A Python proxy uses one core; N workers use N. The parent runs no proxy of
+A Python proxy uses one core; N workers use N. The default N is
+:func:`default_workers`: the CPUs the process may run on, capped by the
+container's CPU quota (cgroup v2 ``cpu.max``). The parent runs no proxy of
 its own: it starts worker 1 (``ferry proxy --workers 1`` with the parent's
 flags), reads the addresses it bound (port 0 becomes a port), then starts
 workers 2..N on the same addresses; gRPC servers set ``SO_REUSEPORT`` on
@@ -28,6 +30,7 @@ or every worker was given up on (so that an orchestrator starts the proxy again)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -47,6 +50,33 @@ MAX_WORKERS = 256
 POLL_SECONDS = 0.2
 STOP_MARGIN_SECONDS = 5.0
 OWN_FLAGS = ("--workers", "--ready-file", "--id", "--metrics-listen")  # the parent sets these per worker
+
+
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+
+
+def cores(affinity: int, cpu_max: str | None) -> int:
+    """The cores this process may use: the CPUs it may run on, capped by a cgroup CPU quota (``cpu_max``,
+    the text of ``cpu.max``, rounded up), so that a container limited to 2 CPUs on a large host runs 2."""
+    count = max(1, affinity)
+    fields = (cpu_max or "").split()
+    if len(fields) == 2 and fields[0] != "max":
+        try:
+            quota, period = int(fields[0]), int(fields[1])
+        except ValueError:
+            return count
+        if quota > 0 and period > 0:
+            count = min(count, max(1, math.ceil(quota / period)))
+    return count
+
+
+def default_workers() -> int:
+    """:func:`cores` of this process (the default of ``--workers``)."""
+    try:
+        cpu_max: str | None = CPU_MAX.read_text()
+    except OSError:
+        cpu_max = None
+    return cores(len(os.sched_getaffinity(0)), cpu_max)
 
 
 def without(argv: Sequence[str], flags: Sequence[str]) -> list[str]:

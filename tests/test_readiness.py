@@ -15,7 +15,7 @@ from controlplane.server import ready
 from controlplane.store.base import StoreHealth
 from dataplane.config import ProxySettings
 from dataplane.main import main as proxy_main
-from dataplane.workers import metrics_address, without, worker_argv
+from dataplane.workers import cores, metrics_address, without, worker_argv
 from ferry.errors import ConfigError
 from ferry.grpcutil import start_server
 from ferry.readiness import MAX_DRAIN_SECONDS, NOT_SERVING, SERVING, DrainTimes, Readiness
@@ -94,3 +94,11 @@ async def test_health_watchers_see_each_change_and_end_on_drain_so_the_grace_is_
             await server.stop(600)
     finally:
         await server.stop(0)
+
+
+@pytest.mark.parametrize(("affinity", "cpu_max", "expected"), [
+    (64, None, 64), (64, "max 100000", 64), (64, "200000 100000", 2), (64, "150000 100000", 2),
+    (2, "800000 100000", 2), (4, "1000 100000", 1), (0, None, 1), (8, "garbage", 8), (8, "x 100000", 8)])
+def test_the_default_workers_are_the_cores_usable_within_the_cpu_quota(affinity: int, cpu_max: str | None,
+                                                                        expected: int) -> None:
+    assert cores(affinity, cpu_max) == expected

@@ -88,7 +88,7 @@ def test_a_proxy_is_not_serving_before_its_first_table_and_serving_after(tmp_pat
         stop_all(children)
 
 
-def _stream(stub: Any, key: tuple[tuple[str, str], ...], started: threading.Event,
+def run_stream(stub: Any, key: tuple[tuple[str, str], ...], started: threading.Event,
             results: list[tuple[str, int]]) -> None:
     request = inference_pb2.InferRequest(model="chat", prompt="a b c", max_tokens=TOKENS,
                                          tier=common_pb2.TIER_INTERACTIVE)
@@ -167,7 +167,7 @@ def test_sigterm_turns_the_proxy_not_serving_lets_streams_finish_refuses_new_wor
     with grpc.insecure_channel(address) as channel:
         stub = fleet.inference(channel)
         starts = [threading.Event() for _ in range(6)]
-        threads = [threading.Thread(target=_stream, args=(stub, key, s, results)) for s in starts[:4]]
+        threads = [threading.Thread(target=run_stream, args=(stub, key, s, results)) for s in starts[:4]]
         threads += [threading.Thread(target=_http_stream, args=(http_address, fleet.keys["ent"], s, http_results))
                     for s in starts[4:]]
         for t in threads:

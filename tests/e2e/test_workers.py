@@ -1,12 +1,13 @@
 """``ferry proxy --workers 2`` with real processes: two proxies on one gRPC port and one HTTP port, each its own
 proxy to the control plane, both serving; a worker killed is restarted on the same ports; SIGTERM to the parent
-drains and stops both."""
+drains both, their streams finishing whole."""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ferry.process import read_ready_file
 from ferry.procs import Child
 from ferry.v1 import common_pb2, inference_pb2
 from tests.e2e.harness import wait_for
+from tests.e2e.test_drain import SLOW_REPLICA, TOKENS, run_stream
 
 
 def _served(metrics: str) -> float:
@@ -97,3 +99,43 @@ def test_workers_whose_port_is_taken_fail_the_parent_with_the_reason(tmp_path: P
             parent.stop()
     log = parent.log_path.read_text()
     assert "worker-1 exited" in log and "before it was ready" in log, log
+
+
+def _inflight(metrics: str) -> float:
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("ferry_proxy_inflight "))
+
+
+def test_sigterm_to_the_parent_drains_every_worker_with_its_streams_whole(make_fleet, tmp_path: Path) -> None:
+    fleet = make_fleet({"node-a": ["chat:v1"]}, proxies=0, config={"replica": SLOW_REPLICA})
+    parent = Child("proxy-workers", ["proxy", "--workers", "2", "--control-plane", fleet.cp_address, "--id", "pd",
+                                     "--config", str(fleet.config_path), "--insecure"], tmp_path).start()
+    channels: list[grpc.Channel] = []
+    try:
+        ready = parent.wait_ready()
+        for worker in ready["workers"]:
+            wait_routable(fleet.cp_address, {"node-a-r0"}, worker["proxy_id"], 30, [parent],
+                          admin_token=fleet.admin_token)
+        key = (("x-api-key", fleet.keys["ent"]),)
+        results: list[tuple[str, int]] = []
+        channels = [grpc.insecure_channel(ready["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(12)]  # each its own connection: the kernel spreads them over the workers
+        starts = [threading.Event() for _ in channels]
+        threads = [threading.Thread(target=run_stream, args=(fleet.inference(ch), key, s, results))
+                   for ch, s in zip(channels, starts, strict=True)]
+        for t in threads:
+            t.start()
+        for s in starts:
+            assert s.wait(30), "every stream must start before the parent is told to stop"
+        busy = [_inflight(w["metrics"]) for w in ready["workers"]]
+        assert all(b > 0 for b in busy), f"streams on both workers: {busy}"
+        os.kill(parent.pid, signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert parent.proc is not None and parent.proc.wait(60) == 0
+    finally:
+        for ch in channels:
+            ch.close()
+        parent.stop()
+    assert results == [("OK", TOKENS)] * len(channels), results

@@ -12,13 +12,18 @@ both rates (about 3.6 k calls/s, docs/design.md, "Numbers to design for"); the r
 
 ``--workers N`` (N > 1) adds a second proxy, ``ferry proxy --workers N``, in
 front of the same replica in the same run, and measures both proxies the same
-way over ``--channels`` connections each (16; a local subchannel pool per
-channel, so each is its own TCP connection and the kernel can spread them
-over the workers): the rate of N workers over one, their latencies added to
+way over ``--channels`` connections each (64, as many as calls in flight; a
+local subchannel pool per channel, so each is its own TCP connection and the
+kernel can spread them over the workers; each calling task keeps its own
+connection, so the closed loop sends more calls where they return sooner,
+as many independent clients would, instead of an equal share to each
+connection whatever worker it landed on): the rate of N workers over one, their latencies added to
 the direct path, and how the requests split over the workers (each worker's
-``ferry_proxy_requests_total``). The load generator, the replica and the
-workers share the machine's cores, so the ratio is bounded by the CPU left
-to the proxies, not by the proxies alone.
+``ferry_proxy_requests_total``), and the CPU each process spent per request
+(``/proc/PID/stat``: each proxy over its own requests, the replica's node and
+the load generator over both proxies'). The load generator, the replica and
+the workers share the machine's cores, so the ratio is bounded by the CPU
+left to the proxies, not by the proxies alone.
 Writes ``bench-results/overhead.json``.
 """
 
@@ -90,6 +95,12 @@ async def bench(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def served(metrics: str) -> float:
     """Requests one proxy (or worker) answered OK, from its ``/metrics``."""
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as response:
@@ -108,14 +119,21 @@ async def bench_workers(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
     request = inference_pb2.InferRequest(model=fleet.replica["model"], tier=common_pb2.TIER_INTERACTIVE,
                                          prompt=PROMPT, max_tokens=1)
     meta = (("x-api-key", fleet.key),)
-    turn = [0]
-
     def caller(name: str) -> Any:
+        bound: dict[int, Any] = {}  # each calling task keeps one connection: a faster worker takes more calls
+
         def call() -> Any:
-            turn[0] += 1
-            return stubs[name][turn[0] % args.channels].Infer(request, metadata=meta, timeout=10)
+            task = id(asyncio.current_task())
+            stub = bound.get(task)
+            if stub is None:
+                stub = bound[task] = stubs[name][len(bound) % args.channels]
+            return stub.Infer(request, metadata=meta, timeout=10)
         return call
 
+    pids = {"one_worker": [fleet.proxy["pid"]], f"{args.workers}_workers": [w["pid"] for w in many["workers"]],
+            "replica_node": [fleet.node_pid], "load_generator": [os.getpid()]}
+    cpu_before = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
+    ok_before = {"one_worker": served(fleet.proxy["metrics"])}
     before = [served(w["metrics"]) for w in many["workers"]]
     try:
         out = await compare([(name, caller(name)) for name in stubs], args.concurrency, args.seconds)
@@ -124,6 +142,13 @@ async def bench_workers(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
             for c in chs:
                 await c.close()
     counts = [served(w["metrics"]) - b for w, b in zip(many["workers"], before, strict=True)]
+    requests = {"one_worker": served(fleet.proxy["metrics"]) - ok_before["one_worker"],
+                f"{args.workers}_workers": sum(counts)}
+    used = {name: sum(cpu_seconds(p) for p in ps) - cpu_before[name] for name, ps in pids.items()}
+    everything = sum(requests.values())
+    # CPU milliseconds per request: each proxy over its own requests; the replica and the generator over all.
+    out["cpu_ms_per_request"] = {name: round(1000 * used[name] / max(1.0, requests.get(name, everything)), 3)
+                                 for name in pids}
     out["worker_share"] = [round(c / max(1.0, sum(counts)), 3) for c in counts]
     out["channels"] = args.channels
     out["workers"] = args.workers
@@ -138,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight for the throughput runs")
     p.add_argument("--workers", type=int, default=1,
                    help="also measure a proxy of N workers (ferry proxy --workers N) against one of one worker")
-    p.add_argument("--channels", type=int, default=16, help="connections per proxy in the workers comparison")
+    p.add_argument("--channels", type=int, default=64,
+                   help="connections per proxy in the workers comparison (each calling task keeps one)")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "overhead.json"))
     args = p.parse_args(argv)
     if not 1 <= args.workers <= 64 or not 1 <= args.channels <= 256:
@@ -164,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{w[name]['p99_ms'] - result['direct']['p99_ms']:.3f} ms over direct")
         print(f"{args.workers} workers against one: {w['rate_ratio']:.3f}x the rate over {args.channels} "
               f"connections; requests per worker {w['worker_share']}")
+        print(f"CPU ms per request: {w['cpu_ms_per_request']}")
     print(f"-> {args.out}")
     return 0
 

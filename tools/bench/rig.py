@@ -45,6 +45,7 @@ class Fleet:
     replica: dict[str, Any]
     key: str
     others: tuple[dict[str, Any], ...] = ()  # the ready files of the further proxies (``more_proxies``)
+    node_pid: int = 0  # the node's process (its agent and the replica)
 
 
 def proxy_ids(ready: dict[str, Any]) -> list[str]:
@@ -84,11 +85,12 @@ def one_replica_fleet(proxy_args: Sequence[str] = (), more_proxies: Sequence[Seq
                                   "--replica", f"{MODEL}:v1", *cfg], work).start()
             children += [proxy, *others, node]
             ready = proxy.wait_ready()
-            replica = node.wait_ready()["replicas"][0]
+            node_ready = node.wait_ready()
+            replica = node_ready["replicas"][0]
             readies = [ready, *(o.wait_ready() for o in others)]
             for proxy_id in (i for r in readies for i in proxy_ids(r)):
                 wait_routable(cp_addr, {replica["replica_id"]}, proxy_id, 30, children, admin_token=token)
-            yield Fleet(proxy=ready, replica=replica, key=key, others=tuple(readies[1:]))
+            yield Fleet(proxy=ready, replica=replica, key=key, others=tuple(readies[1:]), node_pid=node_ready["pid"])
         finally:
             stop_all(children)
 

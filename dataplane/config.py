@@ -114,7 +114,16 @@ from dataplane.pick.prefix import DEPTHS
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.pick.unreachable import UnreachableParams
 from dataplane.table.local import MAX_VNODES, TableParams
-from ferry.config import TIERS, FileConfig, Limits, ModelConfig, TenantConfig, from_mapping, load_file
+from ferry.config import (
+    TIERS,
+    FileConfig,
+    GuardrailConfig,
+    Limits,
+    ModelConfig,
+    TenantConfig,
+    from_mapping,
+    load_file,
+)
 from ferry.errors import ConfigError
 from ferry.readiness import DrainTimes
 
@@ -467,6 +476,7 @@ class ProxyConfig:
     tenants: tuple[TenantConfig, ...]
     limits: Limits
     models: tuple[ModelConfig, ...] = ()  # the catalog: each model's tokenizer file (ferry.tokens) and chat_template
+    guardrails: tuple[GuardrailConfig, ...] = ()  # safety hooks on prompts and answers (dataplane.guard)
 
 
 def load(
@@ -482,7 +492,8 @@ def load(
         settings = dataclasses.replace(settings, region=region)
     if proxy_id:
         settings = dataclasses.replace(settings, proxy_id=proxy_id)
-    return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits, models=file.models)
+    return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits, models=file.models,
+                       guardrails=file.guardrails)
 
 
 def parse_addresses(value: str | Sequence[str]) -> tuple[str, ...]:

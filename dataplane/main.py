@@ -90,6 +90,7 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
     proxy = Proxy(
         settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes,
         tls=transport, replica_tls=not args.replica_plaintext, tokenizers=tokenizers, models=config.models,
+        guardrails=config.guardrails,
     )
     port = await proxy.start(args.listen)
     http_listen = args.http_listen if args.http_listen is not None else config.settings.http.http_listen

@@ -39,6 +39,7 @@ State: the holder's current table (read once per request) and the picker
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -60,6 +61,7 @@ from dataplane.failover.budget import unreached
 from dataplane.failover.continuation import Delivered, cut_error
 from dataplane.failover.recover import Failover, retry_reason
 from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
+from dataplane.guard.hooks import Guards, Selected, Subject
 from dataplane.metrics import UNKNOWN, ProxyMetrics
 from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import Branch, Decision, LocalLoad
@@ -110,6 +112,7 @@ class RequestState:
     ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission.gate), when queued
     cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.admission.coldstart)
     encoded: Encoded | None = None  # the prompt's tokens, when encoded before begin (Router.encode)
+    guard: Subject | None = None  # what the guardrail hooks are told, and their time (dataplane.guard.hooks)
 
 
 class Router:
@@ -127,8 +130,10 @@ class Router:
         rng: random.Random,
         clock: Callable[[], float],
         tokens: TokenWork | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self._settings = settings
+        self.guards = guards or Guards((), metrics, clock=clock)  # guardrail hooks (dataplane.guard.hooks)
         self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.api.tokenwork)
         self._limits = limits
         self._auth = authenticator
@@ -391,18 +396,45 @@ class Router:
         return replica, attempt
 
     async def infer(self, state: RequestState) -> Outcome:
-        """Wait in the tier queue, then forward (a preempted batch request waits again); fills ``state.outcome``."""
+        """Check the prompt, wait in the tier queue, forward (a preempted batch request waits again), check the
+        answer; fills ``state.outcome``."""
+        hooks = self._guarded(state)
+        if hooks.prompt:
+            await self._guard_prompt(state, hooks)
         if state.cold_wait:
             await self._warm_up(state)
         ticket = state.ticket
-        if ticket is None:
-            return await self._infer(state)
         while True:
+            if ticket is None:
+                outcome = await self._infer(state)
+                break
             await self.admission.acquire(state.model_label, ticket)
             try:
-                return await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))
+                outcome = await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))
+                break
             except Preempted:
                 continue
+        if hooks.output:
+            assert state.guard is not None
+            outcome.text = await self.guards.output(hooks.output, state.guard, outcome.text, final=True)
+        return outcome
+
+    def _guarded(self, state: RequestState) -> Selected:
+        """The guardrail hooks of the request (dataplane.guard.hooks); sets ``state.guard`` when there are any."""
+        hooks = self.guards.select(state.model_label, state.tier_label)
+        if (hooks.prompt or hooks.output) and state.guard is None:
+            state.guard = Subject(model=state.model_label, tier=state.tier_label,
+                                  tenant=state.tenant.name if state.tenant is not None else "",
+                                  request_id=state.request_id, deadline=state.deadline)
+        return hooks
+
+    async def _guard_prompt(self, state: RequestState, hooks: Selected) -> None:
+        """Run the prompt hooks; a redaction replaces the prompt the replica sees."""
+        assert state.call is not None and state.guard is not None
+        prompt = state.call.prompt.decode("utf-8", errors="replace")
+        checked = await self.guards.prompt(hooks.prompt, state.guard, prompt)
+        if checked != prompt:
+            state.call = dataclasses.replace(state.call, prompt=checked.encode("utf-8"))
 
     async def _infer(self, state: RequestState) -> Outcome:
         """Forward a unary request, retrying when policy allows."""
@@ -429,25 +461,57 @@ class Router:
             finally:
                 self.picker.done(attempt, cached)
 
-    async def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
-        """Forward a streaming request: retried while nothing reached the caller, continued after (module doc)."""
+    def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
+        """The answer's pieces (:meth:`_stream`); with guardrail hooks, the prompt checked first and the answer
+        released a checked window at a time (:meth:`_guarded_stream`)."""
+        hooks = self._guarded(state)
+        if hooks.prompt or hooks.output:
+            return self._guarded_stream(state, hooks)
+        return self._stream(state)  # no layer per piece when no hook applies
+
+    async def _guarded_stream(self, state: RequestState, hooks: Selected) -> AsyncGenerator[Piece, None]:
+        """:meth:`_stream` between the prompt and the output hooks (:meth:`dataplane.guard.hooks.Guards.released`)."""
+        if hooks.prompt:
+            await self._guard_prompt(state, hooks)
+        pieces = self._stream(state)
+        if hooks.output:
+            assert state.guard is not None
+            pieces = self.guards.released(hooks.output, hooks.window, state.guard, pieces)
+        async with contextlib.aclosing(pieces) as released:
+            async for piece in released:
+                yield piece
+
+    async def _stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
+        """Forward a streaming request: retried while nothing reached the caller, continued after (module doc).
+
+        A batch or standard stream may be preempted like a unary request
+        (:meth:`dataplane.admission.gate.Admission.watch`): its upstream call is
+        cancelled and its slot freed at once; when its caller next asks for
+        output it waits in its queue again, then continues from what it delivered.
+        """
         assert state.call is not None
         if state.cold_wait:
             await self._warm_up(state)
-        if state.ticket is not None:  # wait in the tier queue first (streams are not preempted)
-            state.ticket.preemptible = False
-            await self.admission.acquire(state.model_label, state.ticket)
+        ticket = state.ticket
+        if ticket is not None:  # wait in the tier queue first
+            await self.admission.acquire(state.model_label, ticket)
         failed: list[Replica] = []
         last: FerryError | None = None
         call: Call | None = state.call
         delivered = Delivered()
+        parked = False
         while call is not None:
+            if parked and ticket is not None:
+                parked = False
+                await self.admission.resume(state.model_label, ticket)
             replica, attempt = self._next(state, failed, last, streamed=True)
             outcome = Outcome()
             cached: int | None = None
+            preemption = self.admission.watch(state.model_label, ticket) if ticket is not None else None
             try:
                 await self.failover.cross_region(state.rtt_ms)
-                pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome)
+                pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome,
+                                                bind=preemption.bind if preemption is not None else None)
                 try:
                     got, probe = 0, self.picker.outliers.params.probe_tokens
                     async for piece in pieces:
@@ -464,8 +528,16 @@ class Router:
                 state.outcome = delivered.merge(outcome, state.call)
                 await self._recount(state.model_label, state.outcome)
                 cached = outcome.cached_tokens if outcome.cached_reported else None
-                self._result(state, attempt, ok=True, outcome=outcome)
+                self._result(state, attempt, ok=True, outcome=state.outcome)
                 return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if preemption is None or not preemption.fired or (task is not None and task.cancelling()):
+                    raise
+                parked = True  # preempted: the slot is free; wait again, then continue from what was delivered
+                call = self.failover.preempted(state.call, call, delivered, state.model_label)
+                if ticket is not None:
+                    ticket.preemptible = self.failover.may_continue(delivered)
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
                     self._result(state, attempt, ok=False, error=error)
@@ -478,6 +550,8 @@ class Router:
                     last = cut_error(delivered, error, "no other replica")
                 failed.append(replica)
             finally:
+                if ticket is not None:
+                    self.admission.unwatch(ticket)
                 self.picker.done(attempt, cached)
         # The cut stream had already delivered max_tokens: it is complete.
         state.outcome = Outcome(text=delivered.text, prompt_tokens=state.call.prompt_tokens,

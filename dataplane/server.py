@@ -51,6 +51,7 @@ from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
+from dataplane.guard.hooks import Guards
 from dataplane.memory import MIB, MemoryTrim
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
@@ -58,7 +59,7 @@ from dataplane.table.local import Table, TableHolder
 from dataplane.table.tenants import TenantSet
 from dataplane.table.watch import TableWatcher
 from ferry.backoff import Backoff
-from ferry.config import TIERS, Limits, ModelConfig, TenantConfig
+from ferry.config import TIERS, GuardrailConfig, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.readiness import SERVING, DrainTimes, Readiness
 from ferry.tls import RELOAD_SECONDS, CertificateFiles, TLSConfig
@@ -86,6 +87,7 @@ class Proxy:
         replica_tls: bool = True,
         tokenizers: Tokenizers | None = None,
         models: Sequence[ModelConfig] = (),
+        guardrails: Sequence[GuardrailConfig] = (),
     ) -> None:
         self.tls = tls  # TLS on the public port; mutual TLS to control planes (and replicas, with replica_tls)
         self.settings = (settings or ProxySettings()).resolved()
@@ -112,6 +114,7 @@ class Proxy:
             rng=self._rng,
             clock=clock,
             tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
+            guards=Guards(guardrails, self.metrics, clock=clock, tls=tls),  # safety hooks (dataplane.guard.hooks)
         )
         server = self.settings.server
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
@@ -233,4 +236,5 @@ class Proxy:
                 await self._watch_task
             self._watch_task = None
         await self.pool.close()
+        await self.router.guards.close()
         self.router.tokens.close()

@@ -54,9 +54,10 @@ class Child:
     """
 
     def __init__(self, name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 log_path: Path | None = None, inherit_output: bool = False) -> None:
+                 log_path: Path | None = None, module: str = "ferry", inherit_output: bool = False) -> None:
         self.inherit_output = inherit_output
         self.name = name
+        self.module = module  # run as ``python -m MODULE`` (a tool such as tools.guardrail, or ferry itself)
         self.ready_path = workdir / f"{name}.ready.json"
         self.log_path = log_path if log_path is not None else workdir / f"{name}.log"
         self.args = args
@@ -70,8 +71,8 @@ class Child:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        """The argv of the process: ``python -m ferry ARGS --ready-file PATH``."""
-        return [sys.executable, "-m", "ferry", *self.args, "--ready-file", str(self.ready_path)]
+        """The argv of the process: ``python -m MODULE ARGS --ready-file PATH`` (MODULE: ferry by default)."""
+        return [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_path)]
 
     def check_ready(self) -> dict[str, Any] | None:
         """What the child reports once it is ready (its ready file), or None while it is not."""

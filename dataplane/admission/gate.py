@@ -17,6 +17,12 @@ table's ``tier_quotas`` (set by the control plane; the proxy's
    standard request as a task that a preemption cancels (the replica call is cancelled); the
    ticket goes back to the head of its queue and the caller waits again
    (:class:`Preempted`), so the request is neither lost nor answered twice;
+   :meth:`Admission.watch` makes a running lower-tier stream preemptible: a
+   preemption frees its slot at once (:meth:`TierQueues.park`) and cancels
+   its upstream call (:class:`StreamPreemption`), and the router requeues it
+   (:meth:`Admission.resume`) when its client next reads, then continues it
+   from what it delivered, so a stream whose client reads slowly, or not at
+   all, holds no slot a higher tier is waiting for;
 3. :meth:`Admission.placed` (called once the pick chose a replica) preempts
    a lower-tier request on that replica when an interactive request was
    sent to it while it is full (:meth:`TierQueues.make_room`);
@@ -81,9 +87,47 @@ class _Preempt(asyncio.Event):
 
     reason = "reclaim"
 
-    def fire(self, reason: str) -> None:
+    def fire(self, reason: str) -> bool:
+        """Preempt the unary call: its task is cancelled and requeued by :meth:`Admission.preemptible`; False."""
         self.reason = reason
         self.set()
+        return False
+
+
+class StreamPreemption:
+    """A running stream's preemption (:meth:`Admission.watch`).
+
+    :meth:`fire` parks the ticket (its slot freed at once) and cancels the
+    stream's upstream call through the canceller the forwarder bound
+    (:meth:`bind`; bound after a fire, it cancels at once). The router sees
+    the cancelled call, requeues the ticket and continues the stream.
+    """
+
+    def __init__(self, park: Callable[[str], None]) -> None:
+        self.reason = ""  # set once fired: reclaim | room
+        self._park = park
+        self._cancel: Callable[[], object] | None = None
+
+    @property
+    def fired(self) -> bool:
+        """Whether the stream was preempted."""
+        return bool(self.reason)
+
+    def bind(self, cancel: Callable[[], object] | None) -> None:
+        """The current upstream call's canceller (None once it ended)."""
+        self._cancel = cancel
+        if cancel is not None and self.fired:
+            cancel()
+
+    def fire(self, reason: str) -> bool:
+        """Preempt the stream: park its ticket, cancel its call; True (its slot is free now)."""
+        if self.fired:
+            return False
+        self.reason = reason
+        self._park(reason)
+        if self._cancel is not None:
+            self._cancel()
+        return True
 
 
 class TierMetrics:
@@ -141,7 +185,7 @@ class Admission:
         self.metrics = TierMetrics(registry, tenant_labels)
         self.models: dict[str, TierQueues] = {}
         self._waiters: dict[Ticket, asyncio.Future[None]] = {}
-        self._preempt: dict[Ticket, _Preempt] = {}
+        self._preempt: dict[Ticket, _Preempt | StreamPreemption] = {}
         self._started: dict[Ticket, float] = {}
         self._shards: dict[str, Shards] = {}  # per model, the shards last reported
         self._shown: dict[str, tuple[tuple[int, int, int], ...]] = {}  # per model, the gauges' last values
@@ -243,17 +287,43 @@ class Admission:
         self.metrics.tenant_preempted.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
         raise Preempted(f"{ticket.tier} request preempted on model {model!r}; requeued")
 
+    def watch(self, model: str, ticket: Ticket) -> StreamPreemption | None:
+        """Make a running lower-tier stream preemptible until :meth:`unwatch` (None: it never is)."""
+        if ticket.tier == TIERS[0] or not ticket.preemptible or model not in self.models:
+            return None
+        preemption = self._preempt[ticket] = StreamPreemption(lambda reason: self._park(model, ticket, reason))
+        return preemption
+
+    def unwatch(self, ticket: Ticket) -> None:
+        """The stream's forward ended: it is no longer preemptible."""
+        self._preempt.pop(ticket, None)
+
+    async def resume(self, model: str, ticket: Ticket) -> None:
+        """A parked stream asks for output again: back at the head of its queue, wait for dispatch (:meth:`acquire`)."""
+        self.models[model].requeue(ticket, self._clock())
+        await self.acquire(model, ticket)
+
+    def _park(self, model: str, ticket: Ticket, reason: str) -> None:
+        """A stream was preempted: its slot is free now (:meth:`TierQueues.park`)."""
+        self.models[model].park(ticket)
+        self._preempt.pop(ticket, None)
+        self.metrics.preempted.labels(model, reason).inc()
+        self.metrics.tenant_preempted.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
+
     def placed(self, model: str, ticket: Ticket, replica: str, inflight: int, slots: int) -> None:
         """``ticket`` was sent to ``replica`` (``inflight`` of ours there, ``slots`` its target): make room there."""
         queues = self.models.get(model)
         if queues is None:
             return
+        freed = False
         for victim in queues.make_room(ticket, replica, inflight, slots):
             event = self._preempt.get(victim)
             if event is not None:
-                event.fire("room")
+                freed = event.fire("room") or freed
             else:
                 victim.state = "running"
+        if freed:
+            self._pump(model)
 
     def release(self, model: str, ticket: Ticket) -> None:
         """``ticket`` ended (answered, failed or cancelled): free its slot and dispatch."""
@@ -266,24 +336,29 @@ class Admission:
         self._pump(model)
 
     def _pump(self, model: str) -> None:
+        """Dispatch what fits, then preempt what a higher tier needs; again while a preempted stream freed a slot."""
         queues = self.models[model]
-        now = self._clock()
-        for ticket in queues.dispatch(now):
-            waited = now - self._started.get(ticket, now)
-            self.metrics.admitted.labels(model, ticket.tier).inc()
-            self.metrics.wait.labels(model, ticket.tier).observe(waited)
-            tenant = self.metrics.tenant(ticket.tenant)
-            self.metrics.tenant_admitted.labels(ticket.tier, tenant).inc()
-            self.metrics.tenant_wait.labels(ticket.tier, tenant).inc(max(waited, 0.0))
-            waiter = self._waiters.get(ticket)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
-        for ticket in queues.preemptions():
-            event = self._preempt.get(ticket)
-            if event is not None:
-                event.fire("reclaim")
-            else:
-                ticket.state = "running"  # not preemptible (not yet forwarding): let it run
+        freed, rounds = True, max(queues.capacity, 0) + 1  # each round parks at least one running stream
+        while freed and rounds:
+            rounds -= 1
+            now = self._clock()
+            for ticket in queues.dispatch(now):
+                waited = now - self._started.get(ticket, now)
+                self.metrics.admitted.labels(model, ticket.tier).inc()
+                self.metrics.wait.labels(model, ticket.tier).observe(waited)
+                tenant = self.metrics.tenant(ticket.tenant)
+                self.metrics.tenant_admitted.labels(ticket.tier, tenant).inc()
+                self.metrics.tenant_wait.labels(ticket.tier, tenant).inc(max(waited, 0.0))
+                waiter = self._waiters.get(ticket)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            freed = False
+            for ticket in queues.preemptions():
+                event = self._preempt.get(ticket)
+                if event is not None:
+                    freed = event.fire("reclaim") or freed
+                else:
+                    ticket.state = "running"  # not preemptible (not yet forwarding): let it run
         self._gauges(model)
 
     def _shed(self, model: str, ticket: Ticket, reason: str) -> None:

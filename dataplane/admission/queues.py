@@ -48,7 +48,9 @@ caller's (:mod:`dataplane.admission.gate`).
 - :meth:`TierQueues.preemptions` names the requests to preempt: batch, then
   standard, above their allowance while a higher tier waits with no headroom
   and room in its own allowance, newest first (least work lost). The caller cancels them on the replica and
-  :meth:`TierQueues.requeue` puts them back at the head of their queue.
+  :meth:`TierQueues.requeue` puts them back at the head of their queue. A stream is preempted alike; its
+  slot is freed at once (:meth:`TierQueues.park`: its client may not read again for a while) and it is
+  requeued when its caller next asks for output, then continued from what it delivered.
 
 Parameters (:class:`QueueParams`): per-tier bounds (interactive 256,
 standard 512, batch 4,096), per-tier queue timeouts (2 s, 10 s, 60 s),
@@ -114,9 +116,9 @@ class Ticket:
     cost: int
     deadline: float
     enqueued_at: float = 0.0
-    state: str = "new"  # new | queued | running | done
+    state: str = "new"  # new | queued | running | preempting | parked | done
     preempted: int = 0
-    preemptible: bool = True  # a unary call may be cancelled and requeued; a stream may not
+    preemptible: bool = True  # False: never preempted (a stream that has used up its continuations)
     replica: str = ""  # where it was sent, once the pick chose (make_room)
     seq: int = dataclasses.field(default_factory=lambda: next(_ids))
 
@@ -332,7 +334,7 @@ class TierQueues:
         Only what higher tiers can use: the requests waiting in a higher tier
         that its allowance would let run, less the free slots and the
         preemptions already under way; never a tier below its allowance;
-        only preemptible tickets (unary calls, not streams).
+        only preemptible tickets (:attr:`Ticket.preemptible`).
         """
         if not any(self.depth(t) for t in TIERS[:-1]):  # nothing waits above the lowest tier: the common case
             return []
@@ -392,8 +394,17 @@ class TierQueues:
         self.placement.forget(ticket)
         ticket.state = "done"
 
+    def park(self, ticket: Ticket) -> None:
+        """A preempted stream leaves the running set at once (its slot is free) until :meth:`requeue`."""
+        if ticket.state not in ("running", "preempting"):
+            return
+        if self._running[ticket.tier].pop(ticket, 0) is None:
+            self._hold(ticket, -1)
+        self.placement.forget(ticket)
+        ticket.state, ticket.replica = "parked", ""
+
     def requeue(self, ticket: Ticket, now: float) -> None:
-        """A preempted ticket goes back to the head of its tier queue (never shed, never lost)."""
+        """A preempted (or parked) ticket goes back to the head of its tier queue (never shed, never lost)."""
         if self._running[ticket.tier].pop(ticket, 0) is None:
             self._hold(ticket, -1)
         self.placement.forget(ticket)

@@ -106,6 +106,24 @@ class Failover:
               tokens_delivered=delivered.tokens, error=str(error), continuation=delivered.continuations + 1)
         return continuation(original, delivered)
 
+    def may_continue(self, delivered: Delivered) -> bool:
+        """Whether a stream that delivered ``delivered`` may still be continued (``max_continuations``)."""
+        return delivered.continuations < self._settings.max_continuations
+
+    def preempted(self, original: Call, current: Call, delivered: Delivered, model: str) -> Call | None:
+        """The call resuming a preempted stream: ``current`` again if it delivered nothing, else a continuation.
+
+        None: it had delivered everything. Counted as
+        ``ferry_proxy_stream_continuations_total{outcome="preempted"}``; a continuation counts
+        among the stream's ``max_continuations``.
+        """
+        self._metrics.continuations.labels(model, "preempted").inc()
+        event(log, "stream_preempted", request_id=original.request_id, model=model,
+              tokens_delivered=delivered.tokens, continuation=delivered.continuations + 1)
+        if not delivered.tokens and not delivered.texts:
+            return current
+        return continuation(original, delivered)
+
     async def cross_region(self, rtt_ms: float) -> None:
         """On one machine, a forward to another region waits the configured round trip (``simulate_region_rtt``)."""
         if rtt_ms and self._simulate_rtt:

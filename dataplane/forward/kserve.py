@@ -287,11 +287,15 @@ class Forwarder:
         return outcome
 
     async def stream(
-        self, replica: Replica, call: Call, remaining: float, outcome: Outcome
+        self, replica: Replica, call: Call, remaining: float, outcome: Outcome, *,
+        bind: Callable[[Callable[[], object] | None], None] | None = None,
     ) -> AsyncGenerator[Piece, None]:
         """A decoupled ``ModelStreamInfer``: yields pieces as they come, fills ``outcome`` at the end.
 
-        Raises ForwardFailed (``output_started`` once a piece was yielded) or DeadlineExceeded.
+        ``bind``, when given, receives the call's canceller once it starts and
+        None once it ended (a preemption cancels the call through it: the
+        next read raises ``asyncio.CancelledError``). Raises ForwardFailed
+        (``output_started`` once a piece was yielded) or DeadlineExceeded.
         """
         if remaining <= 0:
             raise DeadlineExceeded("deadline exceeded before forwarding")
@@ -305,6 +309,8 @@ class Forwarder:
         reported_tokens = 0
         async with self._pool.use(replica.address) as client:
             responses = client.stub.ModelStreamInfer(timeout=remaining)
+            if bind is not None:
+                bind(responses.cancel)
             try:
                 try:
                     await responses.write(request)
@@ -338,6 +344,8 @@ class Forwarder:
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:
                 raise self._failed(replica, exc, output_started=started) from None
             finally:
+                if bind is not None:
+                    bind(None)
                 responses.cancel()  # no-op once the stream ended; frees the replica otherwise
         outcome.text = "".join(texts)
         outcome.completion_tokens = reported_tokens or count_tokens(outcome.text)

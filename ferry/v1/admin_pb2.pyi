@@ -308,7 +308,7 @@ class GetUsageRequest(_message.Message):
     def __init__(self, by_tier: _Optional[bool] = ...) -> None: ...
 
 class UsageRow(_message.Message):
-    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds", "request_rate", "p99_seconds", "shed_rate", "error_rate", "tier")
+    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds", "request_rate", "p99_seconds", "shed_rate", "error_rate", "tier", "guard_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,7 @@ class UsageRow(_message.Message):
     SHED_RATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     region: str
     replicas_ready: int
@@ -339,7 +340,8 @@ class UsageRow(_message.Message):
     shed_rate: float
     error_rate: float
     tier: str
-    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ..., request_rate: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., shed_rate: _Optional[float] = ..., error_rate: _Optional[float] = ..., tier: _Optional[str] = ...) -> None: ...
+    guard_seconds: float
+    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ..., request_rate: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., shed_rate: _Optional[float] = ..., error_rate: _Optional[float] = ..., tier: _Optional[str] = ..., guard_seconds: _Optional[float] = ...) -> None: ...
 
 class GetUsageResponse(_message.Message):
     __slots__ = ("rows", "sampled_at")

@@ -26,7 +26,7 @@ class Report(_message.Message):
     def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ...) -> None: ...
 
 class UsageSample(_message.Message):
-    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued")
+    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued", "guard_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class UsageSample(_message.Message):
     P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OFFERED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     tier: str
     requests: int
@@ -47,7 +48,8 @@ class UsageSample(_message.Message):
     p50_seconds: float
     offered_per_second: float
     queued: int
-    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ...) -> None: ...
+    guard_seconds: float
+    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ..., guard_seconds: _Optional[float] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("proxy_id", "region", "have_version")

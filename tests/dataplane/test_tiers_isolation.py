@@ -173,7 +173,7 @@ def test_make_room_on_the_replica_the_pick_chose(tier: str, placed: dict[str, in
     ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 1, 0, {"r1"}),          # one victim taken: 4 - 1 < 4
     ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 2, 0, {"r0", "r1"}),    # both taken: nothing left to preempt
     ({"r0": 2}, {}, {"r0": 4, "r1": 4}, 0, 2, {"r0", "r1"}),    # finished: no longer victims
-    ({}, {"r0": 2}, {"r0": 4, "r1": 4}, 0, 0, {"r0", "r1"}),    # streams are never preempted
+    ({}, {"r0": 2}, {"r0": 4, "r1": 4}, 0, 0, {"r0", "r1"}),    # not preemptible (out of continuations)
     ({"r0": 2}, {}, {}, 0, 0, set()),                           # nothing in flight
 ], ids=["interactive-full", "room-elsewhere", "room-idle", "over-victims", "one-taken", "all-taken", "finished",
         "streams", "empty"])

@@ -19,7 +19,7 @@ import contextlib
 import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,9 +54,11 @@ def proxy_ids(ready: dict[str, Any]) -> list[str]:
 
 
 @contextlib.contextmanager
-def one_replica_fleet(proxy_args: Sequence[str] = (), more_proxies: Sequence[Sequence[str]] = ()) -> Iterator[Fleet]:
-    """The rig's processes (``proxy_args`` added to the proxy's; one more proxy per ``more_proxies`` entry, with
-    those arguments, in front of the same replica), stopped on exit whatever happens."""
+def one_replica_fleet(proxy_args: Sequence[str] = (), *, sections: Mapping[str, Any] | None = None,
+                      more_proxies: Sequence[Sequence[str]] = ()) -> Iterator[Fleet]:
+    """The rig's processes (``proxy_args`` added to the proxy's; ``sections`` added to the config file; one more
+    proxy per ``more_proxies`` entry, with those arguments, in front of the same replica), stopped on exit
+    whatever happens."""
     key = "fk_" + secrets.token_hex(16)
     config = {
         "tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key), "plan": "enterprise"}],
@@ -64,6 +66,7 @@ def one_replica_fleet(proxy_args: Sequence[str] = (), more_proxies: Sequence[Seq
         "replica": {"max_running": 1024, "max_queue": 8192, "prefill_base_seconds": 0.0,
                     "prefill_seconds_per_token": 0.0, "decode_base_seconds": 0.001,
                     "decode_seconds_per_request": 0.0},
+        **(sections or {}),
     }
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
         work = Path(tmp)

@@ -14,7 +14,10 @@ without any, every Admin call is refused), ``--join-token-file`` (the agents'
 join token; else env ``FERRY_JOIN_TOKEN``, else ``controlplane.join_token_sha256``:
 see :mod:`controlplane.api.join`), and either ``--tls-ca``, ``--tls-cert``,
 ``--tls-key`` (mutual TLS on the port and to the leader) or ``--insecure``
-(plain text; with neither it refuses to start, exit 2). Exit codes: 0 after
+(plain text; with neither it refuses to start, exit 2). On SIGTERM or SIGINT its gRPC health turns NOT_SERVING,
+it serves on for ``controlplane.drain_delay_seconds``, then stops with
+``drain_grace_seconds`` for calls in flight; its health is SERVING only while
+its store answers and a leader is known (:mod:`controlplane.server`). Exit codes: 0 after
 a clean stop, 2 for a bad config or flag, 1 when it cannot start (the store
 did not answer within ``store_timeout_seconds``, or the port is taken).
 """
@@ -91,9 +94,11 @@ async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalo
         })
         log.info("control plane %s serving on %s:%d", settings.id, host, port)
         await stop.wait()
-        log.info("stopping")
+        times = settings.drain()
+        log.info("draining: NOT_SERVING, serving %g s more, then %g s for calls in flight", times.delay, times.grace)
+        await cp.drain(times)
     finally:
-        await cp.stop()
+        await cp.stop()  # after drain(), nothing left to stop
         if store is not None:
             await store.close()
     return 0

@@ -31,7 +31,10 @@ type checker. Tenants and request limits come from the shared ``[[tenants]]`` an
 fields (:func:`load`). Every field has a default, so a proxy runs without a
 file; unknown keys fail at load time with their dotted name.
 
-Defaults: region ``local``; a request without a gRPC deadline gets 300 s; a
+Defaults: region ``local``; on SIGTERM the proxy's health turns NOT_SERVING,
+it serves on for ``drain_delay_seconds`` (0), then takes no new request and
+lets those in flight finish within ``drain_grace_seconds`` (60 s)
+(:mod:`ferry.readiness`); a request without a gRPC deadline gets 300 s; a
 stream whose client has not taken a chunk for ``stream_unread_timeout_seconds``
 (30 s) ends RESOURCE_EXHAUSTED, cancelled upstream (:mod:`dataplane.api.service`);
 the allocator trimmed once RSS grew by ``memory_trim_growth_mib`` (32; 0: off)
@@ -122,6 +125,7 @@ from ferry.config import (
     load_file,
 )
 from ferry.errors import ConfigError
+from ferry.readiness import DrainTimes
 
 
 def _positive(values: Mapping[str, float]) -> None:
@@ -148,12 +152,19 @@ class ServerSettings:
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
     stream_unread_timeout_seconds: float = 30.0  # a stream chunk the client has not taken in this long ends it
     memory_trim_growth_mib: int = 32  # malloc_trim once RSS grew this much since the last trim (dataplane.memory)
+    drain_delay_seconds: float = 0.0  # on SIGTERM: NOT_SERVING, then still serve this long (load balancers update)
+    drain_grace_seconds: float = 60.0  # then take no new request and let those in flight finish this long
 
     def __post_init__(self) -> None:
         _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
                    "retry_after_seconds": self.retry_after_seconds,
                    "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
         _at_least_zero({"memory_trim_growth_mib": self.memory_trim_growth_mib})
+        self.drain()
+
+    def drain(self) -> DrainTimes:
+        """How the proxy stops on SIGTERM (:class:`ferry.readiness.DrainTimes`; ConfigError naming the key)."""
+        return DrainTimes.checked(self.drain_delay_seconds, self.drain_grace_seconds, "proxy")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -47,10 +47,15 @@ class ChildFailed(RuntimeError):
 
 
 class Child:
-    """One component process with a ready file and a log file (default ``workdir/NAME.log``) in ``workdir``."""
+    """One component process with a ready file and a log file (default ``workdir/NAME.log``) in ``workdir``.
+
+    With ``inherit_output`` its output goes to this process's standard output and error instead of a
+    log file (the workers of ``ferry proxy --workers N``, whose lines an operator reads where the proxy's are).
+    """
 
     def __init__(self, name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 log_path: Path | None = None, module: str = "ferry") -> None:
+                 log_path: Path | None = None, module: str = "ferry", inherit_output: bool = False) -> None:
+        self.inherit_output = inherit_output
         self.name = name
         self.module = module  # run as ``python -m MODULE`` (a tool such as tools.guardrail, or ferry itself)
         self.ready_path = workdir / f"{name}.ready.json"
@@ -81,6 +86,9 @@ class Child:
         self.ready = {}
         env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
                "FERRY_PARENT_PID": str(os.getpid()), **(self.env or {})}
+        if self.inherit_output:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, env=env)
+            return self
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -109,6 +117,8 @@ class Child:
         return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, lines: int = 20) -> str:
+        if self.inherit_output:
+            return "(its output is this process's)"
         return log_tail(self.log_path, lines)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:

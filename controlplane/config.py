@@ -33,6 +33,9 @@ class ControlPlaneSettings:
     first_message_seconds: float = 10.0  # time a new stream has to send register / subscribe
     store_timeout_seconds: float = 2.0  # deadline of one store call; wait for the store to echo a write of intent
     leader_lease_seconds: float = 3.0  # TTL of a control plane's lease: failover within it plus one tick
+    # Under mutual TLS, the name a follower checks its leader's certificate against; empty: the host of the
+    # leader's advertised address (set it where leaders are reached by pod IPs no certificate names).
+    peer_tls_name: str = ""
     # Bounds.
     max_agents: int = 4096  # agent streams open at once, and nodes remembered
     max_replicas_per_node: int = 64

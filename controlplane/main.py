@@ -55,6 +55,9 @@ MEMORY = ("memory://", "memory", "")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ferry controlplane", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:0", help="gRPC address host:port (default %(default)s)")
+    parser.add_argument("--advertise", default="",
+                        help="host:port the other control planes reach this one at (default: the --listen host and "
+                             "the bound port); set it when listening on 0.0.0.0")
     parser.add_argument("--metrics-listen", default="127.0.0.1:0", help="metrics address host:port")
     parser.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid, id} here once serving")
     parser.add_argument("--config", default=None, help="TOML config file")
@@ -78,7 +81,7 @@ async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalo
     cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore),
                       admin_auth=admin_auth, tls=transport, admission=joining, tenants=tenants)
     try:
-        port = await cp.start(args.listen)
+        port = await cp.start(args.listen, advertise=args.advertise)
     except (OSError, FerryError) as exc:
         log.error("cannot start: %s", exc)
         if store is not None:

@@ -168,6 +168,7 @@ class TableService:
         changed = self.versions.publish(tables, self._wall())
         for region in before - set(tables):
             self._metrics.table_version.remove(region)
+            self.watchers.feed.drop(region)
         for published in changed:
             self._offer(published)
             self._peers.published(published)
@@ -212,8 +213,9 @@ class TableService:
 
     def _offer(self, published: Published) -> None:
         self._metrics.table_version.labels(region=published.snapshot.region).set(published.version)
+        push = self.watchers.feed.publish(published.snapshot)
         for watcher in self.watchers.of_region(published.snapshot.region):
-            watcher.offer(published.snapshot)
+            watcher.offer(push)
 
     def _observe(self, now: float, members: list[Member]) -> None:
         """The metrics of one pass; a follower measures telemetry ages of the nodes it holds only."""
@@ -264,7 +266,8 @@ class TableService:
     def subscribe(self, sub: tables_pb2.Subscribe) -> Watcher:
         try:
             validate.check_subscribe(sub, self.settings)
-            watcher = self.watchers.subscribe(sub.proxy_id, sub.region)
+            watcher = self.watchers.subscribe(sub.proxy_id, sub.region, deltas=sub.deltas,
+                                              have_version=sub.have_version)
         except InvalidArgument:
             self._metrics.reject("subscribe_field")
             raise
@@ -275,8 +278,8 @@ class TableService:
         if published is None and self._peers.leading:
             self.recompute()
             published = self.versions.get(sub.region)
-        if published is not None:  # always, even to a proxy that holds it (tables.proto)
-            watcher.offer(published.snapshot)
+        if published is not None:  # always, even to a proxy that holds it (tables.proto): an empty delta then
+            watcher.offer(self.watchers.feed.publish(published.snapshot))
         else:
             self._peers.ask_leader()  # a follower: ask the leader for the region now
         self._observe_proxies()

@@ -94,6 +94,7 @@ class Watcher:
         self.sent = 0
         self.acked_nonce = 0
         self.bytes_sent = 0
+        self.deltas_sent = 0  # of ``sent``, the deltas (the rest went in full)
 
     @property
     def region(self) -> str:
@@ -153,6 +154,7 @@ class Watcher:
         self.sent += 1
         data = stamp(body, str(self.sent))
         self.bytes_sent += len(data)
+        self.deltas_sent += as_delta
         self.held = push.version
         if not self.status.first_sent_version:
             self.status.first_sent_version = push.version

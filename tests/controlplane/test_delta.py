@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -24,7 +25,8 @@ def replica(draw: Any, rid: str, node_age: dict[str, float]) -> tables_pb2.Repli
     node = draw(st.sampled_from(NODES))
     route = tables_pb2.ReplicaRoute(
         replica_id=rid, node=node, region="local", version=draw(st.sampled_from(("v1", "v2"))),
-        address=draw(st.sampled_from(("10.0.0.1:9000", "10.0.0.2:9000"))), max_concurrency=draw(st.sampled_from((8, 60))),
+        address=draw(st.sampled_from(("10.0.0.1:9000", "10.0.0.2:9000"))),
+        max_concurrency=draw(st.sampled_from((8, 60))),
         inputs=draw(st.sampled_from(((), ("text",), ("text", "temperature")))),
         # replicas of a node mostly share the node's age (its last telemetry); now and then one differs
         telemetry_age_seconds=draw(st.sampled_from((node_age[node],) * 4 + AGES)),
@@ -88,7 +90,7 @@ def wire(message: tables_pb2.TableSnapshot, nonce: str) -> tables_pb2.TableSnaps
 @given(histories())
 def test_deltas_from_a_base_give_the_full_snapshot_of_the_final_state(history: list[tables_pb2.TableSnapshot]) -> None:
     held = history[0]
-    for i, (old, new) in enumerate(zip(history, history[1:], strict=False)):
+    for i, (old, new) in enumerate(pairwise(history)):
         delta = table_delta(old, new)
         assert delta is not None
         assert delta.delta.base_version == old.version
@@ -102,7 +104,8 @@ def test_deltas_from_a_base_give_the_full_snapshot_of_the_final_state(history: l
 
 @settings(max_examples=100, deadline=None)
 @given(histories())
-def test_the_feed_chains_deltas_over_skipped_versions_to_the_same_table(history: list[tables_pb2.TableSnapshot]) -> None:
+def test_the_feed_chains_deltas_over_skipped_versions_to_the_same_table(
+        history: list[tables_pb2.TableSnapshot]) -> None:
     feed = Feed(keep=8)
     pushes = [feed.publish(s) for s in history]
     chain = feed.chain(history[0].version, pushes[-1])

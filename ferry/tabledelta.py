@@ -26,13 +26,19 @@ base is not ``delta.base_version``, the regions differ, or the delta names a
 model, replica, spill route or tenant the base does not hold (to remove, to
 update a load, a model without its route) or an added list out of key order.
 
-Cost: O(replicas of ``base``) message copies in C, plus O(replicas named in
-the delta, or on a node of ``ages``) field writes in Python.
+Cost: one copy of ``base`` in C, the replica ids of each changed model read
+once (O(replicas) attribute reads), O(log) per replica the delta names, and
+one age write per replica on a node of ``ages``: about 5 ms for a drain in a
+5,000-replica table whose ages all moved, where parsing the whole table
+takes 0.7 ms (what the delta saves is the bytes on the wire and their
+serialization per proxy, not parsing).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
+from itertools import pairwise
 from typing import Any, TypeVar
 
 from ferry.errors import FerryError
@@ -92,38 +98,75 @@ def _merge(base: Sequence[M], added: Sequence[M], removed: Sequence[str], key: C
     return out
 
 
+def _sorted(keys: list[str]) -> bool:
+    return all(x < y for x, y in pairwise(keys))
+
+
+def _find(ids: list[str], rid: str) -> int:
+    """The index of ``rid`` in the sorted ``ids``, or -1."""
+    i = bisect_left(ids, rid)
+    return i if i < len(ids) and ids[i] == rid else -1
+
+
 def _model(base: tables_pb2.ModelRoute | None, change: tables_pb2.ModelDelta | None, name: str,
            out: tables_pb2.ModelRoute, named: set[str]) -> None:
-    """Fill ``out`` with ``base`` changed by ``change``; ``named`` gets the replica ids the change names."""
+    """Fill ``out`` with ``base`` changed by ``change``; ``named`` gets the replica ids the change names.
+
+    The base is copied whole (in C), then changed in place: removals and insertions at their index in
+    the sorted replica ids, routes and loads replaced there.
+    """
     out.model = name
-    if change is None:
-        assert base is not None
+    if base is not None:
         out.MergeFrom(base)
+    if change is None:
         return
     if change.HasField("route"):
         if change.route.replicas:
             raise DeltaMismatch(f"model {name!r}: a delta's route carries replicas")
+        for field in MODEL_FIELDS:
+            out.ClearField(field)
         copy_fields(change.route, out, MODEL_FIELDS)
     elif base is None:
         raise DeltaMismatch(f"model {name!r} is not in the table held and the delta has no route for it")
-    else:
-        copy_fields(base, out, MODEL_FIELDS)
-    replicas = _merge(base.replicas if base is not None else (), change.replicas, change.removed_replicas,
-                      lambda r: r.replica_id, f"model {name!r}: replica")
-    out.replicas.extend(replicas)
-    named.update(r.replica_id for r in change.replicas)
-    if change.loads:
-        index = {r.replica_id: r for r in out.replicas}
-        for update in change.loads:
-            route = index.get(update.replica_id)
-            if route is None:
-                raise DeltaMismatch(f"model {name!r}: load of replica {update.replica_id!r}, not in the table held")
-            if update.HasField("load"):
-                route.load.CopyFrom(update.load)
-            else:
-                route.ClearField("load")
-            route.telemetry_age_seconds = update.telemetry_age_seconds
-            named.add(update.replica_id)
+    if not (change.replicas or change.removed_replicas or change.loads):
+        return
+    replicas = out.replicas
+    ids = [r.replica_id for r in replicas]
+    if not _sorted(ids):
+        raise DeltaMismatch(f"model {name!r}: the replicas held are not in replica_id order")
+    gone = []
+    for rid in change.removed_replicas:
+        i = _find(ids, rid)
+        if i < 0:
+            raise DeltaMismatch(f"model {name!r}: replica {rid!r} to remove is not in the table held")
+        gone.append(i)
+    for i in sorted(set(gone), reverse=True):
+        del replicas[i]
+        del ids[i]
+    last = ""
+    for route in change.replicas:
+        rid = route.replica_id
+        if last and rid <= last:
+            raise DeltaMismatch(f"model {name!r}: replica {rid!r}: added entries out of key order")
+        last = rid
+        i = bisect_left(ids, rid)
+        if i < len(ids) and ids[i] == rid:
+            replicas[i].CopyFrom(route)
+        else:
+            replicas.insert(i, route)
+            ids.insert(i, rid)
+        named.add(rid)
+    for update in change.loads:
+        i = _find(ids, update.replica_id)
+        if i < 0:
+            raise DeltaMismatch(f"model {name!r}: load of replica {update.replica_id!r}, not in the table held")
+        held = replicas[i]
+        if update.HasField("load"):
+            held.load.CopyFrom(update.load)
+        else:
+            held.ClearField("load")
+        held.telemetry_age_seconds = update.telemetry_age_seconds
+        named.add(update.replica_id)
 
 
 def _models(base: Sequence[tables_pb2.ModelRoute], changes: Sequence[tables_pb2.ModelDelta], removed: Sequence[str],
@@ -142,10 +185,11 @@ def _models(base: Sequence[tables_pb2.ModelRoute], changes: Sequence[tables_pb2.
 
 
 def _ages(routes: Iterable[tables_pb2.ModelRoute], ages: dict[str, float], named: set[str]) -> None:
+    """Every replica of a node of ``ages`` not in ``named`` takes the node's age."""
     for route in routes:
         for replica in route.replicas:
             age = ages.get(replica.node)
-            if age is not None and replica.replica_id not in named:
+            if age is not None and (not named or replica.replica_id not in named):
                 replica.telemetry_age_seconds = age
 
 

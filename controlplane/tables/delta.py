@@ -34,7 +34,6 @@ Cost: O(replicas of both tables), about 2 µs a replica whose telemetry moved
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import pairwise
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -66,7 +65,9 @@ class _Fields:
 
     def same(self, a: Any, b: Any) -> bool:
         """Whether those fields of ``a`` and ``b`` are equal (presence of message fields included)."""
-        return self.values(a) == self.values(b) and all(a.HasField(n) == b.HasField(n) for n in self.singular)
+        if self.values(a) != self.values(b):
+            return False
+        return not self.singular or all(a.HasField(n) == b.HasField(n) for n in self.singular)
 
 
 ROUTE = _Fields(tables_pb2.ReplicaRoute.DESCRIPTOR, ROUTE_FIELDS)
@@ -83,7 +84,8 @@ def _header(message: Any, names: Sequence[str], key: str, value: str) -> Any:
 
 
 def _sorted(keys: list[str]) -> bool:
-    return all(x < y for x, y in pairwise(keys))
+    """Strictly increasing (sorted and without repeats; checked in C)."""
+    return keys == sorted(keys) and len(set(keys)) == len(keys)
 
 
 def _walk(old: Sequence[M], new: Sequence[M], key: Callable[[M], str]) -> list[tuple[M | None, M | None]]:
@@ -138,7 +140,7 @@ def _model_delta(old: tables_pb2.ModelRoute | None, new: tables_pb2.ModelRoute, 
             ages.kept.setdefault(b.node, []).append((changes, b))
         elif not ROUTE.same(a, b):
             changes.replicas.append(b)
-        elif a.HasField("load") != b.HasField("load") or a.load != b.load:
+        elif a.load != b.load or a.HasField("load") != b.HasField("load"):
             changes.loads.append(_load_update(b))
         else:
             ages.moved.setdefault(b.node, []).append((changes, b))

@@ -185,12 +185,12 @@ class Agents:
 
     async def _agent(self, n: int, reg: fleet_pb2.Register) -> None:
         rng = random.Random(n)
-        backoff = Backoff(0.2, 3.0, rng=rng)
+        backoff = Backoff(0.1, 5.0, rng=rng)  # an agent's defaults (agent.config), reset once registered
         while True:
             call = fleet_pb2_grpc.FleetStub(self.channels[n % len(self.channels)]).Connect()
             try:
                 await call.write(fleet_pb2.AgentMessage(register=reg))
-                commands = asyncio.ensure_future(self._drain_commands(call))
+                commands = asyncio.ensure_future(self._read(call, backoff))
                 try:
                     await asyncio.sleep(rng.random())  # spread the agents over the second
                     seq = 0
@@ -198,7 +198,6 @@ class Agents:
                         seq += 1
                         body = fleet_pb2.Telemetry(seq=seq, replicas=loads(reg, rng if self.varying else None))
                         await call.write(fleet_pb2.AgentMessage(telemetry=body))
-                        backoff.reset()
                         await asyncio.sleep(1.0)
                     self.errors[reg.node] = commands.result()
                 finally:
@@ -212,10 +211,12 @@ class Agents:
             self.reconnects += 1
             await asyncio.sleep(backoff.next_delay())
 
-    async def _drain_commands(self, call: Any) -> str:
+    async def _read(self, call: Any, backoff: Backoff) -> str:
+        """Read (and drop) what the control plane sends; the backoff is reset once the node is registered."""
         try:
-            while await call.read() is not grpc.aio.EOF:
-                pass
+            while (message := await call.read()) is not grpc.aio.EOF:
+                if message.WhichOneof("body") == "registered":
+                    backoff.reset()
         except grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
         return "stream ended"

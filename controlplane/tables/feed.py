@@ -13,8 +13,12 @@ number of proxies.
 
 :meth:`Feed.chain` is the deltas that take a proxy from the version it holds
 to a newer one (empty when it holds it already), or None when they are not
-all kept or weigh more than the full table: the proxy is then sent the table
-in full. A region that is dropped is forgotten.
+all kept, weigh more than the full table, or pass through a version whose
+delta no proxy needed (a proxy behind every other: one delta computation,
+O(replicas), for it alone costs more than its full table's shared bytes;
+computed all the same for a proxy that subscribes with the version it holds,
+as proxies moving from a control plane that stopped arrive together): the
+proxy is then sent the table in full. A region that is dropped is forgotten.
 
 Bounds: ``keep`` versions per region, the full bytes of the newest only (an
 older version's are released when a newer one is published). Cost: one
@@ -94,6 +98,11 @@ class Push:
             self._previous = None  # the delta is all that is needed of it now
         return self._delta
 
+    @property
+    def delta_ready(self) -> bool:
+        """Whether the delta was computed already (it may be None: the table goes in full)."""
+        return self._delta_done
+
     def release(self) -> None:
         """A newer version exists: keep the delta, let the full bytes go."""
         self._full = None
@@ -133,27 +142,29 @@ class Feed:
     def drop(self, region: str) -> None:
         self._regions.pop(region, None)
 
-    def chain(self, held: int, target: Push) -> list[Push] | None:
-        """The pushes whose deltas lead from ``held`` to ``target`` (oldest first), or None (send it in full)."""
+    def chain(self, held: int, target: Push, *, compute: bool = False) -> list[Push] | None:
+        """The pushes whose deltas lead from ``held`` to ``target`` (oldest first), or None (send it in full).
+
+        Unless ``compute`` (a proxy that subscribes with the version it holds), only ``target``'s delta is
+        computed here: a chain through a version whose delta no proxy needed yet (every proxy skipped it)
+        goes in full rather than cost a computation for one proxy behind.
+        """
         if held == target.version:
             return []
-        kept = self._regions.get(target.region, ())
-        by_version = {p.version: p for p in kept}
-        chain: list[Push] = []
-        push: Push | None = target
-        total = 0
-        while push is not None and push.version != held:
-            if push.base == 0 or len(chain) >= self._keep:
+        by_version = {p.version: p for p in self._regions.get(target.region, ())}
+        path = [target]
+        while path[-1].base != held:
+            earlier = by_version.get(path[-1].base)
+            if path[-1].base == 0 or earlier is None or len(path) >= self._keep or not (compute or earlier.delta_ready):
                 return None
+            path.append(earlier)
+        total = 0
+        for push in path:
             delta = push.delta()
             if delta is None:
                 return None
             total += len(delta)
-            if total >= target.size():
-                return None
-            chain.append(push)
-            push = by_version.get(push.base) if push.base != held else None
-            if push is None and chain[-1].base != held:
-                return None
-        chain.reverse()
-        return chain
+        if total >= target.size():
+            return None
+        path.reverse()
+        return path

@@ -10,7 +10,9 @@ message. Only the leader computes (:func:`controlplane.tables.compute.compute_ta
 then tier quotas, spill weights and tenants attached, versioned by
 :class:`controlplane.tables.compute.TableVersions`); a follower adopts the leader's
 tables (:meth:`TableService.adopt`). Each new version goes at once to the
-region's proxies and, leading, to the followers. Cost per computation: see
+region's proxies (through the feed, :mod:`controlplane.tables.feed`: serialized
+once, in full and as a delta from the version before it here, for all of
+them) and, leading, to the followers. Cost per computation: see
 :mod:`controlplane.tables.compute`.
 
 ``Tables.Watch`` from the servicer side: :meth:`TableService.subscribe`
@@ -19,7 +21,7 @@ the field, RESOURCE_EXHAUSTED past ``max_watchers`` or ``max_proxies``) and
 offers the region's current table at once (computing it on the leader, asking
 the leader on a follower); :meth:`TableService.ack` records what the proxy
 applied or why it rejected a version (a stale or malformed ack is ignored and
-counted); :meth:`TableService.proxy_report` keeps the proxy's last usage
+counted; a resync sends the current table in full); :meth:`TableService.proxy_report` keeps the proxy's last usage
 report (:mod:`controlplane.tables.usage`). O(1) per message plus the metrics of the
 proxies, O(proxies).
 

@@ -128,7 +128,7 @@ class Watcher:
             self._full_next = False
             self._queue.append((push, False))
             return
-        chain = self._feed.chain(self.held, push) if self.held else None
+        chain = self._feed.chain(self.held, push, compute=initial) if self.held else None
         if chain is None:
             self._queue.append((push, False))
         elif chain:

@@ -9,7 +9,9 @@ negative or non-finite telemetry age, a version weight that is negative,
 not finite, unnamed or repeated, ring parameters out of range (load factor
 not above 1, more than ``MAX_VNODES`` points per replica), more models or
 replicas than the proxy's bounds, a bad tenant list when ``tenants_managed``
-(:func:`dataplane.table.tenants.parse_tenants`). A rejected snapshot changes nothing:
+(:func:`dataplane.table.tenants.parse_tenants`). A delta is first applied to
+the snapshot held (:meth:`TableHolder.apply`), and the table it gives is
+checked the same way. A rejected snapshot changes nothing:
 :class:`TableHolder` keeps serving the last good table, and the watcher NACKs
 with the reason.
 

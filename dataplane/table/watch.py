@@ -17,7 +17,9 @@ With ``usage`` given, a task beside the reader sends the proxy's usage report
 (:mod:`dataplane.usage`) on the same stream every ``usage_seconds``; writes
 are serialised by a lock.
 
-Cost: one stream and one Ack per snapshot; the table build is O(replicas).
+Cost: one stream and one Ack per snapshot or delta; applying a delta is a
+copy of the snapshot held plus O(what it names) (:mod:`ferry.tabledelta`), the
+table build O(replicas).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Three measurements:
    replicas registered by fake agents (one gRPC stream per node, spread over
    both control planes) and ``--proxies`` fake proxies (50, half on each
    control plane) that watch the table with deltas, apply each one with the
-   proxies' own function (:func:`ferry.tabledelta.apply_delta`), ask for a
-   resync when one does not fit, and ack; agents and proxies reconnect as the
+   proxies' own function (:func:`ferry.tabledelta.apply_delta`; once per
+   version for all the proxies that hold its base, as each real proxy applies
+   in its own process), ask for a resync when one does not fit, and ack; agents and proxies reconnect as the
    real ones do when a stream ends. Each round drains (then undrains) one
    replica through the leader's Admin API at ``t0``; for each proxy, the
    time from ``t0`` until it holds a table that reflects it. p50/p99 over
@@ -254,6 +255,9 @@ class Proxies:
         self.errors: list[str] = [""] * count  # why each one's last stream ended
         self.reconnects = [0] * count
         self.resyncs = 0
+        # Proxies that hold the table a delta starts from get the same table from it: applied once per version
+        # here and shared (each real proxy applies in its own process; 50 here would queue on one core).
+        self._applied: dict[int, tables_pb2.TableSnapshot] = {}
         self.changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -294,7 +298,15 @@ class Proxies:
             try:
                 if held is None:
                     raise DeltaMismatch("a delta, and no table is held")
-                message = apply_delta(held, message)
+                if held.version != message.delta.base_version:
+                    raise DeltaMismatch(f"a delta from version {message.delta.base_version}, {held.version} is held")
+                applied = self._applied.get(message.version)
+                if applied is None:
+                    applied = apply_delta(held, message)
+                    self._applied[message.version] = applied
+                    while len(self._applied) > 16:
+                        del self._applied[min(self._applied)]
+                message = applied
             except DeltaMismatch as exc:
                 self.resyncs += 1
                 return tables_pb2.Ack(version=message.version, nonce=message.nonce, applied=False, error=exc.reason,
@@ -306,12 +318,18 @@ class Proxies:
     async def until(self, predicate: Any, seconds: float) -> dict[int, float]:
         """Per proxy, when (monotonic) its latest table first satisfied ``predicate``."""
         seen: dict[int, float] = {}
+        judged: dict[tuple[int, int], bool] = {}  # proxies share table objects: each judged once
         deadline = time.monotonic() + seconds
         while len(seen) < self.count and time.monotonic() < deadline:
             self.changed.clear()
             now = time.monotonic()
             for i, snapshot in enumerate(self.latest):
-                if i not in seen and snapshot is not None and predicate(snapshot):
+                if i in seen or snapshot is None:
+                    continue
+                key = (id(snapshot), snapshot.version)
+                if key not in judged:
+                    judged[key] = predicate(snapshot)
+                if judged[key]:
                     seen[i] = now
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.05):

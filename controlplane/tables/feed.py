@@ -13,7 +13,7 @@ number of proxies.
 
 :meth:`Feed.chain` is the deltas that take a proxy from the version it holds
 to a newer one (empty when it holds it already), or None when they are not
-all kept, weigh more than the full table, or pass through a version whose
+all kept or pass through a version whose
 delta no proxy needed (a proxy behind every other: one delta computation,
 O(replicas), for it alone costs more than its full table's shared bytes;
 computed all the same for a proxy that subscribes with the version it holds,
@@ -22,12 +22,14 @@ proxy is then sent the table in full. A region that is dropped is forgotten.
 
 Bounds: ``keep`` versions per region, the full bytes of the newest only (an
 older version's are released when a newer one is published). Cost: one
-delta computation and one serialization per version (see
+delta computation (in a worker thread: the event loop keeps answering the
+store and the agents meanwhile) and one serialization per version (see
 :mod:`controlplane.tables.delta`), O(keep) per chain.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -63,6 +65,7 @@ class Push:
     _full: bytes | None = field(default=None, repr=False)
     _delta: bytes | None = field(default=None, repr=False)
     _delta_done: bool = False
+    _computing: asyncio.Future[None] | None = field(default=None, repr=False)
     full_size: int = 0
 
     @property
@@ -87,16 +90,31 @@ class Push:
         return self.full_size
 
     def delta(self) -> bytes | None:
-        """The delta from ``base``, serialized once (nonce unset); None when the table goes in full."""
+        """The delta from ``base``, serialized once (nonce unset); None when the table goes in full.
+
+        Computed here, on the caller's thread, if it was not yet: the watchers use :meth:`delta_async`.
+        """
         if not self._delta_done:
-            self._delta_done = True
-            if self._previous is not None:
-                message = table_delta(self._previous, self.snapshot)
-                if message is not None:
-                    raw = bytes(message.SerializeToString())
-                    self._delta = raw if len(raw) < self.size() else None
-            self._previous = None  # the delta is all that is needed of it now
+            self._compute()
         return self._delta
+
+    async def delta_async(self) -> bytes | None:
+        """:meth:`delta`, computed once in a worker thread: the event loop (store answers, agents' streams)
+        is not held for the O(replicas) comparison; every watcher awaiting it shares the one computation."""
+        if not self._delta_done:
+            if self._computing is None:
+                self._computing = asyncio.ensure_future(asyncio.to_thread(self._compute))
+            await asyncio.shield(self._computing)
+        return self._delta
+
+    def _compute(self) -> None:
+        previous, self._previous = self._previous, None  # the delta is all that is needed of it now
+        if previous is not None:
+            message = table_delta(previous, self.snapshot)
+            if message is not None:
+                raw = bytes(message.SerializeToString())
+                self._delta = raw if len(raw) < self.size() else None
+        self._delta_done = True
 
     @property
     def delta_ready(self) -> bool:
@@ -145,9 +163,10 @@ class Feed:
     def chain(self, held: int, target: Push, *, compute: bool = False) -> list[Push] | None:
         """The pushes whose deltas lead from ``held`` to ``target`` (oldest first), or None (send it in full).
 
-        Unless ``compute`` (a proxy that subscribes with the version it holds), only ``target``'s delta is
-        computed here: a chain through a version whose delta no proxy needed yet (every proxy skipped it)
-        goes in full rather than cost a computation for one proxy behind.
+        Nothing is computed here. Unless ``compute`` (a proxy that subscribes with the version it holds),
+        every push before ``target`` must have its delta computed already: a chain through a version whose
+        delta no proxy needed (every proxy skipped it) goes in full rather than cost a computation for one
+        proxy behind. A push whose delta turns out to be None is sent in full when its turn comes.
         """
         if held == target.version:
             return []
@@ -155,16 +174,10 @@ class Feed:
         path = [target]
         while path[-1].base != held:
             earlier = by_version.get(path[-1].base)
-            if path[-1].base == 0 or earlier is None or len(path) >= self._keep or not (compute or earlier.delta_ready):
+            if path[-1].base == 0 or earlier is None or len(path) >= self._keep:
+                return None
+            if not compute and not (earlier.delta_ready and earlier.delta() is not None):
                 return None
             path.append(earlier)
-        total = 0
-        for push in path:
-            delta = push.delta()
-            if delta is None:
-                return None
-            total += len(delta)
-        if total >= target.size():
-            return None
         path.reverse()
         return path

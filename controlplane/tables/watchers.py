@@ -148,7 +148,9 @@ class Watcher:
         if as_delta and push.version == self.held:
             body = empty_delta(push)
         elif as_delta and push.base == self.held:
-            body = push.delta()
+            body = await push.delta_async()
+            if push.base != self.held:  # a NACK or a resync came meanwhile: what the proxy holds changed
+                body = None
         if body is None:
             body, as_delta = push.full(), False
         self.sent += 1

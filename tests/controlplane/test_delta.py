@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from itertools import pairwise
 from typing import Any
 
@@ -113,10 +114,10 @@ def test_the_feed_chains_deltas_over_skipped_versions_to_the_same_table(
         assert tables_pb2.TableSnapshot.FromString(pushes[-1].full()) == history[-1]
         return
     held = history[0]
-    for push in chain:
+    for push in chain:  # as a watcher sends them: a delta no smaller than its table goes in full
         raw = push.delta()
-        assert raw is not None
-        held = apply_delta(held, tables_pb2.TableSnapshot.FromString(raw))
+        full = tables_pb2.TableSnapshot.FromString(push.full())
+        held = apply_delta(held, tables_pb2.TableSnapshot.FromString(raw)) if raw is not None else full
     assert held == history[-1]
 
 
@@ -192,14 +193,27 @@ def test_a_nonce_appended_to_the_bytes_reads_as_the_nonce(nonce: str) -> None:
     assert got == body
 
 
+async def test_watchers_share_one_delta_computation_off_the_event_loop() -> None:
+    feed = Feed()
+    feed.publish(_table(1, *[_route(f"r{i:02d}", "n0", 0.0) for i in range(20)]))
+    push = feed.publish(_table(2, *[_route(f"r{i:02d}", "n0", 0.5) for i in range(19)]))
+    first, second = await asyncio.gather(push.delta_async(), push.delta_async())
+    assert first is not None and first is second is push.delta()
+    got = apply_delta(_table(1, *[_route(f"r{i:02d}", "n0", 0.0) for i in range(20)]),
+                      tables_pb2.TableSnapshot.FromString(first))
+    assert got == push.snapshot
+
+
 def test_the_feed_keeps_a_bounded_history_and_sends_in_full_beyond_it() -> None:
     feed = Feed(keep=3)
     pushes = [feed.publish(_table(v, *[_route(f"r{i:02d}", "n0", float(v)) for i in range(20)])) for v in range(1, 6)]
     assert feed.chain(5, pushes[-1]) == []
     assert feed.chain(3, pushes[-1]) is None  # version 4's delta was never needed: in full, not computed for one
     assert not pushes[3].delta_ready
-    assert [p.version for p in feed.chain(3, pushes[-1], compute=True) or []] == [4, 5]
-    assert [p.version for p in feed.chain(3, pushes[-1]) or []] == [4, 5]  # computed once, kept
+    chain = feed.chain(3, pushes[-1], compute=True) or []
+    assert [p.version for p in chain] == [4, 5]
+    assert all(p.delta() is not None for p in chain)  # computed as they are sent, once
+    assert [p.version for p in feed.chain(3, pushes[-1]) or []] == [4, 5]
     assert feed.chain(1, pushes[-1]) is None  # version 2 is no longer kept
     assert feed.chain(99, pushes[-1]) is None  # never held here
     assert feed.publish(pushes[-1].snapshot) is pushes[-1]  # the same version again: the same push

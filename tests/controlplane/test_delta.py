@@ -87,7 +87,7 @@ def wire(message: tables_pb2.TableSnapshot, nonce: str) -> tables_pb2.TableSnaps
     return tables_pb2.TableSnapshot.FromString(stamp(message.SerializeToString(), nonce))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(histories())
 def test_deltas_from_a_base_give_the_full_snapshot_of_the_final_state(history: list[tables_pb2.TableSnapshot]) -> None:
     held = history[0]

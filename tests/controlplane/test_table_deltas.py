@@ -2,7 +2,8 @@
 
 A drain arrives as a delta; a proxy that misses one resyncs with the full table; a NACKed delta leaves the
 proxy on its last good table and the next version goes in full; a proxy that subscribes with a version the
-control plane keeps gets the deltas from it; every proxy is sent the same bytes, serialized once; and a real
+control plane keeps gets the deltas from it; every proxy is sent the same bytes, serialized once; a
+follower's proxies get the leader's tables as deltas the follower computes; and a real
 proxy (dataplane.server.Proxy) watching a real control plane serves around a drained replica it learnt of
 by a delta.
 """
@@ -17,11 +18,12 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from controlplane.server import ControlPlane
 from dataplane.config import ProxySettings
 from dataplane.server import Proxy
 from dataplane.table.local import TableHolder, TableRejected
 from ferry.v1 import admin_pb2, inference_pb2_grpc, tables_pb2
-from tests.controlplane.fakes import WAIT, FakeClock, Harness, load, register, replica
+from tests.controlplane.fakes import WAIT, FakeAgent, FakeClock, Harness, Pair, load, register, replica
 from tests.dataplane.conftest import FAST, PAID, TENANTS, request
 from tests.dataplane.fakes import Behaviour, FakeReplica
 
@@ -33,8 +35,9 @@ WATCH = "/ferry.v1.Tables/Watch"
 class DeltaProxy:
     """One ``Tables.Watch`` stream that takes deltas, reads the raw bytes and applies them with the proxy's holder."""
 
-    def __init__(self, h: Harness, proxy_id: str = "p1") -> None:
-        self.call = h.channel.stream_stream(WATCH, request_serializer=tables_pb2.WatchRequest.SerializeToString,
+    def __init__(self, h: Harness | grpc.aio.Channel, proxy_id: str = "p1") -> None:
+        channel = h.channel if isinstance(h, Harness) else h
+        self.call = channel.stream_stream(WATCH, request_serializer=tables_pb2.WatchRequest.SerializeToString,
                                             response_deserializer=None)()
         self.proxy_id = proxy_id
         self.holder = TableHolder("local", clock=lambda: 0.0)
@@ -69,13 +72,14 @@ class DeltaProxy:
         return message
 
 
-def current(h: Harness) -> tables_pb2.TableSnapshot:
-    published = h.cp.controller.table_service.versions.get("local")
+def current(h: Harness | ControlPlane) -> tables_pb2.TableSnapshot:
+    cp = h.cp if isinstance(h, Harness) else h
+    published = cp.controller.table_service.versions.get("local")
     assert published is not None
     return published.snapshot
 
 
-def same_table(held: tables_pb2.TableSnapshot | None, h: Harness) -> bool:
+def same_table(held: tables_pb2.TableSnapshot | None, h: Harness | ControlPlane) -> bool:
     if held is None:
         return False
     bare = tables_pb2.TableSnapshot()
@@ -228,6 +232,24 @@ async def test_every_proxy_is_sent_the_same_bytes_serialized_once(clock: FakeClo
         assert len({p.raw[-1] for p in proxies}) == 1  # the same nonce, the second send of each stream
     finally:
         await h.stop()
+
+
+async def test_a_followers_proxies_get_the_leaders_tables_as_deltas(pair: Pair) -> None:
+    agent = FakeAgent(pair.channels[0])
+    await agent.register(register("n1", *[replica(rid) for rid in ("a", "b", "c")]))
+    await agent.telemetry(*[load(rid) for rid in ("a", "b", "c")])
+    proxy = DeltaProxy(pair.channels[1], "p-follower")
+    await proxy.subscribe()
+    async with asyncio.timeout(WAIT):
+        while routed(proxy.holder.snapshot) != {"a", "b", "c"}:
+            await proxy.next_applied()
+    await pair.admin(0).Drain(admin_pb2.DrainRequest(replica_id="b"), timeout=WAIT)
+    async with asyncio.timeout(WAIT):
+        while "b" in routed(proxy.holder.snapshot):
+            message = await proxy.next_applied()
+            assert message.HasField("delta")
+    assert same_table(proxy.holder.snapshot, pair.cps[0]) and same_table(proxy.holder.snapshot, pair.cps[1])
+    proxy.call.cancel()
 
 
 async def test_a_real_proxy_learns_of_a_drain_by_a_delta_and_serves_around_it(clock: FakeClock) -> None:

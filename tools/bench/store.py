@@ -8,7 +8,10 @@ Three measurements:
    another replica; and what a change costs on the wire: the delta
    (:func:`controlplane.tables.delta.table_delta`), its bytes against the
    whole table's, its serialization, and a proxy's parse and apply
-   (:func:`ferry.tabledelta.apply_delta`) against parsing the whole table.
+   (:func:`ferry.tabledelta.apply_delta`) against parsing the whole table;
+   and the control plane's work to hand one version to ``--proxies``
+   streams, a copy serialized per proxy against one serialization shared
+   (:func:`controlplane.tables.feed.stamp`).
 2. **publish and propagate** (real processes): a local etcd, two control
    planes (``ferry controlplane --store etcd://``, the first leads), the
    replicas registered by fake agents (one gRPC stream per node, spread over
@@ -41,7 +44,7 @@ Every run appends its figures (or why it failed) to
 proxy that never gets the table or a drain, an Admin call refused; the
 message says what did not arrive where.
 
-Usage: ``python -m tools.bench.store [--replicas 5000] [--proxies 50]``.
+Usage: ``python -m tools.bench.store [--replicas 5000] [--proxies 50] [--compute-only]``.
 One 2-core machine runs everything (etcd, both control planes, every fake
 agent and proxy): the figures include that contention.
 """
@@ -70,6 +73,7 @@ from tomli_w import dumps
 from controlplane.fleet.view import FleetView
 from controlplane.tables.compute import TableVersions, compute_tables
 from controlplane.tables.delta import table_delta
+from controlplane.tables.feed import stamp
 from ferry.backoff import Backoff
 from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
@@ -88,6 +92,10 @@ OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
 
 class FerryFailed(Exception):
     """Ferry did not deliver something the benchmark waits for; the message says what and where."""
+
+
+class Skipped(Exception):
+    """``--compute-only``: the fleet is not started."""
 COUNTERS = {
     "puts": "etcd_mvcc_put_total", "txns": "etcd_mvcc_txn_total", "deletes": "etcd_mvcc_delete_total",
     "raft_proposals": "etcd_server_proposals_committed_total",
@@ -119,7 +127,7 @@ def ms(values: list[float]) -> dict[str, float]:
             "max_ms": round(max(values) * 1000, 1), "samples": len(values)}
 
 
-def bench_compute(replicas: int, per_node: int, rounds: int) -> dict[str, Any]:
+def bench_compute(replicas: int, per_node: int, rounds: int, proxies: int = 50) -> dict[str, Any]:
     """Pure computation: the fleet view in memory, the table computed and versioned ``rounds`` times; the delta
     of each version from the one before, its bytes, and a proxy's parse and apply of it against the full table's."""
     fleet = FleetView(clock=time.monotonic, grace_seconds=3600)
@@ -164,8 +172,31 @@ def bench_compute(replicas: int, per_node: int, rounds: int) -> dict[str, Any]:
             if applied != snapshot:
                 raise SystemExit(f"bench bug: the delta to version {snapshot.version} does not give its table")
         previous = snapshot
+    assert previous is not None
     return {**ms(times), "table_bytes": size, "delta": ms(deltas), "delta_bytes_p50": percentile(delta_bytes, 50),
-            "serialize_full": ms(serialize), "proxy_parse_full": ms(parse_full), "proxy_parse_apply_delta": ms(apply)}
+            "serialize_full": ms(serialize), "proxy_parse_full": ms(parse_full), "proxy_parse_apply_delta": ms(apply),
+            "fan_out": fan_out(previous, proxies, rounds)}
+
+
+def fan_out(snapshot: tables_pb2.TableSnapshot, proxies: int, rounds: int) -> dict[str, Any]:
+    """The control plane's work to hand one version to ``proxies`` streams: a stamped copy serialized per proxy
+    (as the watchers did before the feed), against one serialization shared with each proxy's nonce appended."""
+    per_proxy: list[float] = []
+    shared: list[float] = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for i in range(proxies):
+            stamped = tables_pb2.TableSnapshot()
+            stamped.CopyFrom(snapshot)
+            stamped.nonce = str(i + 1)
+            stamped.SerializeToString()
+        per_proxy.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        body = snapshot.SerializeToString()
+        for i in range(proxies):
+            stamp(body, str(i + 1))
+        shared.append(time.perf_counter() - started)
+    return {"proxies": proxies, "copy_and_serialize_per_proxy": ms(per_proxy), "serialize_once_and_stamp": ms(shared)}
 
 
 class Agents:
@@ -499,7 +530,9 @@ def report(result: dict[str, Any], proxies: int) -> None:
               f"({c['table_bytes']} bytes); its delta from the version before: p50 {c['delta']['p50_ms']} ms, "
               f"{c['delta_bytes_p50']} bytes; serialize the table {c['serialize_full']['p50_ms']} ms; a proxy parses "
               f"the table in {c['proxy_parse_full']['p50_ms']} ms, parses and applies the delta in "
-              f"{c['proxy_parse_apply_delta']['p50_ms']} ms", flush=True)
+              f"{c['proxy_parse_apply_delta']['p50_ms']} ms; handing one version to {c['fan_out']['proxies']} "
+              f"proxies: {c['fan_out']['copy_and_serialize_per_proxy']['p50_ms']} ms copied and serialized per proxy, "
+              f"{c['fan_out']['serialize_once_and_stamp']['p50_ms']} ms serialized once", flush=True)
     p = result.get("propagate")
     if p:
         w = p["wire"]
@@ -531,19 +564,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--proxies", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=10, help="drain+undrain rounds (and compute runs x3)")
     parser.add_argument("--steady-seconds", type=float, default=20.0)
+    parser.add_argument("--compute-only", action="store_true", help="the in-process measurements alone (seconds)")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "store.json"))
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                               "commit": head(), "replicas": args.replicas, "replicas_per_node": args.per_node,
                               "proxies": args.proxies, "control_planes": 2, "tick_seconds": TICK, "passed": False}
     try:
-        result["compute"] = bench_compute(args.replicas, args.per_node, args.rounds * 3)
+        result["compute"] = bench_compute(args.replicas, args.per_node, args.rounds * 3, args.proxies)
         report({"replicas": args.replicas, "compute": result["compute"]}, args.proxies)
+        if args.compute_only:
+            raise Skipped
         with tempfile.TemporaryDirectory(prefix="ferry-bench-store-") as tmp, LocalEtcd() as etcd:
             asyncio.run(bench_fleet(args, etcd, Path(tmp), result))
         result["passed"] = True
     except FerryFailed as exc:
         result["failure"] = str(exc)
+    except Skipped:
+        result["passed"] = True
+        result["compute_only"] = True
     finally:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

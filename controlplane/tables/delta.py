@@ -27,8 +27,10 @@ property test in ``tests/controlplane/test_delta.py``). When a keyed list of
 either table is not in strict key order, or the regions differ, it returns
 None: such a table goes in full.
 
-Cost: O(replicas of both tables), about 2 µs a replica whose telemetry moved
-(field comparisons), 0.3 µs one unchanged; nothing is serialized here.
+Cost: O(replicas of both tables): one message comparison in C per replica
+(0.3 µs), a copy and a second one when its age moved (about 1 µs more), the
+route fields compared only when its load or route moved; nothing is
+serialized here.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def _model_delta(old: tables_pb2.ModelRoute | None, new: tables_pb2.ModelRoute, 
     changes = tables_pb2.ModelDelta(model=new.model)
     if old is None or not MODEL.same(old, new):
         changes.route.CopyFrom(_header(new, MODEL_FIELDS, "model", new.model))
+    aged = tables_pb2.ReplicaRoute()  # the old route with the new age: equal to the new one when the age alone moved
     for a, b in _walk(old.replicas if old is not None else (), new.replicas, lambda r: r.replica_id):
         if b is None:
             assert a is not None
@@ -138,12 +141,15 @@ def _model_delta(old: tables_pb2.ModelRoute | None, new: tables_pb2.ModelRoute, 
             changes.replicas.append(b)
         elif a == b:
             ages.kept.setdefault(b.node, []).append((changes, b))
-        elif not ROUTE.same(a, b):
-            changes.replicas.append(b)
-        elif a.load != b.load or a.HasField("load") != b.HasField("load"):
-            changes.loads.append(_load_update(b))
         else:
-            ages.moved.setdefault(b.node, []).append((changes, b))
+            aged.CopyFrom(a)
+            aged.telemetry_age_seconds = b.telemetry_age_seconds
+            if aged == b:
+                ages.moved.setdefault(b.node, []).append((changes, b))
+            elif ROUTE.same(a, b):
+                changes.loads.append(_load_update(b))  # the load moved (and maybe the age)
+            else:
+                changes.replicas.append(b)
     return changes
 
 

@@ -154,10 +154,12 @@ class Feed:
         return push
 
     def current(self, region: str) -> Push | None:
+        """The newest version of ``region`` here, or None."""
         kept = self._regions.get(region)
         return kept[-1] if kept else None
 
     def drop(self, region: str) -> None:
+        """Forget ``region`` (it has neither nodes nor watchers any more)."""
         self._regions.pop(region, None)
 
     def chain(self, held: int, target: Push, *, compute: bool = False) -> list[Push] | None:

@@ -40,7 +40,7 @@ from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
-from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer
+from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer, add_tables_servicer
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
@@ -52,7 +52,7 @@ from ferry.config import ModelConfig, TenantConfig
 from ferry.grpcutil import split_address, start_server
 from ferry.readiness import DrainTimes, Readiness
 from ferry.tls import TLSConfig
-from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc, tables_pb2_grpc
+from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc
 
 SERVICE_NAMES = ("ferry.v1.Fleet", "ferry.v1.Tables", "ferry.v1.Admin")
 
@@ -125,7 +125,7 @@ class ControlPlane:
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),
              SERVICE_NAMES[0]),
-            (tables_pb2_grpc.add_TablesServicer_to_server, TablesServicer(c.table_service, c.metrics),
+            (add_tables_servicer, TablesServicer(c.table_service, c.metrics),
              SERVICE_NAMES[1]),
             (admin_pb2_grpc.add_AdminServicer_to_server, admin, SERVICE_NAMES[2]),
         ]

@@ -146,9 +146,8 @@ class CachePath:
         self.meter.observe(model, tenant, int.from_bytes(key[:8], "little"), now, seconds=seconds, hit=hit)
         totals = self.meter.model_totals(model, now)
         on = decide(self.on.get(model, False), totals.deterministic, totals.duplicates, self.policy)
-        if model in self.on or on:
-            self.on[model] = on
-            self._enabled.labels(model).set(1 if on else 0)
+        self.on[model] = on  # models of the table only: a request names one the table has
+        self._enabled.labels(model).set(1 if on else 0)
         self._share.labels(model).set(share(totals.deterministic, totals.duplicates))
 
     def _hit(self, state: RequestState, stream: bool) -> Answer | None:

@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         plane = ready.get("data_plane", "")
         print(f"sending {args.classify_requests} classify requests to {args.classify_model} and the first "
               f"{args.chat_requests} requests of {args.trace} to {args.chat_model}", file=sys.stderr)
-        common = {"concurrency": args.concurrency, "deadline": args.timeout, "max_tokens": args.max_tokens}
-        out = {"classify": asyncio.run(send(plane, key, args.classify_model, classify_slice(
+        common: dict[str, Any] = {"concurrency": args.concurrency, "deadline": args.timeout,
+                                  "max_tokens": args.max_tokens}
+        out: dict[str, Any] = {"classify": asyncio.run(send(plane, key, args.classify_model, classify_slice(
                    args.classify_requests, args.classify_prompts, args.seed), **common)),
                "chat": asyncio.run(send(plane, key, args.chat_model, chat_slice(rows[:args.chat_requests]), **common))}
     else:

@@ -152,10 +152,11 @@ class CachePath:
 
     def _hit(self, state: RequestState, stream: bool) -> Answer | None:
         """The cached answer of this request, counted as a hit; None on a miss or when the cache is off."""
-        key = self._key(state)
-        if key is None or not self.enabled(state.model_label):
+        if not self.enabled(state.model_label):
             return None
-        assert state.tenant is not None
+        key = self._key(state)
+        if key is None or state.tenant is None:
+            return None
         now = self._clock()
         answer = self.cache.get(key, tenant=state.tenant.name, model=state.model_label, version=state.version,
                                 now=now, stream=stream)

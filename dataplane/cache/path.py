@@ -4,11 +4,14 @@
 :mod:`dataplane.cache.decide`, :mod:`dataplane.cache.store`) for
 :class:`dataplane.router.Router`, which calls it at one place per path:
 
-- unary (``Router.infer``): :meth:`CachePath.lookup` before the tier queue
-  (a hit is the answer), :meth:`CachePath.store` after a success;
-- stream (``Router.stream``): :meth:`CachePath.replay` before the tier
-  queue (a hit yields the stored pieces, so the chunking is the original
-  one), :meth:`CachePath.tape` records the pieces delivered,
+- unary (``Router.infer``): :meth:`CachePath.lookup` after the prompt
+  hooks and before the tier queue (a hit is the answer, checked by the
+  output hooks like any), :meth:`CachePath.store` after a success, with the
+  answer as the replica gave it;
+- stream (``Router._stream``, inside the guardrails' windows):
+  :meth:`CachePath.replay` before the tier queue (a hit yields the stored
+  pieces, so the chunking is the original one), :meth:`CachePath.tape`
+  records the pieces delivered (when the cache was on as the stream began),
   :meth:`CachePath.store` after the stream completes.
 
 Only *deterministic* requests take part: temperature 0 or a seed given

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import grpc
 import pytest
 
 from controlplane.tables.cachestats import attach_cache, cache_views, merge_cache
 from controlplane.tables.usage import ProxyUsage
-from ferry.v1 import tables_pb2
+from ferry.v1 import admin_pb2, tables_pb2
 
 
 def report(*rows: tuple[str, str, int, int, float, bool], window: float = 10.0) -> tables_pb2.Report:
@@ -67,3 +70,28 @@ def test_a_malformed_row_is_skipped(row: tables_pb2.CacheSample) -> None:
     good = tables_pb2.CacheSample(model="ok", tenant="a", deterministic=2, duplicates=1, window_seconds=1)
     kept = usage(("p1", "eu", tables_pb2.Report(window_seconds=1.0, cache=[row, good])))
     assert set(merge_cache(kept.entries())) == {("eu", "ok", "a"), ("eu", "ok", "")}
+
+
+async def test_the_leader_marks_its_tables_and_answers_get_cache(harness: Any) -> None:
+    """Two proxies report on the watch; the table says where the cache is on; GetCache merges both."""
+    proxies = [harness.proxy("p1"), harness.proxy("p2")]
+    for proxy in proxies:
+        await proxy.ack(await proxy.subscribe())
+
+    async def send(proxy: Any, on: bool, duplicates: int) -> None:
+        await proxy.call.write(tables_pb2.WatchRequest(report=report(("chat", "t1", 100, duplicates, 2.0, on))))
+
+    await send(proxies[0], True, 40)
+    await send(proxies[1], True, 20)
+    marked = await proxies[0].until(lambda s: any(m.model == "chat" and m.cache_proxies == 2 for m in s.models))
+    assert {m.model: m.cache_enabled for m in marked.models}["chat"] is True
+    reply = await harness.admin.GetCache(admin_pb2.GetCacheRequest(), timeout=5)
+    [row] = reply.rows
+    assert (row.model, row.deterministic, row.duplicates, row.proxies, row.proxies_enabled) == ("chat", 200, 60, 2, 2)
+    assert row.duplicate_share == pytest.approx(0.3)
+    await send(proxies[1], False, 0)  # one proxy turned its cache off: the region's is no longer on everywhere
+    unmarked = await proxies[0].until(lambda s: any(m.model == "chat" and m.cache_proxies == 1 for m in s.models))
+    assert {m.model: m.cache_enabled for m in unmarked.models}["chat"] is False
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await harness.admin.GetCache(admin_pb2.GetCacheRequest(model="bad\tname"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "model" in (info.value.details() or "")

@@ -23,13 +23,14 @@ payload: model, version, prompt, every sampling parameter, max_tokens;
   call has none and serves unary calls only.
 
 Pure: the caller passes the time. Cost: O(1) per get and put (amortised);
-O(entries) per invalidation (once per table that changes a model's versions).
+per table applied, O(models with entries) to find a version gone, then
+O(entries) to drop its answers (only when a kept version left the table).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Collection
 
 ENTRY_OVERHEAD = 256  # bytes counted per entry beyond its texts (key, object headers)
@@ -80,12 +81,20 @@ class ResponseCache:
         self.bytes = 0
         self.evicted = 0  # entries dropped by the bounds before their TTL (cumulative)
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._versions: dict[str, Counter[str]] = {}  # model -> entries per version (what a table check reads)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def _drop(self, key: bytes) -> None:
-        self.bytes -= self._entries.pop(key).size
+        entry = self._entries.pop(key)
+        self.bytes -= entry.size
+        versions = self._versions[entry.answer.model]
+        versions[entry.answer.version] -= 1
+        if versions[entry.answer.version] <= 0:
+            del versions[entry.answer.version]
+            if not versions:
+                del self._versions[entry.answer.model]
 
     def get(self, key: bytes, *, tenant: str, model: str, version: str, now: float,
             stream: bool = False) -> Answer | None:
@@ -119,10 +128,15 @@ class ResponseCache:
             self._drop(oldest)
         entries[key] = _Entry(answer, now + self.ttl, size)
         self.bytes += size
+        self._versions.setdefault(answer.model, Counter())[answer.version] += 1
         return True
 
     def invalidate(self, model: str, versions: Collection[str]) -> int:
-        """Drop ``model``'s entries whose version is not in ``versions``; returns how many went."""
+        """Drop ``model``'s entries whose version is not in ``versions``; returns how many went (O(1) when every
+        version kept is still there, else O(entries))."""
+        kept = self._versions.get(model)
+        if kept is None or all(version in versions for version in kept):
+            return 0
         stale = [k for k, e in self._entries.items() if e.answer.model == model and e.answer.version not in versions]
         for key in stale:
             self._drop(key)
@@ -130,4 +144,4 @@ class ResponseCache:
 
     def models(self) -> set[str]:
         """The models with entries."""
-        return {e.answer.model for e in self._entries.values()}
+        return set(self._versions)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dataplane.cache.decide import CachePolicy, decide, share
 from dataplane.cache.store import ENTRY_OVERHEAD, Answer, ResponseCache
@@ -110,3 +114,33 @@ def test_disable_below_above_enable_above_is_refused() -> None:
     settings = ProxySettings.from_section({"cache_enable_above": 0.1, "cache_disable_below": 0.05,
                                            "cache_min_requests": 10})
     assert settings.cache.policy() == CachePolicy(enable_above=0.1, disable_below=0.05, min_requests=10)
+
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 30), st.sampled_from(["m", "n"]), st.sampled_from(["v1", "v2"]),
+              st.integers(0, 400)),
+    st.tuples(st.just("invalidate"), st.sampled_from(["m", "n"]), st.sets(st.sampled_from(["v1", "v2"]))),
+    st.tuples(st.just("tick"), st.integers(0, 40)),
+), max_size=120)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS)
+def test_the_bounds_and_the_accounting_hold_whatever_happens(ops: list[tuple[Any, ...]]) -> None:
+    cache = ResponseCache(max_entries=8, max_bytes=4096, ttl=30)
+    now = 0.0
+    for op in ops:
+        if op[0] == "put":
+            _, key, model, version, size = op
+            cache.put(bytes([key]), answer(model=model, version=version, text="x" * size), now)
+        elif op[0] == "invalidate":
+            cache.invalidate(op[1], op[2])
+            for k in range(31):
+                got = cache.get(bytes([k]), tenant="t1", model=op[1], version="v1", now=now)
+                assert got is None or "v1" in op[2]
+        else:
+            now += op[1]
+        entries = list(cache._entries.values())
+        assert len(entries) <= cache.max_entries and cache.bytes <= cache.max_bytes
+        assert cache.bytes == sum(e.size for e in entries)
+        assert cache.models() == {e.answer.model for e in entries}

@@ -46,6 +46,7 @@ class CacheFigures:
     deterministic_rate: float = 0.0
     saved_per_s: float = 0.0
     hit_rate: float = 0.0
+    hits: int = 0
     window_seconds: float = 0.0
     proxies: set[str] = dataclasses.field(default_factory=set)
     enabled: set[str] = dataclasses.field(default_factory=set)  # proxies with the cache on
@@ -64,6 +65,7 @@ class CacheFigures:
         self.deterministic_rate += sample.deterministic / window
         self.saved_per_s += sample.duplicate_seconds / window
         self.hit_rate += sample.hits / window
+        self.hits += sample.hits
         self.window_seconds = max(self.window_seconds, sample.window_seconds)
         self.proxies.add(proxy_id)
         if sample.enabled:
@@ -123,6 +125,7 @@ def cache_views(merged: Mapping[Key, CacheFigures], *, model: str = "", by_tenan
         into.deterministic_rate += f.deterministic_rate
         into.saved_per_s += f.saved_per_s
         into.hit_rate += f.hit_rate
+        into.hits += f.hits
         into.window_seconds = max(into.window_seconds, f.window_seconds)
         into.proxies |= f.proxies
         into.enabled |= f.enabled
@@ -130,4 +133,5 @@ def cache_views(merged: Mapping[Key, CacheFigures], *, model: str = "", by_tenan
         model=name, tenant=tenant, deterministic_rate=f.deterministic_rate, duplicate_share=f.share,
         saved_gpu_seconds_per_s=f.saved_per_s, saved_gpu_seconds=f.seconds, hit_rate=f.hit_rate,
         proxies=len(f.proxies), proxies_enabled=len(f.enabled), window_seconds=f.window_seconds,
-        deterministic=f.deterministic, duplicates=f.duplicates) for (name, tenant), f in sorted(rolled.items())]
+        deterministic=f.deterministic, duplicates=f.duplicates, hits=f.hits)
+        for (name, tenant), f in sorted(rolled.items())]

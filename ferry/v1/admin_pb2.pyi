@@ -696,7 +696,7 @@ class GetCacheRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., by_tenant: _Optional[bool] = ...) -> None: ...
 
 class CacheView(_message.Message):
-    __slots__ = ("model", "tenant", "deterministic_rate", "duplicate_share", "saved_gpu_seconds_per_s", "saved_gpu_seconds", "hit_rate", "proxies", "proxies_enabled", "window_seconds", "deterministic", "duplicates")
+    __slots__ = ("model", "tenant", "deterministic_rate", "duplicate_share", "saved_gpu_seconds_per_s", "saved_gpu_seconds", "hit_rate", "proxies", "proxies_enabled", "window_seconds", "deterministic", "duplicates", "hits")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     DETERMINISTIC_RATE_FIELD_NUMBER: _ClassVar[int]
@@ -709,6 +709,7 @@ class CacheView(_message.Message):
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
     model: str
     tenant: str
     deterministic_rate: float
@@ -721,7 +722,8 @@ class CacheView(_message.Message):
     window_seconds: float
     deterministic: int
     duplicates: int
-    def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic_rate: _Optional[float] = ..., duplicate_share: _Optional[float] = ..., saved_gpu_seconds_per_s: _Optional[float] = ..., saved_gpu_seconds: _Optional[float] = ..., hit_rate: _Optional[float] = ..., proxies: _Optional[int] = ..., proxies_enabled: _Optional[int] = ..., window_seconds: _Optional[float] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+    hits: int
+    def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic_rate: _Optional[float] = ..., duplicate_share: _Optional[float] = ..., saved_gpu_seconds_per_s: _Optional[float] = ..., saved_gpu_seconds: _Optional[float] = ..., hit_rate: _Optional[float] = ..., proxies: _Optional[int] = ..., proxies_enabled: _Optional[int] = ..., window_seconds: _Optional[float] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
 
 class GetCacheResponse(_message.Message):
     __slots__ = ("rows", "sampled_at")

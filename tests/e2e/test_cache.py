@@ -88,7 +88,7 @@ def test_the_duplicate_heavy_slice_turns_the_cache_on_and_the_chat_slice_does_no
     got = wait_for(settled, REPORT, "both slices in ferryctl cache")
     small, large = got["chat-small"], got["chat-large"]
     assert small["duplicate_share"] > 0.5 and small["cache"] == "on (1/1)"
-    assert small["saved_gpu_s"] > 0 and small["hits_per_s"] > 0
+    assert small["saved_gpu_s"] > 0 and small["hits_per_s"] > 0 and 0 < small["hits"] <= small["duplicates"]
     assert large["duplicates"] == 3 and large["duplicate_share"] == round(3 / 346, 4)  # the excerpt's 3 repeats
     assert large["cache"] == "off (0/1)" and large["hits_per_s"] == 0
     assert metric(up, 'ferry_proxy_cache_enabled{model="chat-small"} 1.0')

@@ -35,7 +35,7 @@ def row(v: Any) -> dict[str, Any]:
         "duplicate_share": round(v.duplicate_share, 4), "saved_gpu_s_per_s": round(v.saved_gpu_seconds_per_s, 3),
         "saved_gpu_s": round(v.saved_gpu_seconds, 1), "hits_per_s": round(v.hit_rate, 2),
         "cache": f"{state} ({v.proxies_enabled}/{v.proxies})", "window_s": round(v.window_seconds, 1),
-        "deterministic": v.deterministic, "duplicates": v.duplicates,
+        "deterministic": v.deterministic, "duplicates": v.duplicates, "hits": v.hits,
     }
 
 

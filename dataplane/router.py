@@ -56,6 +56,7 @@ from dataplane.api.auth import Authenticator
 from dataplane.api.idempotency import Idempotency
 from dataplane.api.tokenwork import TokenWork
 from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
+from dataplane.cache.path import CachePath
 from dataplane.config import ProxySettings
 from dataplane.failover.budget import unreached
 from dataplane.failover.continuation import Delivered, cut_error
@@ -155,6 +156,8 @@ class Router:
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
             clock=clock, max_entries=settings.idempotency.idempotency_entries,
             ttl=settings.idempotency.idempotency_ttl_seconds)
+        # -- response cache (dataplane.cache.path): measured per (model, tenant), on per model on evidence
+        self.cache = CachePath(settings.cache, clock=clock, registry=metrics.registry)
         self.admission = Admission(queues.queue_params(), clock=clock, registry=metrics.registry,
                                    capacity_share=queues.admission_capacity_share,
                                    tenant_labels=queues.tenant_metric_labels)
@@ -170,6 +173,7 @@ class Router:
         if self._settings.queues.admission:
             self.admission.apply(table)
         self.cold.table_applied(table)
+        self.cache.apply_table(table)  # -- response cache: answers of versions gone are dropped
 
     @property
     def local_load(self) -> LocalLoad:
@@ -401,10 +405,12 @@ class Router:
         hooks = self._guarded(state)
         if hooks.prompt:
             await self._guard_prompt(state, hooks)
-        if state.cold_wait:
+        # -- response cache (dataplane.cache.path): a hit skips the queue and the replica; the output hooks check it
+        outcome = self.cache.lookup(state)
+        if state.cold_wait and outcome is None:
             await self._warm_up(state)
         ticket = state.ticket
-        while True:
+        while outcome is None:
             if ticket is None:
                 outcome = await self._infer(state)
                 break
@@ -450,6 +456,7 @@ class Router:
                 await self._recount(state.model_label, state.outcome)
                 cached = state.outcome.cached_tokens if state.outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
+                self.cache.store(state)  # -- response cache: measured, and kept while the model's cache is on
                 return state.outcome
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
@@ -490,6 +497,11 @@ class Router:
         output it waits in its queue again, then continues from what it delivered.
         """
         assert state.call is not None
+        if (replay := self.cache.replay(state)) is not None:  # -- response cache (dataplane.cache.path): a hit,
+            for piece in replay:  # replayed with the chunking it was first delivered with
+                yield piece
+            return
+        tape = self.cache.tape(state)  # -- response cache: the pieces delivered, for store below
         if state.cold_wait:
             await self._warm_up(state)
         ticket = state.ticket
@@ -522,6 +534,7 @@ class Router:
                             if got > probe:
                                 self.picker.progress(attempt, got, self._clock())
                         delivered.add(piece)
+                        tape.add(piece)  # -- response cache
                         yield piece
                 finally:
                     await pieces.aclose()
@@ -529,6 +542,7 @@ class Router:
                 await self._recount(state.model_label, state.outcome)
                 cached = outcome.cached_tokens if outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
+                self.cache.store(state, tape)  # -- response cache: measured, and kept while the model's cache is on
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()

@@ -164,7 +164,9 @@ class Proxy:
         """The usage window since the last report, with each tier queue's depth (dataplane.usage)."""
         depths = {(model, tier): queues.depth(tier) for model, queues in self.router.admission.models.items()
                   for tier in TIERS}
-        return self.router.usage.report(self._clock(), depths)
+        report = self.router.usage.report(self._clock(), depths)
+        report.cache.extend(self.router.cache.samples())  # -- response cache: the duplicate measurement
+        return report
 
     async def start(self, listen: str = "127.0.0.1:0") -> int:
         """Serve on ``listen`` (port 0: any free port) and start watching; returns the bound port."""

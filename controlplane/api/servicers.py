@@ -345,6 +345,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def GetSpill(self, request: admin_pb2.GetSpillRequest, context: Any) -> admin_pb2.GetSpillResponse:
         return await self._usage_rpcs.GetSpill(request, context)
 
+    async def GetCache(self, request: admin_pb2.GetCacheRequest, context: Any) -> admin_pb2.GetCacheResponse:
+        return await self._usage_rpcs.GetCache(request, context)
+
     # -- routed: tenants (controlplane.api.tenants)
 
     async def ListTenants(

@@ -53,6 +53,7 @@ from controlplane.metrics import Metrics
 from controlplane.regions.planner import SpillPlanner
 from controlplane.store.intent import IntentCache
 from controlplane.tables import views
+from controlplane.tables.cachestats import attach_cache, merge_cache
 from controlplane.tables.compute import Published, TableVersions, compute_tables
 from controlplane.tables.diff import diff_tables, pick_versions
 from controlplane.tables.quotas import attach_quotas
@@ -164,6 +165,7 @@ class TableService:
         leading = self._peers.leading
         weights = self.spill.attach(tables, self.proxy_usage.figures() if leading else None)  # sized by usage
         attach_tenants(tables, intent.tenants)  # the store's tenant set (controlplane.tenants.records)
+        attach_cache(tables, merge_cache(self.proxy_usage.entries()) if leading else {})  # tables.cachestats
         for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
             self._metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))
         before = set(self.versions.regions())

@@ -686,3 +686,49 @@ class ListRolloutsResponse(_message.Message):
     ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
     rollouts: _containers.RepeatedCompositeFieldContainer[RolloutView]
     def __init__(self, rollouts: _Optional[_Iterable[_Union[RolloutView, _Mapping]]] = ...) -> None: ...
+
+class GetCacheRequest(_message.Message):
+    __slots__ = ("model", "by_tenant")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BY_TENANT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    by_tenant: bool
+    def __init__(self, model: _Optional[str] = ..., by_tenant: _Optional[bool] = ...) -> None: ...
+
+class CacheView(_message.Message):
+    __slots__ = ("model", "tenant", "deterministic_rate", "duplicate_share", "saved_gpu_seconds_per_s", "saved_gpu_seconds", "hit_rate", "proxies", "proxies_enabled", "window_seconds", "deterministic", "duplicates", "hits")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_RATE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SAVED_GPU_SECONDS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SAVED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    tenant: str
+    deterministic_rate: float
+    duplicate_share: float
+    saved_gpu_seconds_per_s: float
+    saved_gpu_seconds: float
+    hit_rate: float
+    proxies: int
+    proxies_enabled: int
+    window_seconds: float
+    deterministic: int
+    duplicates: int
+    hits: int
+    def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic_rate: _Optional[float] = ..., duplicate_share: _Optional[float] = ..., saved_gpu_seconds_per_s: _Optional[float] = ..., saved_gpu_seconds: _Optional[float] = ..., hit_rate: _Optional[float] = ..., proxies: _Optional[int] = ..., proxies_enabled: _Optional[int] = ..., window_seconds: _Optional[float] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
+
+class GetCacheResponse(_message.Message):
+    __slots__ = ("rows", "sampled_at")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[CacheView]
+    sampled_at: float
+    def __init__(self, rows: _Optional[_Iterable[_Union[CacheView, _Mapping]]] = ..., sampled_at: _Optional[float] = ...) -> None: ...

@@ -145,6 +145,11 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.FromString,
                 _registered_method=True)
+        self.GetCache = channel.unary_unary(
+                '/ferry.v1.Admin/GetCache',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetCacheResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -307,6 +312,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCache(self, request, context):
+        """Per model (and per tenant with by_tenant): the duplicate rate the proxies measure among deterministic
+        requests, the GPU-seconds a response cache would have saved, and whether the cache is on
+        (controlplane.tables.cachestats). The leader holds every proxy's report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -419,6 +433,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListRollouts,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.SerializeToString,
+            ),
+            'GetCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCache,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1016,6 +1035,33 @@ class Admin:
             '/ferry.v1.Admin/ListRollouts',
             ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetCache',
+            ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,12 +18,34 @@ class WatchRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("window_seconds", "usage")
+    __slots__ = ("window_seconds", "usage", "cache")
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     window_seconds: float
     usage: _containers.RepeatedCompositeFieldContainer[UsageSample]
-    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ...) -> None: ...
+    cache: _containers.RepeatedCompositeFieldContainer[CacheSample]
+    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ..., cache: _Optional[_Iterable[_Union[CacheSample, _Mapping]]] = ...) -> None: ...
+
+class CacheSample(_message.Message):
+    __slots__ = ("model", "tenant", "deterministic", "duplicates", "duplicate_seconds", "window_seconds", "hits", "enabled")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    tenant: str
+    deterministic: int
+    duplicates: int
+    duplicate_seconds: float
+    window_seconds: float
+    hits: int
+    enabled: bool
+    def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ..., duplicate_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class UsageSample(_message.Message):
     __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued", "guard_seconds")
@@ -208,18 +230,22 @@ class VersionWeight(_message.Message):
     def __init__(self, version: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("model", "default_version", "replicas", "version_weights", "warming")
+    __slots__ = ("model", "default_version", "replicas", "version_weights", "warming", "cache_enabled", "cache_proxies")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     VERSION_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     WARMING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_PROXIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     default_version: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRoute]
     version_weights: _containers.RepeatedCompositeFieldContainer[VersionWeight]
     warming: _containers.RepeatedCompositeFieldContainer[WarmingVersion]
-    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ..., warming: _Optional[_Iterable[_Union[WarmingVersion, _Mapping]]] = ...) -> None: ...
+    cache_enabled: bool
+    cache_proxies: int
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ..., warming: _Optional[_Iterable[_Union[WarmingVersion, _Mapping]]] = ..., cache_enabled: _Optional[bool] = ..., cache_proxies: _Optional[int] = ...) -> None: ...
 
 class WarmingVersion(_message.Message):
     __slots__ = ("version", "replicas")

@@ -80,6 +80,10 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("R10", "GPU placement: whole-node gangs for large models, cold starts",
                 "leader: gang allocation (controlplane/allocation); nodes: GPUs; proxy: cold-start wait"),
     Requirement("R11", "observability", "ferryctl over the Admin API (status, top, this board); metrics; logs"),
+    Requirement("R12", "guardrails on the prompt and the answer, inside the latency budget",
+                "proxy: guardrail hooks (dataplane/guard) before the queue and on each window of the answer"),
+    Requirement("R13", "a response cache only where the measured duplicate rate earns it",
+                "proxy: duplicate-rate sketch and per-tenant cache (dataplane/cache); leader: merged rates"),
 )
 
 
@@ -389,7 +393,7 @@ def to_dot(s: Snapshot) -> str:
         for p in (p for p in s.proxies if p.region == region):
             state = "connected" if p.connected else "DISCONNECTED"
             rows = [f"<B>proxy {_e(p.id)}</B>", _e(f"{state}, table lag {p.lag_versions}"),
-                    _tags(["R1", "R4", "R7", "R8", "R10"])]
+                    _tags(["R1", "R4", "R7", "R8", "R10", "R12", "R13"])]
             lines.append(_node(node_id("proxy", p.id), _box(rows, colour="#e8f5e9" if p.connected else "#ffebee"),
                                dead=not p.connected))
         queue_rows = [f"<B>tier queues</B> ({_e(region)}, in every proxy)",

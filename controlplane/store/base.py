@@ -63,7 +63,13 @@ Semantics (those of etcd v3):
   order. To keep a cache: watch first, then list, and skip events whose
   revision is at or below the listing's (:class:`controlplane.store.mirror.Mirror`).
   A watch that falls behind its bound raises :class:`WatchLost`; list again.
-- :meth:`Store.health` says, without I/O, whether the last calls succeeded.
+- :meth:`Store.health` says, without I/O, whether the last calls succeeded:
+  the verdict that etcd is unreachable comes from etcd not answering, never
+  from the caller's own loop being too busy to read the answer in time
+  (:mod:`controlplane.store.loopclock`).
+- Leases outlive a busy caller: the etcd backend refreshes them on a thread
+  of its own, in the caller's stead while its loop is stalled, and
+  :meth:`Store.lease_confirmed` says when a refresh was last answered.
 """
 
 from __future__ import annotations
@@ -235,6 +241,15 @@ class Store(Protocol):
 
     async def revoke_lease(self, lease: int) -> None:
         """End the lease now and delete its keys (no error when it is already gone)."""
+        ...
+
+    def lease_confirmed(self, lease: int) -> float:
+        """When (monotonic seconds, the store's clock) the last refresh of ``lease`` the store answered was sent.
+
+        The caller's own refreshes count, and those a backend sent in its stead while its loop was
+        stalled (:mod:`controlplane.store.etcdkeeper`): the store cannot expire the lease before this
+        time plus its TTL. ``-inf`` when none is known. No I/O.
+        """
         ...
 
     async def watch(self, prefix: str) -> Watch: ...

@@ -152,6 +152,10 @@ class MemoryStore:
             raise LeaseNotFound(lease)
         held.deadline = self._clock() + held.ttl
 
+    def lease_confirmed(self, lease: int) -> float:
+        held = self._leases.get(lease)
+        return held.deadline - held.ttl if held is not None else float("-inf")
+
     async def revoke_lease(self, lease: int) -> None:
         self._expire()
         self._end_lease(lease)

@@ -57,6 +57,8 @@ Semantics (those of etcd v3):
 - :meth:`Store.put_if` is the one atomic read-modify-write: it writes only when
   the key was last written at ``revision`` (0: when it does not exist), in one
   transaction; leader election and GPU allocation are built on it.
+  :meth:`Store.put_all_if` is the same for up to ``MAX_TXN_WRITES`` keys at
+  once (a registration's claims: one transaction, not one per key).
 - A key written with a lease is deleted when the lease expires (no refresh
   within its TTL) or is revoked; the deletion is seen by watches.
 - A watch sees the changes made after :meth:`Store.watch` returns, in revision
@@ -76,7 +78,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,6 +98,15 @@ ELECTION_KEY = ELECTION_PREFIX + "leader"
 TABLES_PREFIX = PREFIX + "tables/"
 CATALOG_PREFIX = PREFIX + "catalog/"
 CLAIMS_PREFIX = PREFIX + "claims/"
+MAX_TXN_WRITES = 64  # writes in one put_all_if (etcd's --max-txn-ops is 128 by default: a compare and a put each)
+
+
+def check_writes(writes: Sequence[tuple[str, bytes, int]]) -> None:
+    """ValueError naming the bound when ``writes`` is empty or longer than ``MAX_TXN_WRITES``, or repeats a key."""
+    if not 0 < len(writes) <= MAX_TXN_WRITES:
+        raise ValueError(f"writes: 1 to {MAX_TXN_WRITES} in one transaction, got {len(writes)}")
+    if len({key for key, _, _ in writes}) != len(writes):
+        raise ValueError("writes: a key appears twice")
 
 
 def member_key(node: str) -> str:
@@ -220,6 +231,15 @@ class Store(Protocol):
         """Write ``key`` only if its last write was at ``revision`` (0: it is absent), atomically.
 
         Returns the new revision, or 0 when the condition failed (nothing written).
+        """
+        ...
+
+    async def put_all_if(self, writes: Sequence[tuple[str, bytes, int]], *, lease: int = 0) -> int:
+        """Write every ``(key, value, revision)`` only if each key was last written at its ``revision``
+        (0: absent), all in one transaction: all are written or none.
+
+        Returns the new revision, or 0 when a condition failed (nothing written). At most
+        ``MAX_TXN_WRITES`` (64) writes (ValueError beyond: etcd bounds a transaction's operations).
         """
         ...
 

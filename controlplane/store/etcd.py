@@ -10,7 +10,8 @@ feeds watches through unbounded queues. Here:
   seconds (default 2 s);
 - ``put_if`` is one ``Txn``: ``mod_revision(key) == revision`` (0 for an
   absent key) then ``Put``: the atomic create-if-absent of leader election
-  and the compare-and-put of GPU allocations;
+  and the compare-and-put of GPU allocations; ``put_all_if`` is one ``Txn``
+  with a compare and a put per key (a registration's claims);
 - lease refreshes share one keep-alive stream on a thread of their own, with
   their own event loop and channel (:mod:`controlplane.store.etcdkeeper`),
   which also refreshes the leases in the caller's stead while the caller's
@@ -38,14 +39,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 from aetcd import rpc as etcd
 from aetcd.utils import prefix_range_end
 
-from controlplane.store.base import KeyValue, LeaseNotFound, Listing, StoreHealth
+from controlplane.store.base import KeyValue, LeaseNotFound, Listing, StoreHealth, check_writes
 from controlplane.store.etcdkeeper import LeaseKeeper
 from controlplane.store.etcdstreams import EtcdWatch
 from controlplane.store.loopclock import LoopClock
@@ -178,6 +179,19 @@ class EtcdStore:
         put = etcd.RequestOp(request_put=etcd.PutRequest(key=key.encode(), value=value, lease=lease))
         try:
             response = await self._unary("put_if", kv.Txn, etcd.TxnRequest(compare=[compare], success=[put]))
+        except LeaseNotFound as exc:
+            raise LeaseNotFound(lease) from exc
+        return int(response.header.revision) if response.succeeded else 0
+
+    async def put_all_if(self, writes: Sequence[tuple[str, bytes, int]], *, lease: int = 0) -> int:
+        check_writes(writes)
+        kv = self._stubs()[0]
+        compares = [etcd.Compare(result=etcd.Compare.EQUAL, target=etcd.Compare.MOD, key=key.encode(),
+                                 mod_revision=revision) for key, _, revision in writes]
+        puts = [etcd.RequestOp(request_put=etcd.PutRequest(key=key.encode(), value=value, lease=lease))
+                for key, value, _ in writes]
+        try:
+            response = await self._unary("put_all_if", kv.Txn, etcd.TxnRequest(compare=compares, success=puts))
         except LeaseNotFound as exc:
             raise LeaseNotFound(lease) from exc
         return int(response.header.revision) if response.succeeded else 0

@@ -168,7 +168,15 @@ class MemberLeases:
                 await self._store.delete(key)
             record.claimed.pop(key, None)
         hosts = frozenset(host_of(info.address) for info in reg.replicas)
-        for c in claims:
+        missing = [c for c in claims if c.key not in record.claimed]
+        if not missing:
+            return
+        try:  # all at once (one transaction); when one is held elsewhere, one by one to name each
+            await self._take(record, member.node, missing, hosts)
+            return
+        except AlreadyExists:
+            pass
+        for c in missing:
             if c.key in record.claimed:
                 continue
             try:

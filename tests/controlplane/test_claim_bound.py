@@ -1,4 +1,5 @@
-"""A burst of registrations: at most ``claim_concurrency`` claims talk to the store at once, and all complete."""
+"""Claims at scale: a burst of registrations is bounded and completes; a member written again takes its claims
+in one transaction and names the one held elsewhere."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from controlplane.fleet.claims import host_of, register_claims
+from controlplane.fleet.claims import REPLICA, Holder, claim_key, host_of, register_claims
 from controlplane.fleet.members import MemberLeases
+from controlplane.fleet.view import FleetView
 from controlplane.store.memory import MemoryStore
 from tests.controlplane.fakes import FakeClock, register, replica
 
@@ -68,3 +70,36 @@ async def test_a_claim_that_waits_past_its_callers_timeout_writes_nothing() -> N
 def test_the_bound_is_checked() -> None:
     with pytest.raises(ValueError, match="claim_concurrency"):
         MemberLeases(MemoryStore(), clock=FakeClock(), ttl_seconds=3.0, claim_concurrency=0)
+
+
+async def test_a_member_written_again_takes_its_claims_and_names_the_one_held_elsewhere(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    clock = FakeClock()
+    leases = MemberLeases(store, clock=clock, ttl_seconds=3.0, control_plane="cp1")
+    reg = register("n1", *(replica(f"n1/r{i}") for i in range(3)))
+    member = FleetView(clock=clock).register(reg)
+    claims, hosts = claims_of_reg(reg)
+    await leases.claim("n1", claims, hosts)
+    await leases.sync([member])
+    first = (await store.get(claim_key(REPLICA, "n1/r0")))
+    assert first is not None
+    await store.revoke_lease(first.lease)  # the lease is lost: every claim goes with it
+    other = await store.grant_lease(30.0)
+    await store.put(claim_key(REPLICA, "n1/r0"), Holder("n2", "cp2").encode(), lease=other)  # taken meanwhile
+    clock.advance(1.5)  # the member's refresh is due
+
+    await leases.sync([member])
+
+    held = await store.get(claim_key(REPLICA, "n1/r0"))
+    assert held is not None and Holder.decode(held.value).node == "n2"
+    for claim in claims:
+        if claim.key != claim_key(REPLICA, "n1/r0"):
+            kv = await store.get(claim.key)
+            assert kv is not None and kv.lease not in (0, first.lease, other), claim.key
+    assert await store.get("/ferry/members/n1") is not None
+    assert [r for r in caplog.records if "claim_lost" in r.getMessage() or getattr(r, "event", "") == "claim_lost"]
+
+
+def claims_of_reg(reg: Any) -> tuple[Any, frozenset[str]]:
+    return register_claims(reg), frozenset(host_of(info.address) for info in reg.replicas)

@@ -26,7 +26,8 @@ reports the last outcome without I/O, from either thread. A busy process is
 not a silent etcd: a call that ran out of time while the caller's loop was
 late (by more than ``late_share``, a fifth, of ``timeout``, measured by the
 loop's :class:`controlplane.store.loopclock.LoopClock`) still raises
-``Unavailable``, saying so, but leaves the verdict as it was; the watch's
+``Unavailable``, saying so, but leaves the verdict as it was (a read, ``get``
+or ``list``, is sent once more first: it changes nothing); the watch's
 creation waits in the loop's counted time. The channel reconnects by itself with
 a backoff capped at ``reconnect_max_seconds`` (1 s), so calls succeed again
 within about a second of etcd's return. At most ``max_watches`` (64) watches
@@ -55,6 +56,10 @@ from ferry.grpcutil import split_address
 
 _CONNECTIVITY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                  grpc.StatusCode.UNKNOWN)
+
+
+class LoopLate(Unavailable):
+    """A call ran out of time while this process's loop was late: not etcd's silence (the verdict stays)."""
 
 
 def parse_endpoint(url: str) -> str:
@@ -142,8 +147,8 @@ class EtcdStore:
         code, details = exc.code(), exc.details() or ""
         late = self.loop_clock.late_between(*started)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and late > self.timeout * self._late_share:
-            return Unavailable(f"{self._where}: {what} got no answer within {self.timeout:g} s while this process's "
-                               f"loop was {late:.1f} s late (not counted against etcd)")
+            return LoopLate(f"{self._where}: {what} got no answer within {self.timeout:g} s while this process's "
+                            f"loop was {late:.1f} s late (not counted against etcd)")
         if "lease not found" in details:
             self._ok()
             return LeaseNotFound(0)
@@ -155,12 +160,16 @@ class EtcdStore:
             self._unreachable(str(error))
         return error
 
-    async def _unary(self, what: str, method: Any, request: Any) -> Any:
-        started = self.loop_clock.mark()
-        try:
-            response = await method(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc, what, started) from exc
+    async def _unary(self, what: str, method: Any, request: Any, *, read: bool = False) -> Any:
+        for again in (False, True):
+            started = self.loop_clock.mark()
+            try:
+                response = await method(request, timeout=self.timeout)
+                break
+            except grpc.aio.AioRpcError as exc:
+                error = self._failed(exc, what, started)
+                if not read or again or not isinstance(error, LoopLate):
+                    raise error from exc  # a read that ran out of time only because this loop was late: once more
         self._ok()
         return response
 
@@ -198,7 +207,7 @@ class EtcdStore:
 
     async def get(self, key: str) -> KeyValue | None:
         kv = self._stubs()[0]
-        response = await self._unary("get", kv.Range, etcd.RangeRequest(key=key.encode()))
+        response = await self._unary("get", kv.Range, etcd.RangeRequest(key=key.encode()), read=True)
         if not response.kvs:
             return None
         item = response.kvs[0]
@@ -214,7 +223,7 @@ class EtcdStore:
         start = prefix.encode()
         request = etcd.RangeRequest(key=start, range_end=prefix_range_end(start),
                                     sort_order=etcd.RangeRequest.ASCEND, sort_target=etcd.RangeRequest.KEY)
-        response = await self._unary("list", kv.Range, request)
+        response = await self._unary("list", kv.Range, request, read=True)
         items = tuple(KeyValue(i.key.decode(), bytes(i.value), int(i.mod_revision), int(i.lease))
                       for i in response.kvs)
         return Listing(items, int(response.header.revision))

@@ -50,7 +50,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,13 +66,34 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Held:
+class Held:
     """One lease as the keeper knows it: its TTL, the owner's last ask, the last answered send."""
 
     ttl: float = 0.0
     asked: float = float("-inf")  # when the owner last asked for a refresh (keeper clock)
     sent: float = float("-inf")  # when the last refresh etcd answered was sent
     pending: bool = False
+
+
+def stand_ins(held: Mapping[int, Held], *, now: float, stalled: float, stall_seconds: float,
+              stand_in_seconds: float) -> tuple[list[int], list[int]]:
+    """The keeper's decision at ``now``: (leases to refresh in the owner's stead, leases to forget).
+
+    ``stalled``: seconds since the owner's loop last ticked. Standing in while ``stall_seconds <=
+    stalled <= stand_in_seconds``: a lease not being refreshed already, whose TTL is known, that the
+    owner asked for within one TTL before its loop stalled, and whose last answered refresh was sent
+    half a TTL ago or more. Forgotten while the owner runs: a lease not asked for in two TTLs.
+    """
+    refresh: list[int] = []
+    drop: list[int] = []
+    standing_in = stall_seconds <= stalled <= stand_in_seconds
+    for lease, h in held.items():
+        if not standing_in:
+            if stalled < stall_seconds and h.ttl and now - h.asked > 2 * h.ttl:
+                drop.append(lease)
+        elif not h.pending and h.ttl and h.asked >= now - stalled - h.ttl and now - h.sent >= h.ttl / 2:
+            refresh.append(lease)
+    return refresh, drop
 
 
 class LeaseKeeper:
@@ -110,7 +131,7 @@ class LeaseKeeper:
         self._tick = tick
         self._max_pending = max_pending
         self._clock = clock
-        self._held: dict[int, _Held] = {}  # touched on the keeper's loop only
+        self._held: dict[int, Held] = {}  # touched on the keeper's loop only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -144,13 +165,14 @@ class LeaseKeeper:
         loop.call_soon_threadsafe(self._granted, lease, ttl, sent)
 
     def _granted(self, lease: int, ttl: float, sent: float) -> None:
-        held = self._held.setdefault(lease, _Held())
+        held = self._held.setdefault(lease, Held())
         held.ttl, held.asked, held.sent = ttl, max(held.asked, sent), max(held.sent, sent)
 
     def forget(self, lease: int) -> None:
         """Stop knowing ``lease`` (revoked): it is no longer stood in for."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._held.pop, lease, None)
+            with contextlib.suppress(RuntimeError):  # the keeper is closing: nothing to forget
+                self._loop.call_soon_threadsafe(self._held.pop, lease, None)
 
     def confirmed_at(self, lease: int) -> float:
         """When (keeper clock) the last refresh of ``lease`` that etcd answered was sent; -inf when none."""
@@ -196,7 +218,7 @@ class LeaseKeeper:
 
     async def _refresh(self, lease: int, asked: float) -> int:
         assert self._keepalives is not None
-        held = self._held.setdefault(lease, _Held())
+        held = self._held.setdefault(lease, Held())
         held.asked = max(held.asked, asked)
         held.pending = True
         sent = self._clock()
@@ -225,19 +247,13 @@ class LeaseKeeper:
 
     def _stand_in(self) -> None:
         """Refresh, in the owner's stead, the leases it was keeping when its loop stalled; prune the others."""
-        now = self._clock()
-        stalled = self._owner.stalled_for()
-        standing_in = self._stall <= stalled <= self._stand_in_for
-        for lease, held in list(self._held.items()):
-            if not standing_in:
-                if stalled < self._stall and held.ttl and now - held.asked > 2 * held.ttl:
-                    del self._held[lease]  # the owner stopped refreshing it: left to run out
-                continue
-            if held.pending or not held.ttl or held.asked < now - stalled - held.ttl:
-                continue
-            if now - held.sent >= held.ttl / 2:
-                self.stood_in += 1
-                self._spawn(self._quiet_refresh(lease, held.asked))
+        refresh, drop = stand_ins(self._held, now=self._clock(), stalled=self._owner.stalled_for(),
+                                  stall_seconds=self._stall, stand_in_seconds=self._stand_in_for)
+        for lease in drop:
+            del self._held[lease]  # the owner stopped refreshing it: left to run out
+        for lease in refresh:
+            self.stood_in += 1
+            self._spawn(self._quiet_refresh(lease, self._held[lease].asked))
 
     async def _quiet_refresh(self, lease: int, asked: float) -> None:
         with contextlib.suppress(Unavailable):  # the verdict is reported; the owner sees the rest when it asks

@@ -6,7 +6,8 @@ on a local etcd holds every node's ``Fleet.Connect`` stream: ``--replicas``
 node, one ``Telemetry`` message per interval carrying every replica's load,
 ``--interval`` 0.5 s: the agents' default ``telemetry_interval_seconds``);
 loads change at every message, so every tick publishes a new table.
-``--proxies`` (50) fake proxies watch the region and ack every snapshot.
+``--proxies`` (50) fake proxies (:class:`tools.bench.store.Proxies`) watch
+the region, apply every version and ack it.
 
 Measured on the control plane's process alone, from ``/proc/{pid}/stat``
 (user + system CPU seconds over wall seconds: 1.0 is one core;

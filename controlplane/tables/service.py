@@ -54,7 +54,7 @@ from controlplane.regions.planner import SpillPlanner
 from controlplane.store.intent import IntentCache
 from controlplane.tables import views
 from controlplane.tables.cachestats import attach_cache, merge_cache
-from controlplane.tables.compute import Published, TableVersions, compute_tables
+from controlplane.tables.compute import Published, RouteRows, TableVersions, compute_tables
 from controlplane.tables.diff import diff_tables, pick_versions
 from controlplane.tables.quotas import attach_quotas
 from controlplane.tables.usage import ProxyUsage
@@ -104,6 +104,7 @@ class TableService:
         self._clock = clock
         self._wall = wall
         self._before_pass = before_pass
+        self._rows = RouteRows()  # each replica's row, rebuilt only when its registration or load changed
         self._dirty = asyncio.Event()
         self._changed = asyncio.Event()  # pulsed whenever a table is published or adopted here
         self.stopping = False
@@ -156,7 +157,7 @@ class TableService:
         intent = self._intent
         tables = compute_tables(
             members, self._catalog, intent.drains, now=now, grace_seconds=self.settings.grace_seconds,
-            regions=regions, cordons=intent.cordons, rollouts=intent.rollouts,
+            regions=regions, cordons=intent.cordons, rollouts=intent.rollouts, rows=self._rows,
         )
         shares = dict(zip(TIERS, self.settings.tier_reserved, strict=True))
         for region, quotas in attach_quotas(tables, None, shares).items():  # tier reserves (controlplane.tables.quotas)

@@ -27,6 +27,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   --concurrency N (--api-key K | --api-key-sha256 H | --generate-key)``,
   ``tenants set NAME …``, ``tenants remove NAME``: the tenants kept in the
   store and pushed to the proxies (:mod:`ferry.cli.ctl.tenants`);
+- ``scale [--region R]``: replicas needed now and for the next ramp, desired,
+  standby nodes to keep (:mod:`ferry.cli.ctl.scale`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -65,6 +67,7 @@ from ferry import clienttls
 from ferry.cli.ctl import completion
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
+from ferry.cli.ctl import scale as ctlscale
 from ferry.cli.ctl import tenants as ctltenants
 from ferry.cli.ctl import top as ctltop
 from ferry.cli.ctl.errors import UsageError
@@ -162,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlrollout.add_arguments(add("rollout", "a model's version rollout: --canary share, --promote, --rollback; "
                                             "alone: list"))
     ctltenants.add_arguments(add("tenants", ctltenants.HELP))
+    ctlscale.add_arguments(add("scale", ctlscale.HELP))
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -401,6 +405,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "replicas": cmd_replicas, "nodes": cmd_nodes, "models": cmd_models, "table": cmd_table, "drain": cmd_drain,
     "undrain": cmd_drain, "cordon": cmd_cordon, "uncordon": cmd_cordon, "alloc": cmd_alloc, "status": cmd_status,
     "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
+    "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
 

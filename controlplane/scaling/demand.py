@@ -11,7 +11,7 @@ replica's last load) and the proxies' figures per (model, region, tier)
 - ``tokens_in_flight``: KV tokens in use at the ready replicas
   (``(total - free blocks) x block tokens``);
 - ``service_seconds``: Little's law, requests running / requests ended per
-  second, when both are positive; else ``default_service_seconds``;
+  second, when requests end; else ``default_service_seconds``;
 - ``queue_wait_seconds``: Little's law on the queues, requests queued /
   offered rate;
 - ``current``: replicas warming or ready, ``ready``: ready ones; the
@@ -115,7 +115,7 @@ def gather(members: Iterable[Member], figures: Mapping[tuple[str, str, str], Fig
     keys = sorted(tallies)
     for key in keys[:max_pairs]:
         t = tallies[key]
-        service = t.running / t.ended if t.running > 0 and t.ended > 0 else default_service_seconds
+        service = t.running / t.ended if t.ended > 0 else default_service_seconds
         queued = t.queued + t.proxy_queued
         wait = queued / t.offered if queued and t.offered > 0 else 0.0
         demand = Demand(arrival_rate=t.offered, service_seconds=service, in_flight=float(t.running + queued),

@@ -32,6 +32,9 @@ the scale-down bound against the previous decision (:class:`State`): up at
 once; down only when ``cooldown_seconds`` have passed since the last change
 (up or down), and by at most ``step_down`` replicas. So the fleet never
 falls below ``floor``, and two scale-downs are at least a cool-down apart.
+With no previous decision (the first step of a new leader) the replicas
+there are count as decided now: a new leader scales up at once but waits a
+cool-down before it scales down.
 
 **Standby** (the warm pool is hardware, not weights: a standby node is a
 registered machine with no replica loaded; when the plan gives it a model,
@@ -229,7 +232,8 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
     ``history``: hour of week -> record; ``startup_seconds``: measured time from giving a warm machine a
     model to its replica being ready; ``replacement_seconds``: measured time to get a new machine;
     ``current``: replicas there are (warming or ready); ``standby_nodes``: standby nodes in the region;
-    ``previous``: the last decision (None: the first). Bad inputs raise ``InvalidArgument`` naming them.
+    ``previous``: the last decision (None: the first, taken as ``current`` decided at ``now``). Bad inputs
+    raise ``InvalidArgument`` naming them.
     """
     targets.check()
     for name, value in (("demand.arrival_rate", demand.arrival_rate), ("demand.service_seconds",
@@ -259,6 +263,8 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
 
     ahead = forecast(history, now, now + startup_seconds + targets.lead_seconds, targets.lookback_days)
     needed_for_ramp = need_at(ahead)
+    if previous is None:  # the first decision (a new leader): what runs counts as decided now
+        previous = State(current, now)
     state = bound(max(needed_now, needed_for_ramp), previous, now, targets)
     desired = state.desired
     within = forecast(history, now, now + replacement_seconds, targets.lookback_days)

@@ -106,6 +106,13 @@ def test_scale_up_is_at_once_and_restarts_the_cool_down() -> None:
     assert bound(2, State(7, T0 + 1.0), T0 + 500.0, TARGETS) == State(7, T0 + 1.0)
 
 
+def test_a_new_leader_scales_up_at_once_and_down_only_after_a_cool_down() -> None:
+    assert run(Demand(arrival_rate=25.0), current=4).desired == 10
+    first = run(current=6)
+    assert first.desired == 6 and first.state == State(6, T0)
+    assert run(at=T0 + 600.0, current=6, previous=first.state).desired == 5
+
+
 def test_never_below_the_floor() -> None:
     targets = dataclasses.replace(TARGETS, floor=3, step_down=10)
     assert run(targets=targets).desired == 3

@@ -43,9 +43,11 @@ the weights stream onto it, which takes ``startup_seconds``):
 - ``standby_to_keep`` = the growth the forecast expects within
   ``replacement_seconds`` (the measured time to get a new machine), which
   no new machine could arrive in time for: ``max(0, needed(peak forecast
-  over [now, now + replacement_seconds]) - desired)``, plus a reserve for
-  machines lost meanwhile, ``ceil(desired x failure_rate_per_hour x
-  replacement_seconds / 3600)``;
+  over [now, now + replacement_seconds]) - desired)`` (``standby_growth``),
+  plus a reserve for machines lost meanwhile, ``desired x
+  failure_rate_per_hour x replacement_seconds / 3600`` (``standby_reserve``),
+  rounded up; a region keeps the sum of its models' growth plus the
+  rounded-up sum of their reserves (:func:`standby_for`);
 - ``promote`` = ``min(standby_nodes, max(0, desired - current))``: standby
   nodes to give this model now; a standby node gets a model only when the
   desired count (which includes the forecast) exceeds the replicas there are.
@@ -58,7 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ferry.errors import InvalidArgument
 
@@ -160,9 +162,21 @@ class Plan:
     needed_for_ramp: int
     forecast_rate: float
     desired: int
+    standby_growth: int
+    standby_reserve: float
     standby_to_keep: int
     promote: int
     state: State
+
+
+def standby_for(plans: Iterable[Plan]) -> int:
+    """Standby nodes a region keeps for its models' plans: their growth, plus the ceiling of their reserves
+    summed (one reserve for the region, not one per model)."""
+    growth, reserve = 0, 0.0
+    for p in plans:
+        growth += p.standby_growth
+        reserve += p.standby_reserve
+    return growth + _ceil(reserve)
 
 
 def hour_of_week(at: float) -> int:
@@ -269,7 +283,8 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
     desired = state.desired
     within = forecast(history, now, now + replacement_seconds, targets.lookback_days)
     growth = max(0, need_at(within) - desired)
-    reserve = _ceil(desired * targets.failure_rate_per_hour * replacement_seconds / HOUR)
+    reserve = desired * targets.failure_rate_per_hour * replacement_seconds / HOUR
     return Plan(needed_now=needed_now, needed_for_ramp=needed_for_ramp,
                 forecast_rate=ahead.peak_rate if ahead is not None else 0.0, desired=desired,
-                standby_to_keep=growth + reserve, promote=min(standby_nodes, max(0, desired - current)), state=state)
+                standby_growth=growth, standby_reserve=reserve, standby_to_keep=growth + _ceil(reserve),
+                promote=min(standby_nodes, max(0, desired - current)), state=state)

@@ -15,8 +15,8 @@ it alone holds every proxy's report and every member):
    ``max_series`` pairs, those not seen for a day are forgotten);
 4. the plans become ``admin_pb2.ScaleView`` and ``StandbyView`` rows:
    metrics (:meth:`controlplane.metrics.Metrics.observe_scaling`) and
-   ``Admin.GetScale``; a region's ``standby_to_keep`` is the sum of its
-   models';
+   ``Admin.GetScale``; a region's ``standby_to_keep`` is
+   :func:`controlplane.scaling.plan.standby_for` of its models' plans;
 5. each pair's arrival rate raises its hour's peak in the history, which is
    written to the store every ``history_write_seconds`` with the timings
    (a store error is logged and retried at the next write).
@@ -37,7 +37,7 @@ from controlplane.fleet.view import Member, is_live, replica_state
 from controlplane.metrics import Metrics
 from controlplane.scaling.demand import READY, WARMING, gather, standby_nodes
 from controlplane.scaling.history import History
-from controlplane.scaling.plan import DAY, State, Targets, plan
+from controlplane.scaling.plan import DAY, Plan, State, Targets, plan, standby_for
 from controlplane.scaling.timings import Timings
 from controlplane.store.base import Store
 from controlplane.tables.usage import Figures
@@ -150,7 +150,7 @@ class ScalingService:
             self._metrics.reject("scaling_series", gathered.dropped)
         standby = standby_nodes(live, now=now, grace=self._grace, cordoned=self._cordoned())
         views: list[admin_pb2.ScaleView] = []
-        keep: dict[str, int] = {region: 0 for region in standby}
+        plans: dict[str, list[Plan]] = {region: [] for region in standby}
         for (model, region), seen in sorted(gathered.pairs.items()):
             previous = self._states.get((model, region))
             try:
@@ -164,7 +164,7 @@ class ScalingService:
                 continue
             self._states[(model, region)] = (decided.state, wall)
             self.history.observe(model, region, wall, seen.demand.arrival_rate, seen.demand.service_seconds)
-            keep[region] = keep.get(region, 0) + decided.standby_to_keep
+            plans.setdefault(region, []).append(decided)
             views.append(admin_pb2.ScaleView(
                 model=model, region=region, current=seen.current, ready=seen.demand.ready,
                 needed_now=decided.needed_now, needed_for_ramp=decided.needed_for_ramp, desired=decided.desired,
@@ -175,9 +175,9 @@ class ScalingService:
             del self._states[pair]
         self.views = views
         self.standby = [admin_pb2.StandbyView(
-            region=region, standby_nodes=standby.get(region, 0), standby_to_keep=count,
+            region=region, standby_nodes=standby.get(region, 0), standby_to_keep=standby_for(decided),
             startup_seconds=self.timings.startup(region), replacement_seconds=self.timings.replacement(region))
-            for region, count in sorted(keep.items())]
+            for region, decided in sorted(plans.items())]
         self.sampled_at = wall
         self._metrics.observe_scaling(self.views, self.standby)
 

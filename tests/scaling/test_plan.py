@@ -23,6 +23,7 @@ from controlplane.scaling.plan import (
     hour_of_week,
     needed_for,
     plan,
+    standby_for,
 )
 from ferry.errors import InvalidArgument
 
@@ -128,6 +129,10 @@ def test_standby_to_keep_from_the_replacement_time() -> None:
     reserve = dataclasses.replace(TARGETS, failure_rate_per_hour=0.1)
     # 10 replicas, 10 % lost an hour, 2 h to replace: 2 more
     assert run(Demand(arrival_rate=25.0), targets=reserve, replacement=2 * HOUR).standby_to_keep == 2
+    # a region sums its models' reserves before rounding up: two models of one replica keep one, not two
+    small = dataclasses.replace(TARGETS, failure_rate_per_hour=0.01)
+    plans = [run(Demand(arrival_rate=1.0), targets=small) for _ in range(2)]
+    assert [p.standby_to_keep for p in plans] == [1, 1] and standby_for(plans) == 1
 
 
 def test_a_standby_node_gets_a_model_only_when_the_forecast_needs_it() -> None:

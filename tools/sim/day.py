@@ -53,7 +53,7 @@ from typing import Any
 
 from agent.replica.engine import EngineParams
 from controlplane.scaling.history import History
-from controlplane.scaling.plan import DAY, HOUR, Demand, Shape, State, Targets, needed_for, plan
+from controlplane.scaling.plan import DAY, HOUR, Demand, Shape, State, Targets, needed_for, plan, standby_for
 from controlplane.store.memory import MemoryStore
 from tools.report import percentile
 from tools.sim import capacity as capacity_run
@@ -190,7 +190,7 @@ def run_day(config: DayConfig, mix: Mix, *, forecast: bool = True) -> dict[str, 
             previous = decided.state
             if forecast:
                 history.observe("chat", "sim", now, rate, mix.service_seconds)
-            _apply(fleet, decided.desired, decided.promote, decided.standby_to_keep, now, config)
+            _apply(fleet, decided.desired, decided.promote, standby_for([decided]), now, config)
             held = fleet.ready + sum(1 for bill_from, _ in fleet.warming if bill_from <= now) + fleet.standby
             if day == last_day:
                 gpu_hours += held * config.gpus_per_replica * dt / HOUR

@@ -20,12 +20,16 @@ measured now at the target utilisation, the largest of
   estimate above is short, whatever it says).
 
 **Needed for the ramp** (:func:`forecast`, then the same conversion): the
-highest peak arrival rate recorded for any hour of the window ``[now, now +
-startup_seconds + lead_seconds]`` on the previous ``lookback_days`` days
-(:class:`HourRecord`, kept in the store by hour of week, one record per
-slot, :mod:`controlplane.scaling.history`). A replica ordered now serves only
-after ``startup_seconds`` (the measured time to bring one up), so the
-replicas the morning ramp needs are asked for that long ahead of it.
+highest peak arrival rate recorded for any hour of the window ``[now +
+startup_seconds, now + startup_seconds + lead_seconds]`` on the previous
+``lookback_days`` days (:class:`HourRecord`, kept in the store by hour of
+week, one record per slot, :mod:`controlplane.scaling.history`). A replica
+ordered now serves only after ``startup_seconds`` (the measured time to
+bring one up), so the replicas the morning ramp needs are asked for that
+long ahead of it; what is needed before then was asked for by the steps
+before (and the cool-down keeps it). An hour's record is its peak, so a
+rising hour is met from its start and a falling one keeps its first
+minutes' level to its end.
 
 **Desired** (:func:`bound`): ``max(floor, needed_now, needed_for_ramp)``, then
 the scale-down bound against the previous decision (:class:`State`): up at
@@ -275,7 +279,8 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
         service = record.service_seconds or demand.service_seconds
         return _ceil(needed_for(record.peak_rate, shape, targets, service_seconds=service))
 
-    ahead = forecast(history, now, now + startup_seconds + targets.lead_seconds, targets.lookback_days)
+    ahead = forecast(history, now + startup_seconds, now + startup_seconds + targets.lead_seconds,
+                     targets.lookback_days)
     needed_for_ramp = need_at(ahead)
     if previous is None:  # the first decision (a new leader): what runs counts as decided now
         previous = State(current, now)

@@ -6,8 +6,8 @@ replica's last load) and the proxies' figures per (model, region, tier)
 (model, region):
 
 - ``arrival_rate``: the offered requests/s of every tier, summed;
-- ``in_flight``: requests running and queued at the ready replicas plus
-  those waiting in the proxies' tier queues;
+- ``in_flight``: requests running at the ready replicas; ``queued``: those
+  waiting in their queues and in the proxies' tier queues;
 - ``tokens_in_flight``: KV tokens in use at the ready replicas
   (``(total - free blocks) x block tokens``);
 - ``service_seconds``: Little's law, requests running / requests ended per
@@ -118,7 +118,8 @@ def gather(members: Iterable[Member], figures: Mapping[tuple[str, str, str], Fig
         service = t.running / t.ended if t.ended > 0 else default_service_seconds
         queued = t.queued + t.proxy_queued
         wait = queued / t.offered if queued and t.offered > 0 else 0.0
-        demand = Demand(arrival_rate=t.offered, service_seconds=service, in_flight=float(t.running + queued),
+        demand = Demand(arrival_rate=t.offered, service_seconds=service, in_flight=float(t.running),
+                        queued=float(queued),
                         tokens_in_flight=float(t.kv_used), queue_wait_seconds=wait, ready=t.ready)
         out[key] = Observed(demand, Shape(slots=t.slots or default_slots, kv_tokens=t.kv_tokens), t.current)
     return Gathered(out, max(0, len(keys) - max_pairs))

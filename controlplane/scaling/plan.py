@@ -7,12 +7,13 @@ No I/O and no clock: every input is an argument, so the control plane
 **Needed now** (:func:`needed_for`): the replicas that carry the demand
 measured now at the target utilisation, the largest of
 
-- *by rate*: ``arrival_rate / (replica_rate x utilisation)`` when the
-  replica's sustained rate is known (``Shape.replica_rate`` > 0), else
-  Little's law on the slots, ``arrival_rate x service_seconds / (slots x
-  utilisation)``;
-- *by concurrency*: ``in_flight / (slots x utilisation)`` (requests running
-  and queued at the replicas and the proxies);
+- *by rate*: ``(arrival_rate + queued / drain_seconds) / (replica_rate x
+  utilisation)``: the arrivals, plus the backlog drained within
+  ``drain_seconds``, over what a replica sustains (``Shape.replica_rate``
+  when known, else Little's law on the slots, ``slots / service_seconds``);
+- *by concurrency*: ``in_flight / (slots x utilisation)`` (requests
+  running at the replicas: full replicas ask for their count over the
+  utilisation);
 - *by tokens*: ``tokens_in_flight / (kv_tokens x utilisation)`` (KV cache in
   use);
 - *by queue wait*: when the measured queue wait exceeds ``queue_share`` of
@@ -44,10 +45,12 @@ cool-down before it scales down.
 registered machine with no replica loaded; when the plan gives it a model,
 the weights stream onto it, which takes ``startup_seconds``):
 
-- ``standby_to_keep`` = the growth the forecast expects within
-  ``replacement_seconds`` (the measured time to get a new machine), which
-  no new machine could arrive in time for: ``max(0, needed(peak forecast
-  over [now, now + replacement_seconds]) - desired)`` (``standby_growth``),
+- ``standby_to_keep`` = the growth the forecast expects, that no new
+  machine could arrive in time for: a machine ordered now is there after
+  ``replacement_seconds`` (the measured time to get a new machine), when it
+  can take the replicas the plan asks for then, those needed a start-up time
+  later: ``max(0, needed(peak forecast over [now, now + replacement_seconds
+  + startup_seconds + lead_seconds]) - desired)`` (``standby_growth``),
   plus a reserve for machines lost meanwhile, ``desired x
   failure_rate_per_hour x replacement_seconds / 3600`` (``standby_reserve``),
   rounded up; a region keeps the sum of its models' growth plus the
@@ -84,7 +87,8 @@ class Targets:
     change and a scale-down; ``step_down``: replicas removed at most per scale-down (>= 1);
     ``lookback_days``: previous days whose same hours make the forecast (1..7); ``lead_seconds``: margin
     added to the start-up time when looking ahead; ``failure_rate_per_hour``: share of replicas lost per
-    hour, covered by standby until replaced.
+    hour, covered by standby until replaced; ``drain_seconds``: time a backlog is planned to drain in, on top
+    of the arrivals.
     """
 
     ttft_target_seconds: float = 2.0
@@ -96,6 +100,7 @@ class Targets:
     lookback_days: int = 7
     lead_seconds: float = 60.0
     failure_rate_per_hour: float = 0.01
+    drain_seconds: float = 300.0
 
     def check(self) -> Targets:
         """Self, or ``InvalidArgument`` naming the first field out of range."""
@@ -105,6 +110,7 @@ class Targets:
             "cooldown_seconds": 0 <= self.cooldown_seconds <= 7 * DAY, "step_down": 1 <= self.step_down <= 100_000,
             "lookback_days": 1 <= self.lookback_days <= 7, "lead_seconds": 0 <= self.lead_seconds <= DAY,
             "failure_rate_per_hour": 0 <= self.failure_rate_per_hour <= 1,
+            "drain_seconds": 0 < self.drain_seconds <= DAY,
         }
         for name, ok in checks.items():
             if not ok:
@@ -128,13 +134,15 @@ class Demand:
     """What is measured now for one model in one region.
 
     ``arrival_rate``: requests/s offered (the proxies' reports); ``service_seconds``: mean time a request
-    holds a slot; ``in_flight``: requests running and queued (replicas and proxies); ``tokens_in_flight``:
+    holds a slot; ``in_flight``: requests running at the replicas; ``queued``: requests waiting (replica and
+    proxy queues); ``tokens_in_flight``:
     KV tokens in use; ``queue_wait_seconds``: mean wait before a slot; ``ready``: replicas ready now.
     """
 
     arrival_rate: float = 0.0
     service_seconds: float = 0.0
     in_flight: float = 0.0
+    queued: float = 0.0
     tokens_in_flight: float = 0.0
     queue_wait_seconds: float = 0.0
     ready: int = 0
@@ -194,11 +202,14 @@ def day_of(at: float) -> int:
 
 
 def needed_for(rate: float, shape: Shape, targets: Targets, *, service_seconds: float = 0.0, in_flight: float = 0.0,
-               tokens_in_flight: float = 0.0) -> float:
-    """Replicas (fractional) that carry ``rate`` requests/s and the given load at ``targets.utilisation``."""
+               queued: float = 0.0, tokens_in_flight: float = 0.0) -> float:
+    """Replicas (fractional) that carry ``rate`` requests/s, drain ``queued`` within ``targets.drain_seconds``
+    and hold the given load, at ``targets.utilisation``."""
     u = targets.utilisation
     slots = max(1, shape.slots)
-    by_rate = rate / (shape.replica_rate * u) if shape.replica_rate > 0 else rate * service_seconds / (slots * u)
+    per_replica = shape.replica_rate if shape.replica_rate > 0 else (
+        slots / service_seconds if service_seconds > 0 else 0.0)
+    by_rate = (rate + queued / targets.drain_seconds) / (per_replica * u) if per_replica > 0 else 0.0
     by_concurrency = in_flight / (slots * u)
     by_tokens = tokens_in_flight / (shape.kv_tokens * u) if shape.kv_tokens > 0 else 0.0
     return max(by_rate, by_concurrency, by_tokens)
@@ -256,6 +267,7 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
     targets.check()
     for name, value in (("demand.arrival_rate", demand.arrival_rate), ("demand.service_seconds",
                         demand.service_seconds), ("demand.in_flight", demand.in_flight),
+                        ("demand.queued", demand.queued),
                         ("demand.tokens_in_flight", demand.tokens_in_flight),
                         ("demand.queue_wait_seconds", demand.queue_wait_seconds),
                         ("startup_seconds", startup_seconds), ("replacement_seconds", replacement_seconds),
@@ -268,7 +280,8 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
         if count < least:
             raise InvalidArgument(name, f"must be >= {least} ({count!r})")
     now_need = needed_for(demand.arrival_rate, shape, targets, service_seconds=demand.service_seconds,
-                          in_flight=demand.in_flight, tokens_in_flight=demand.tokens_in_flight)
+                          in_flight=demand.in_flight, queued=demand.queued,
+                          tokens_in_flight=demand.tokens_in_flight)
     needed_now = _ceil(now_need)
     if demand.queue_wait_seconds > targets.queue_share * targets.ttft_target_seconds:
         needed_now = max(needed_now, demand.ready + 1)
@@ -286,7 +299,8 @@ def plan(demand: Demand, shape: Shape, targets: Targets, *, history: Mapping[int
         previous = State(current, now)
     state = bound(max(needed_now, needed_for_ramp), previous, now, targets)
     desired = state.desired
-    within = forecast(history, now, now + replacement_seconds, targets.lookback_days)
+    within = forecast(history, now, now + replacement_seconds + startup_seconds + targets.lead_seconds,
+                      targets.lookback_days)
     growth = max(0, need_at(within) - desired)
     reserve = desired * targets.failure_rate_per_hour * replacement_seconds / HOUR
     return Plan(needed_now=needed_now, needed_for_ramp=needed_for_ramp,

@@ -54,6 +54,7 @@ def morning(peak: float, *, hour: int = 8, days: int = 7) -> dict[int, HourRecor
     (Demand(arrival_rate=10.0), 4),                                    # 10 / (5 x 0.5)
     (Demand(arrival_rate=10.1), 5),                                    # rounds up
     (Demand(in_flight=60.0), 12),                                      # 60 / (10 x 0.5)
+    (Demand(arrival_rate=10.0, queued=600.0), 5),                      # (10 + 600 / 300) / (5 x 0.5)
     (Demand(tokens_in_flight=300_000.0), 6),                           # 300k / (100k x 0.5)
     (Demand(arrival_rate=1.0, queue_wait_seconds=5.0, ready=7), 8),    # queue over the target: one more than ready
     (Demand(arrival_rate=1.0, queue_wait_seconds=0.5, ready=7), 1),    # queue within queue_share x target
@@ -65,6 +66,7 @@ def test_needed_now(demand: Demand, expected: int) -> None:
 def test_littles_law_when_the_replica_rate_is_unknown() -> None:
     shape = dataclasses.replace(SHAPE, replica_rate=0.0)
     assert needed_for(10.0, shape, TARGETS, service_seconds=2.0) == pytest.approx(4.0)  # 10 x 2 / (10 x 0.5)
+    assert needed_for(10.0, shape, TARGETS) == 0.0  # neither rate nor service time known: no rate term
 
 
 def test_the_ramp_is_asked_for_a_start_up_time_ahead() -> None:
@@ -123,7 +125,9 @@ def test_never_below_the_floor() -> None:
 def test_standby_to_keep_from_the_replacement_time() -> None:
     history = morning(50.0)  # 20 replicas at 08:00
     at = T0 + 7 * HOUR  # 07:00, desired 1 now (start-up 5 min: the ramp is not yet within it)
-    assert run(at=at, history=history, replacement=1800.0).standby_to_keep == 0  # 08:00 is beyond 30 min
+    assert run(at=at, history=history, replacement=1800.0).standby_to_keep == 0  # 08:00 is beyond 35 min
+    # a machine there in 30 min takes the replicas asked for then, needed a start-up time later
+    assert run(at=at, history=history, replacement=1800.0, startup=1801.0).standby_to_keep == 20 - 1
     keep = run(at=at, history=history, replacement=2 * HOUR).standby_to_keep
     assert keep == 20 - 1  # new machines would come too late for the ramp: keep the growth warm
     reserve = dataclasses.replace(TARGETS, failure_rate_per_hour=0.1)
@@ -148,6 +152,8 @@ def test_a_standby_node_gets_a_model_only_when_the_forecast_needs_it() -> None:
 @pytest.mark.parametrize(("field", "change"), [
     ("demand.arrival_rate", {"demand": Demand(arrival_rate=-1.0)}),
     ("demand.service_seconds", {"demand": Demand(service_seconds=float("nan"))}),
+    ("demand.queued", {"demand": Demand(queued=-3.0)}),
+    ("targets.drain_seconds", {"targets": dataclasses.replace(TARGETS, drain_seconds=0.0)}),
     ("startup_seconds", {"startup": -1.0}),
     ("replacement_seconds", {"replacement": float("inf")}),
     ("current", {"current": -1}),

@@ -8,15 +8,16 @@ Two layers, both in virtual time, deterministic for a seed:
    utilisation). Every ``plan_seconds`` the simulated control plane calls
    :func:`controlplane.scaling.plan.plan` (the very function the leader
    calls) with what it would measure: the arrival rate, the requests and KV
-   tokens in flight (Little's law on the measured service time, plus the
-   fluid backlog), the queue wait of that backlog, the replicas there are
+   tokens in flight (Little's law on the measured service time), the fluid
+   backlog (rate above capacity, accumulated) and its queue wait, the replicas there are
    and the standby nodes; the history is a
    :class:`controlplane.scaling.history.History` (the leader's class, on the
    embedded store) fed by the same observations on the days before. The
    plan is applied as an autoscaler would: a replica added starts on a
    standby node (ready ``startup_seconds`` later) or, with none left, on a
-   new machine (``replacement_seconds + startup_seconds``); a replica
-   removed frees its machine to the standby pool; the pool is topped up to
+   new machine (``replacement_seconds + startup_seconds``; a replica still
+   waiting for its new machine moves to a standby node when one arrives); a
+   replica removed frees its machine to the standby pool; the pool is topped up to
    ``standby_to_keep`` with new machines (arriving after
    ``replacement_seconds``) and trimmed above it. GPU-hours count every
    machine held: replicas (warming or ready) and standby nodes, each
@@ -180,9 +181,9 @@ def run_day(config: DayConfig, mix: Mix, *, forecast: bool = True) -> dict[str, 
             capacity = fleet.ready * mix.replica_rate
             backlog = max(0.0, backlog + (rate - capacity) * dt)
             wait = backlog / capacity if capacity > 0 else (math.inf if backlog > 0 else 0.0)
-            in_flight = min(rate, capacity) * mix.service_seconds + backlog
+            in_flight = min(rate, capacity) * mix.service_seconds
             demand = Demand(arrival_rate=rate, service_seconds=mix.service_seconds, in_flight=in_flight,
-                            tokens_in_flight=in_flight * mix.tokens_per_request,
+                            queued=backlog, tokens_in_flight=in_flight * mix.tokens_per_request,
                             queue_wait_seconds=min(wait, 1e9), ready=fleet.ready)
             decided = plan(demand, shape, t, history=history.records("chat", "sim"), now=now,
                            startup_seconds=config.startup_seconds, replacement_seconds=config.replacement_seconds,
@@ -205,6 +206,10 @@ def run_day(config: DayConfig, mix: Mix, *, forecast: bool = True) -> dict[str, 
 def _apply(fleet: _Fleet, desired: int, promote: int, keep: int, now: float, config: DayConfig) -> None:
     """The autoscaler: replicas to ``desired`` (``promote`` of them on standby nodes, the rest on new machines),
     then the standby pool to ``keep``."""
+    for i, (bill_from, _) in enumerate(fleet.warming):  # a replica waiting for a new machine takes a warm one
+        if bill_from > now and fleet.standby > 0:
+            fleet.standby -= 1
+            fleet.warming[i] = (now, now + config.startup_seconds)
     diff = desired - fleet.current()
     if diff > 0:
         on_standby = min(promote, diff, fleet.standby)

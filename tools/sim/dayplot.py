@@ -45,7 +45,9 @@ def plot_day(report: dict[str, Any], path: Path) -> Path:
         points = [(w["hour"], w["ttft_p99_s"]) for w in ramp["windows"]]
         colour, marker = styles.get(name, ("black", "x"))
         finite = [(x, y) for x, y in points if y is not None]
-        label = f"{name}: pooled p99 {ramp['ttft_p99_s'] if ramp['ttft_p99_s'] is not None else 'miss'} s"
+        p99 = ramp["ttft_p99_s"]
+        label = (f"{name}: pooled p99 {p99:.2f} s" if p99 is not None
+                 else f"{name}: pooled p99 a miss ({ramp['misses']} refused; x: windows with refusals)")
         bottom.plot([x for x, _ in finite], [y for _, y in finite], marker=marker, color=colour, label=label)
         missed = [x for x, y in points if y is None]
         if missed:

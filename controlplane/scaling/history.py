@@ -101,7 +101,7 @@ class History:
     """
 
     def __init__(self, store: Store, *, max_series: int = 1024) -> None:
-        self._store = store
+        self.store = store
         self._max_series = max_series
         self._records: dict[Pair, dict[int, HourRecord]] = {}
         self._dirty: set[tuple[str, str, int]] = set()
@@ -118,7 +118,7 @@ class History:
 
     async def load(self) -> None:
         """Read every record and the timings' keys once (the records observed since are kept over them)."""
-        listing = await self._store.list(HISTORY_PREFIX)
+        listing = await self.store.list(HISTORY_PREFIX)
         for item in listing.items:
             parsed = parse_key(item.key)
             if parsed is None:
@@ -138,7 +138,7 @@ class History:
     async def load_timings(self) -> dict[str, tuple[float | None, float | None]]:
         """Region -> (start-up, replacement) kept in the store; values that do not decode are left out."""
         out: dict[str, tuple[float | None, float | None]] = {}
-        for item in (await self._store.list(TIMINGS_PREFIX)).items:
+        for item in (await self.store.list(TIMINGS_PREFIX)).items:
             region = item.key.removeprefix(TIMINGS_PREFIX)
             try:
                 body = json.loads(item.value)
@@ -153,7 +153,7 @@ class History:
         """Write each region's measured times (one put per region)."""
         for region, (startup, replacement) in sorted(measured.items()):
             if "/" not in region:
-                await self._store.put(timings_key(region), json.dumps(
+                await self.store.put(timings_key(region), json.dumps(
                     {"startup_seconds": startup, "replacement_seconds": replacement}).encode())
 
     def _series(self, model: str, region: str) -> dict[int, HourRecord] | None:
@@ -189,7 +189,7 @@ class History:
         for model, region, hour in sorted(self._dirty):
             record = self._records.get((model, region), {}).get(hour)
             if record is not None:
-                await self._store.put(history_key(model, region, hour), encode(record))
+                await self.store.put(history_key(model, region, hour), encode(record))
             self._dirty.discard((model, region, hour))
             written += 1
         return written

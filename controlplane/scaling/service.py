@@ -21,6 +21,10 @@ it alone holds every proxy's report and every member):
    written to the store every ``history_write_seconds`` with the timings
    (a store error is logged and retried at the next write).
 
+A control plane that stops leading publishes nothing more (its series are
+removed, so an autoscaler never reads a stale plan) and, leading again,
+reads the history afresh.
+
 :class:`ScalingSettings` carries every parameter, checked at construction
 (``ConfigError`` naming ``scaling.<key>``).
 """
@@ -115,11 +119,20 @@ class ScalingService:
         while True:
             await asyncio.sleep(self.settings.interval_seconds)
             if not self._leading():
+                self.forget()
                 continue
             try:
                 await self.step()
             except Exception:  # the loop must outlive a bug in one step
                 log.exception("scaling step failed")
+
+    def forget(self) -> None:
+        """Not leading: publish nothing (no stale series for an autoscaler), and start afresh when leading
+        again: the decisions are dropped and the history is read again (the other leader wrote it since)."""
+        if self.views or self.standby or self._states or self.history.loaded:
+            self.views, self.standby, self._states = [], [], {}
+            self.history = History(self.history.store, max_series=self.settings.max_series)
+            self._metrics.observe_scaling([], [])
 
     async def step(self) -> None:
         """One step (see the module docstring)."""

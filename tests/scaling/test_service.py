@@ -97,3 +97,21 @@ async def test_a_bad_region_filter_is_refused_naming_it() -> None:
     with pytest.raises(InvalidArgument) as caught:
         service.scale(admin_pb2.GetScaleRequest(region="x" * 100))
     assert caught.value.field == "region"
+
+
+async def test_a_control_plane_that_stops_leading_publishes_nothing_and_reloads_when_leading_again() -> None:
+    clock = Clock(20_000 * DAY + 7 * HOUR)
+    store = MemoryStore()
+    service, fleet, registry = build(clock, store, {("m", "eu", "standard"): Figures(request_rate=1.0,
+                                                                                     offered_rate=1.0)})
+    fleet.register(fleet_pb2.Register(node="n1", region="eu", gpus=2, replicas=[replica("r1", READY)]))
+    await service.step()
+    assert service.scale(admin_pb2.GetScaleRequest()).models
+    desired = {"model": "m", "region": "eu", "kind": "desired"}
+    assert registry.get_sample_value("ferry_scaling_replicas", desired) == 1.0
+    service.forget()
+    assert not service.scale(admin_pb2.GetScaleRequest()).models
+    assert registry.get_sample_value("ferry_scaling_replicas", desired) is None
+    assert not service.history.loaded
+    await service.step()
+    assert service.history.loaded and service.history.records("m", "eu")

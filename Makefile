@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint unit bench proto clean etcd triton-env
+.PHONY: venv demo test lint unit bench proto clean etcd graphviz triton-env
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-demo: venv
+demo: venv graphviz
 	$(PY) -m tools.demo
 
 lint: venv
@@ -25,10 +25,13 @@ lint: venv
 etcd:
 	tools/ensure_etcd.sh
 
+graphviz:
+	tools/ensure_graphviz.sh
+
 triton-env:
 	bash tools/triton/setup_env.sh
 
-test: venv etcd triton-env lint
+test: venv etcd graphviz triton-env lint
 	GRPC_VERBOSITY=ERROR $(VENV)/bin/pytest -q
 
 unit: venv

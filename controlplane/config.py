@@ -14,6 +14,7 @@ import dataclasses
 from controlplane.allocation.gang import Policy
 from controlplane.regions.weights import parse_rtt
 from ferry.errors import ConfigError
+from ferry.readiness import DrainTimes
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,9 @@ class ControlPlaneSettings:
     first_message_seconds: float = 10.0  # time a new stream has to send register / subscribe
     store_timeout_seconds: float = 2.0  # deadline of one store call; wait for the store to echo a write of intent
     leader_lease_seconds: float = 3.0  # TTL of a control plane's lease: failover within it plus one tick
+    # Under mutual TLS, the name a follower checks its leader's certificate against; empty: the host of the
+    # leader's advertised address (set it where leaders are reached by pod IPs no certificate names).
+    peer_tls_name: str = ""
     # Bounds.
     max_agents: int = 4096  # agent streams open at once, and nodes remembered
     max_replicas_per_node: int = 64
@@ -66,6 +70,9 @@ class ControlPlaneSettings:
     spill_budget_ms: float = 500.0  # the interactive latency budget a spilled request must still fit
     spill_headroom: float = 0.9  # a region keeps work up to this share of its capacity, takes spill up to it
     spill_service_ms: float = 200.0  # an interactive request's service time, for the budget test
+    # Stopping on SIGTERM (ferry.readiness): NOT_SERVING, serve this long more, then give calls in flight the grace.
+    drain_delay_seconds: float = 0.0
+    drain_grace_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -96,6 +103,11 @@ class ControlPlaneSettings:
         if not 0 < self.spill_headroom <= 1 or not self.spill_budget_ms > 0 or not self.spill_service_ms >= 0:
             raise ConfigError("controlplane.spill_headroom", "need 0 < spill_headroom <= 1, spill_budget_ms > 0, "
                               "spill_service_ms >= 0")
+        self.drain()
+
+    def drain(self) -> DrainTimes:
+        """How the control plane stops on SIGTERM (ConfigError naming ``controlplane.drain_*``)."""
+        return DrainTimes.checked(self.drain_delay_seconds, self.drain_grace_seconds, "controlplane")
 
     def alloc_policy(self) -> Policy:
         """The gang allocator's policy from the ``alloc_*`` keys."""

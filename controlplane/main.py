@@ -14,7 +14,10 @@ without any, every Admin call is refused), ``--join-token-file`` (the agents'
 join token; else env ``FERRY_JOIN_TOKEN``, else ``controlplane.join_token_sha256``:
 see :mod:`controlplane.api.join`), and either ``--tls-ca``, ``--tls-cert``,
 ``--tls-key`` (mutual TLS on the port and to the leader) or ``--insecure``
-(plain text; with neither it refuses to start, exit 2). Exit codes: 0 after
+(plain text; with neither it refuses to start, exit 2). On SIGTERM or SIGINT its gRPC health turns NOT_SERVING,
+it serves on for ``controlplane.drain_delay_seconds``, then stops with
+``drain_grace_seconds`` for calls in flight; its health is SERVING only while
+its store answers and a leader is known (:mod:`controlplane.server`). Exit codes: 0 after
 a clean stop, 2 for a bad config or flag, 1 when it cannot start (the store
 did not answer within ``store_timeout_seconds``, or the port is taken).
 """
@@ -52,6 +55,9 @@ MEMORY = ("memory://", "memory", "")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ferry controlplane", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:0", help="gRPC address host:port (default %(default)s)")
+    parser.add_argument("--advertise", default="",
+                        help="host:port the other control planes reach this one at (default: the --listen host and "
+                             "the bound port); set it when listening on 0.0.0.0")
     parser.add_argument("--metrics-listen", default="127.0.0.1:0", help="metrics address host:port")
     parser.add_argument("--ready-file", default=None, help="write {grpc, metrics, pid, id} here once serving")
     parser.add_argument("--config", default=None, help="TOML config file")
@@ -75,7 +81,7 @@ async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalo
     cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore),
                       admin_auth=admin_auth, tls=transport, admission=joining, tenants=tenants)
     try:
-        port = await cp.start(args.listen)
+        port = await cp.start(args.listen, advertise=args.advertise)
     except (OSError, FerryError) as exc:
         log.error("cannot start: %s", exc)
         if store is not None:
@@ -91,9 +97,11 @@ async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalo
         })
         log.info("control plane %s serving on %s:%d", settings.id, host, port)
         await stop.wait()
-        log.info("stopping")
+        times = settings.drain()
+        log.info("draining: NOT_SERVING, serving %g s more, then %g s for calls in flight", times.delay, times.grace)
+        await cp.drain(times)
     finally:
-        await cp.stop()
+        await cp.stop()  # after drain(), nothing left to stop
         if store is not None:
             await store.close()
     return 0

@@ -17,10 +17,19 @@ With ``tls`` (:mod:`ferry.tls`) the port is mutual TLS and a client
 certificate with common name ``admin`` also opens the Admin API; agents are
 admitted by ``admission`` (:mod:`controlplane.api.join`: join token or
 certificate common name ``agent``).
+
+Readiness (:mod:`ferry.readiness`): the gRPC health is SERVING only while
+:func:`ready` holds (the store's last calls succeeded and a leader is known:
+itself when alone), looked at every ``tick_seconds``; so it turns
+NOT_SERVING when the store becomes unreachable, and back.
+``await cp.drain()`` is the stop on SIGTERM: NOT_SERVING, serving on for
+``drain_delay_seconds``, then :meth:`ControlPlane.stop` with ``drain_grace_seconds``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,20 +40,26 @@ from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
-from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer
+from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer, add_tables_servicer
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
 from controlplane.metrics import Metrics
-from controlplane.store.base import Store
+from controlplane.store.base import Store, StoreHealth
 from controlplane.store.memory import MemoryStore
 from ferry.config import ModelConfig, TenantConfig
 from ferry.grpcutil import split_address, start_server
+from ferry.readiness import DrainTimes, Readiness
 from ferry.tls import TLSConfig
-from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc, tables_pb2_grpc
+from ferry.v1 import admin_pb2_grpc, fleet_pb2_grpc
 
 SERVICE_NAMES = ("ferry.v1.Fleet", "ferry.v1.Tables", "ferry.v1.Admin")
+
+
+def ready(health: StoreHealth, leader_known: bool) -> bool:
+    """Whether a control plane can do its job: its store's last calls succeeded and a leader is known."""
+    return health.ok and leader_known
 
 
 class ControlPlane:
@@ -81,6 +96,21 @@ class ControlPlane:
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0
+        self.readiness = Readiness(ready=False)  # follows ready() every tick (_follow)
+        self._follow_task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def ready(self) -> bool:
+        """:func:`ready` of this control plane now (no I/O)."""
+        peers = self.controller.peers
+        leader_known = peers.cluster is None or peers.cluster.election.leader is not None
+        return ready(self.store.health(), leader_known)
+
+    async def _follow(self) -> None:
+        """Set the health from :meth:`ready` every tick."""
+        while True:
+            self.readiness.set(self.ready())
+            await asyncio.sleep(self.settings.tick_seconds)
 
     async def start(self, listen: str = "127.0.0.1:0", *, advertise: str = "") -> int:
         """Sync, compute, serve on ``listen``, join the election; returns the bound port."""
@@ -96,7 +126,7 @@ class ControlPlane:
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),
              SERVICE_NAMES[0]),
-            (tables_pb2_grpc.add_TablesServicer_to_server, TablesServicer(c.table_service, c.metrics),
+            (add_tables_servicer, TablesServicer(c.table_service, c.metrics),
              SERVICE_NAMES[1]),
             (admin_pb2_grpc.add_AdminServicer_to_server, admin, SERVICE_NAMES[2]),
         ]
@@ -104,15 +134,31 @@ class ControlPlane:
             guard = AdminAuthInterceptor(self.admin_auth, lambda: c.metrics.reject("admin_unauthenticated"))
             credentials = self.tls.server_credentials(require_client_cert=True) if self.tls else None
             self._server, self.port = await start_server(services, listen, interceptors=[guard],
-                                                         credentials=credentials)
+                                                         credentials=credentials, readiness=self.readiness)
             await self.controller.join(advertise or f"{split_address(listen)[0]}:{self.port}")
         except BaseException:
             await self.stop(grace=0)
             raise
+        self._follow_task = asyncio.create_task(self._follow(), name="controlplane-readiness")
         return self.port
 
+    async def drain(self, times: DrainTimes | None = None) -> None:
+        """Stop as on SIGTERM: NOT_SERVING, serve ``times.delay`` s more, then :meth:`stop` with ``times.grace``."""
+        times = times or self.settings.drain()
+        await self.readiness.drain(times.delay)
+        await self.stop(times.grace)
+
     async def stop(self, grace: float = 1.0) -> None:
-        """Close the streams, stop the loop, then the server (waiting up to ``grace`` s for calls)."""
+        """Close the streams, stop the loop, then the server (waiting up to ``grace`` s for calls); once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.readiness.drain()  # NOT_SERVING for good; health Watch streams end
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follow_task
+            self._follow_task = None
         await self.controller.stop()
         if self._server is not None:
             await self._server.stop(grace)

@@ -18,7 +18,9 @@ belongs to the narrow frozen part of the component that reads it, and
 - ``table`` (:class:`TableSettings`): the table holder's bounds and ring;
 - ``watch`` (:class:`WatchSettings`): the table watch and its usage reports;
 - ``http`` (:class:`HttpSettings`): the OpenAI-compatible HTTP front door
-  (:mod:`dataplane.api.http`), off unless ``http_listen`` is set.
+  (:mod:`dataplane.api.http`), off unless ``http_listen`` is set;
+- ``cache`` (:class:`CacheSettings`): the duplicate measurement and the
+  response cache (:mod:`dataplane.cache`).
 
 Read with :func:`load`, or ``ProxySettings.from_section(mapping)`` (each key
 routed to the part with a field of its name, values coerced as
@@ -31,7 +33,10 @@ type checker. Tenants and request limits come from the shared ``[[tenants]]`` an
 fields (:func:`load`). Every field has a default, so a proxy runs without a
 file; unknown keys fail at load time with their dotted name.
 
-Defaults: region ``local``; a request without a gRPC deadline gets 300 s; a
+Defaults: region ``local``; on SIGTERM the proxy's health turns NOT_SERVING,
+it serves on for ``drain_delay_seconds`` (0), then takes no new request and
+lets those in flight finish within ``drain_grace_seconds`` (60 s)
+(:mod:`ferry.readiness`); a request without a gRPC deadline gets 300 s; a
 stream whose client has not taken a chunk for ``stream_unread_timeout_seconds``
 (30 s) ends RESOURCE_EXHAUSTED, cancelled upstream (:mod:`dataplane.api.service`);
 the allocator trimmed once RSS grew by ``memory_trim_growth_mib`` (32; 0: off)
@@ -105,14 +110,26 @@ from pathlib import Path
 from typing import Any
 
 from dataplane.admission.queues import QueueParams
+from dataplane.cache.decide import MODES as CACHE_MODES
+from dataplane.cache.decide import CachePolicy
 from dataplane.failover.budget import RetryBudget
 from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.pick.unreachable import UnreachableParams
 from dataplane.table.local import MAX_VNODES, TableParams
-from ferry.config import TIERS, FileConfig, Limits, ModelConfig, TenantConfig, from_mapping, load_file
+from ferry.config import (
+    TIERS,
+    FileConfig,
+    GuardrailConfig,
+    Limits,
+    ModelConfig,
+    TenantConfig,
+    from_mapping,
+    load_file,
+)
 from ferry.errors import ConfigError
+from ferry.readiness import DrainTimes
 
 
 def _positive(values: Mapping[str, float]) -> None:
@@ -139,12 +156,19 @@ class ServerSettings:
     allow_anonymous: bool = False  # serve requests without a key as tenant "anonymous" (local use only)
     stream_unread_timeout_seconds: float = 30.0  # a stream chunk the client has not taken in this long ends it
     memory_trim_growth_mib: int = 32  # malloc_trim once RSS grew this much since the last trim (dataplane.memory)
+    drain_delay_seconds: float = 0.0  # on SIGTERM: NOT_SERVING, then still serve this long (load balancers update)
+    drain_grace_seconds: float = 60.0  # then take no new request and let those in flight finish this long
 
     def __post_init__(self) -> None:
         _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
                    "retry_after_seconds": self.retry_after_seconds,
                    "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
         _at_least_zero({"memory_trim_growth_mib": self.memory_trim_growth_mib})
+        self.drain()
+
+    def drain(self) -> DrainTimes:
+        """How the proxy stops on SIGTERM (:class:`ferry.readiness.DrainTimes`; ConfigError naming the key)."""
+        return DrainTimes.checked(self.drain_delay_seconds, self.drain_grace_seconds, "proxy")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -377,6 +401,56 @@ class HttpSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class CacheSettings:
+    """The duplicate measurement and the response cache (:mod:`dataplane.cache`).
+
+    Measured: deterministic requests (temperature 0 or a seed) over a sliding
+    window of ``cache_window_seconds`` (600 s), in a set of at most
+    ``cache_sketch_hashes`` (65,536) payload hashes and ``cache_max_rows``
+    (1,024) (model, tenant) rows. Decided per model (``cache_mode`` ``auto``;
+    ``off`` measures only): on when the duplicate share exceeds
+    ``cache_enable_above`` (0.05), off again below ``cache_disable_below``
+    (0.03), with at least ``cache_min_requests`` (200) deterministic requests
+    in the window. The cache: at most ``cache_max_entries`` (10,000) answers
+    and ``cache_max_bytes`` (64 MiB), each kept ``cache_ttl_seconds`` (300 s).
+    """
+
+    cache_mode: str = "auto"
+    cache_enable_above: float = 0.05
+    cache_disable_below: float = 0.03
+    cache_min_requests: int = 200
+    cache_window_seconds: float = 600.0
+    cache_sketch_hashes: int = 65_536
+    cache_max_rows: int = 1024
+    cache_max_entries: int = 10_000
+    cache_max_bytes: int = 64 * 1024 * 1024
+    cache_ttl_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.cache_mode not in CACHE_MODES:
+            raise ConfigError("proxy.cache_mode", f"must be one of {', '.join(CACHE_MODES)}")
+        for key in ("cache_enable_above", "cache_disable_below"):
+            value = getattr(self, key)
+            if not 0 <= value <= 1:
+                raise ConfigError(f"proxy.{key}", "must be 0..1")
+        if self.cache_disable_below > self.cache_enable_above:
+            raise ConfigError("proxy.cache_disable_below", "must be at most cache_enable_above")
+        _at_least_zero({"cache_min_requests": self.cache_min_requests})
+        _positive({"cache_window_seconds": self.cache_window_seconds, "cache_sketch_hashes": self.cache_sketch_hashes,
+                   "cache_max_rows": self.cache_max_rows, "cache_max_entries": self.cache_max_entries,
+                   "cache_max_bytes": self.cache_max_bytes, "cache_ttl_seconds": self.cache_ttl_seconds})
+        if self.cache_window_seconds > 86_400:
+            raise ConfigError("proxy.cache_window_seconds", "must be at most 86400")
+        if self.cache_sketch_hashes > 16_777_216:
+            raise ConfigError("proxy.cache_sketch_hashes", "must be at most 16777216")
+
+    def policy(self) -> CachePolicy:
+        """The on/off thresholds (:func:`dataplane.cache.decide.decide`)."""
+        return CachePolicy(enable_above=self.cache_enable_above, disable_below=self.cache_disable_below,
+                           min_requests=self.cache_min_requests, mode=self.cache_mode)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ProxySettings:
     """The ``[proxy]`` section: the proxy's id and region, and one part per component; see the module docstring."""
 
@@ -393,6 +467,7 @@ class ProxySettings:
     table: TableSettings = dataclasses.field(default_factory=TableSettings)
     watch: WatchSettings = dataclasses.field(default_factory=WatchSettings)
     http: HttpSettings = dataclasses.field(default_factory=HttpSettings)
+    cache: CacheSettings = dataclasses.field(default_factory=CacheSettings)
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -456,6 +531,7 @@ class ProxyConfig:
     tenants: tuple[TenantConfig, ...]
     limits: Limits
     models: tuple[ModelConfig, ...] = ()  # the catalog: each model's tokenizer file (ferry.tokens) and chat_template
+    guardrails: tuple[GuardrailConfig, ...] = ()  # safety hooks on prompts and answers (dataplane.guard)
 
 
 def load(
@@ -471,7 +547,8 @@ def load(
         settings = dataclasses.replace(settings, region=region)
     if proxy_id:
         settings = dataclasses.replace(settings, proxy_id=proxy_id)
-    return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits, models=file.models)
+    return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits, models=file.models,
+                       guardrails=file.guardrails)
 
 
 def parse_addresses(value: str | Sequence[str]) -> tuple[str, ...]:

@@ -14,7 +14,18 @@ Flags (every address ``host:port``, port 0 for any free one):
   ``<hostname>-<pid>``), ``--config PATH`` (TOML; see ferry.config);
 - ``--tls-ca``, ``--tls-cert``, ``--tls-key`` (TLS on the public port, mutual
   TLS to the control planes and replicas; ``--replica-plaintext`` keeps the
-  replicas in plain text) or ``--insecure``: one of them is required.
+  replicas in plain text) or ``--insecure``: one of them is required;
+- ``--workers N`` (default: the cores this process may use, within a
+  container's CPU quota): N proxy processes on the
+  same ports, each with its own table watch and id ``{id}-{k}``, supervised
+  (:mod:`dataplane.workers`, whose ready file adds ``workers``); 1 runs the
+  proxy in this process.
+
+On SIGTERM or SIGINT it drains (:meth:`dataplane.server.Proxy.drain`): gRPC
+health NOT_SERVING at once, requests still served for ``[proxy]
+drain_delay_seconds``, then no new request on either front door and those in
+flight given ``drain_grace_seconds``. Its health is NOT_SERVING until the
+first table is applied.
 
 Exit status: 0 after a clean stop, 2 on a config or flag error.
 """
@@ -28,6 +39,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from dataplane import workers
 from dataplane.config import ProxyConfig, load, parse_addresses
 from dataplane.server import Proxy
 from ferry import logs, tls
@@ -54,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="TOML config file (tenants, limits, [proxy])")
     logs.add_argument(p)
     p.add_argument("--id", dest="proxy_id", default=None, help="proxy id (default: hostname-pid)")
+    p.add_argument("--workers", type=int, default=workers.default_workers(),
+                   help="proxy processes sharing the ports with SO_REUSEPORT (dataplane.workers; "
+                        "default: the cores usable, within the CPU quota: %(default)s here)")
     p.add_argument("--replica-plaintext", action="store_true",
                    help="with TLS, still reach the replicas in plain text (replicas that serve no TLS)")
     tls.add_arguments(p)
@@ -75,6 +90,7 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
     proxy = Proxy(
         settings=config.settings, tenants=config.tenants, limits=config.limits, control_planes=control_planes,
         tls=transport, replica_tls=not args.replica_plaintext, tokenizers=tokenizers, models=config.models,
+        guardrails=config.guardrails,
     )
     port = await proxy.start(args.listen)
     http_listen = args.http_listen if args.http_listen is not None else config.settings.http.http_listen
@@ -96,13 +112,17 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
     if not control_planes:
         log.warning("no --control-plane given: no table will arrive and requests get UNAVAILABLE")
     await stop.wait()
-    log.info("proxy %s stopping", settings.proxy_id)
-    await proxy.stop()
+    times = settings.server.drain()
+    log.info("proxy %s draining: NOT_SERVING, serving %g s more, then %g s for calls in flight",
+             settings.proxy_id, times.delay, times.grace)
+    await proxy.drain(times)
+    log.info("proxy %s stopped", settings.proxy_id)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ferry proxy``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     logs.configure(logging.INFO, args.log_format)
     try:
@@ -117,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(flag, f"address {value!r}: expected host:port (port 0 for any)")
         transport = tls.from_args(args)
         tokenizers = load_tokenizers(config.models)
+        if not 1 <= args.workers <= workers.MAX_WORKERS:
+            raise ConfigError("--workers", f"must be 1 to {workers.MAX_WORKERS}")
     except ConfigError as exc:
         print(f"ferry proxy: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1:
+        return workers.run(argv, args, config, args.workers)
     for model, tokenizer in tokenizers.names().items():
         log.info("model %s counts tokens with %s", model, tokenizer)
     return asyncio.run(serve(config, args, control_planes, transport, tokenizers))

@@ -14,7 +14,9 @@
 | ``ferry_proxy_retry_budget_exhausted_total`` | counter | model |
 | ``ferry_proxy_spilled_total`` | counter | from, to (regions) |
 | ``ferry_proxy_outlier_ejections_total`` | counter | model, reason (failures, latency) |
-| ``ferry_proxy_stream_continuations_total`` | counter | model, outcome (continued, cut) |
+| ``ferry_proxy_stream_continuations_total`` | counter | model, outcome (continued, cut, preempted) |
+| ``ferry_proxy_guardrail_seconds`` | histogram of each hook call (:mod:`dataplane.guard.hooks`) | hook, stage |
+| ``ferry_proxy_guardrail_verdicts_total`` | counter | hook, stage, verdict (allow, deny, redact, failed_*) |
 | ``ferry_proxy_inflight`` | gauge | |
 | ``ferry_proxy_table_version`` | gauge | |
 | ``ferry_proxy_table_age_seconds`` | gauge (read at scrape) | |
@@ -100,6 +102,14 @@ class ProxyMetrics:
         self.continuations = Counter(
             name("proxy_stream_continuations_total"), "Streams cut mid-way, by what happened next.",
             ["model", "outcome"], registry=reg,
+        )
+        self.guard_seconds = Histogram(
+            name("proxy_guardrail_seconds"), "Time of each guardrail hook call.", ["hook", "stage"],
+            buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.guard_verdicts = Counter(
+            name("proxy_guardrail_verdicts_total"), "Guardrail hook verdicts.", ["hook", "stage", "verdict"],
+            registry=reg,
         )
         self.inflight = Gauge(name("proxy_inflight"), "Requests in flight in this proxy.", registry=reg)
         self.table_version = Gauge(name("proxy_table_version"), "Version of the applied table.", registry=reg)

@@ -56,11 +56,13 @@ from dataplane.api.auth import Authenticator
 from dataplane.api.idempotency import Idempotency
 from dataplane.api.tokenwork import TokenWork
 from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
+from dataplane.cache.path import CachePath
 from dataplane.config import ProxySettings
 from dataplane.failover.budget import unreached
 from dataplane.failover.continuation import Delivered, cut_error
 from dataplane.failover.recover import Failover, retry_reason
 from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
+from dataplane.guard.hooks import Guards, Selected, Subject
 from dataplane.metrics import UNKNOWN, ProxyMetrics
 from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import Branch, Decision, LocalLoad
@@ -111,6 +113,7 @@ class RequestState:
     ticket: Ticket | None = None  # its place in the tier queues (dataplane.admission.gate), when queued
     cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.admission.coldstart)
     encoded: Encoded | None = None  # the prompt's tokens, when encoded before begin (Router.encode)
+    guard: Subject | None = None  # what the guardrail hooks are told, and their time (dataplane.guard.hooks)
 
 
 class Router:
@@ -128,8 +131,10 @@ class Router:
         rng: random.Random,
         clock: Callable[[], float],
         tokens: TokenWork | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self._settings = settings
+        self.guards = guards or Guards((), metrics, clock=clock)  # guardrail hooks (dataplane.guard.hooks)
         self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.api.tokenwork)
         self._limits = limits
         self._auth = authenticator
@@ -151,6 +156,8 @@ class Router:
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
             clock=clock, max_entries=settings.idempotency.idempotency_entries,
             ttl=settings.idempotency.idempotency_ttl_seconds)
+        # -- response cache (dataplane.cache.path): measured per (model, tenant), on per model on evidence
+        self.cache = CachePath(settings.cache, clock=clock, registry=metrics.registry)
         self.admission = Admission(queues.queue_params(), clock=clock, registry=metrics.registry,
                                    capacity_share=queues.admission_capacity_share,
                                    tenant_labels=queues.tenant_metric_labels)
@@ -166,6 +173,7 @@ class Router:
         if self._settings.queues.admission:
             self.admission.apply(table)
         self.cold.table_applied(table)
+        self.cache.apply_table(table)  # -- response cache: answers of versions gone are dropped
 
     @property
     def local_load(self) -> LocalLoad:
@@ -392,18 +400,47 @@ class Router:
         return replica, attempt
 
     async def infer(self, state: RequestState) -> Outcome:
-        """Wait in the tier queue, then forward (a preempted batch request waits again); fills ``state.outcome``."""
-        if state.cold_wait:
+        """Check the prompt, wait in the tier queue, forward (a preempted batch request waits again), check the
+        answer; fills ``state.outcome``."""
+        hooks = self._guarded(state)
+        if hooks.prompt:
+            await self._guard_prompt(state, hooks)
+        # -- response cache (dataplane.cache.path): a hit skips the queue and the replica; the output hooks check it
+        outcome = self.cache.lookup(state)
+        if state.cold_wait and outcome is None:
             await self._warm_up(state)
         ticket = state.ticket
-        if ticket is None:
-            return await self._infer(state)
-        while True:
+        while outcome is None:
+            if ticket is None:
+                outcome = await self._infer(state)
+                break
             await self.admission.acquire(state.model_label, ticket)
             try:
-                return await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))
+                outcome = await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))
+                break
             except Preempted:
                 continue
+        if hooks.output:
+            assert state.guard is not None
+            outcome.text = await self.guards.output(hooks.output, state.guard, outcome.text, final=True)
+        return outcome
+
+    def _guarded(self, state: RequestState) -> Selected:
+        """The guardrail hooks of the request (dataplane.guard.hooks); sets ``state.guard`` when there are any."""
+        hooks = self.guards.select(state.model_label, state.tier_label)
+        if (hooks.prompt or hooks.output) and state.guard is None:
+            state.guard = Subject(model=state.model_label, tier=state.tier_label,
+                                  tenant=state.tenant.name if state.tenant is not None else "",
+                                  request_id=state.request_id, deadline=state.deadline)
+        return hooks
+
+    async def _guard_prompt(self, state: RequestState, hooks: Selected) -> None:
+        """Run the prompt hooks; a redaction replaces the prompt the replica sees."""
+        assert state.call is not None and state.guard is not None
+        prompt = state.call.prompt.decode("utf-8", errors="replace")
+        checked = await self.guards.prompt(hooks.prompt, state.guard, prompt)
+        if checked != prompt:
+            state.call = dataclasses.replace(state.call, prompt=checked.encode("utf-8"))
 
     async def _infer(self, state: RequestState) -> Outcome:
         """Forward a unary request, retrying when policy allows."""
@@ -419,6 +456,7 @@ class Router:
                 await self._recount(state.model_label, state.outcome)
                 cached = state.outcome.cached_tokens if state.outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
+                self.cache.store(state)  # -- response cache: measured, and kept while the model's cache is on
                 return state.outcome
             except FerryError as error:
                 if isinstance(error, ReplicaFailed):
@@ -430,7 +468,27 @@ class Router:
             finally:
                 self.picker.done(attempt, cached)
 
-    async def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
+    def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
+        """The answer's pieces (:meth:`_stream`); with guardrail hooks, the prompt checked first and the answer
+        released a checked window at a time (:meth:`_guarded_stream`)."""
+        hooks = self._guarded(state)
+        if hooks.prompt or hooks.output:
+            return self._guarded_stream(state, hooks)
+        return self._stream(state)  # no layer per piece when no hook applies
+
+    async def _guarded_stream(self, state: RequestState, hooks: Selected) -> AsyncGenerator[Piece, None]:
+        """:meth:`_stream` between the prompt and the output hooks (:meth:`dataplane.guard.hooks.Guards.released`)."""
+        if hooks.prompt:
+            await self._guard_prompt(state, hooks)
+        pieces = self._stream(state)
+        if hooks.output:
+            assert state.guard is not None
+            pieces = self.guards.released(hooks.output, hooks.window, state.guard, pieces)
+        async with contextlib.aclosing(pieces) as released:
+            async for piece in released:
+                yield piece
+
+    async def _stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
         """Forward a streaming request: retried while nothing reached the caller, continued after (module doc).
 
         A batch or standard stream may be preempted like a unary request
@@ -439,6 +497,11 @@ class Router:
         output it waits in its queue again, then continues from what it delivered.
         """
         assert state.call is not None
+        if (replay := self.cache.replay(state)) is not None:  # -- response cache (dataplane.cache.path): a hit,
+            for piece in replay:  # replayed with the chunking it was first delivered with
+                yield piece
+            return
+        tape = self.cache.tape(state)  # -- response cache: the pieces delivered, for store below
         if state.cold_wait:
             await self._warm_up(state)
         ticket = state.ticket
@@ -471,6 +534,7 @@ class Router:
                             if got > probe:
                                 self.picker.progress(attempt, got, self._clock())
                         delivered.add(piece)
+                        tape.add(piece)  # -- response cache
                         yield piece
                 finally:
                     await pieces.aclose()
@@ -478,6 +542,7 @@ class Router:
                 await self._recount(state.model_label, state.outcome)
                 cached = outcome.cached_tokens if outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
+                self.cache.store(state, tape)  # -- response cache: measured, and kept while the model's cache is on
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()

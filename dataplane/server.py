@@ -6,13 +6,23 @@ starts the table watcher when control-plane addresses are given;
 with ``tls`` the public port is TLS (no client certificate asked: tenants
 authenticate by API key) and the proxy uses mutual TLS to the control planes
 and, unless ``replica_tls`` is false, to the replicas;
+with TLS from files, a rotated certificate is served to new connections without a
+restart (:mod:`ferry.tls`: at once on gRPC, within ``RELOAD_SECONDS`` on HTTP);
 ``await proxy.start_http(listen) -> port`` adds the OpenAI-compatible HTTP
 front door (:mod:`dataplane.api.http`) on the same loop and router, with each
 model's chat template from ``models`` (:mod:`dataplane.api.chat`); a task
 trims the allocator after bursts of large requests (:mod:`dataplane.memory`);
-``await proxy.stop()`` stops accepting, lets calls finish for ``grace``
-seconds, stops the watcher and closes the replica clients. Tests run it in
-process; :mod:`dataplane.main` runs it as ``ferry proxy``.
+``await proxy.stop(grace)`` stops accepting on both front doors, lets calls
+finish for ``grace`` seconds, then stops the watcher and closes the replica
+clients. Tests run it in process; :mod:`dataplane.main` runs it as ``ferry proxy``.
+
+Readiness (:mod:`ferry.readiness`): the gRPC health of every service is
+NOT_SERVING until the first table is applied (a proxy without a table can
+only refuse), then SERVING; it does not go back when the control plane is
+gone, since the proxy serves its last table (static stability).
+``await proxy.drain()`` is the stop on SIGTERM: NOT_SERVING at once, serving
+on for ``drain_delay_seconds``, then :meth:`Proxy.stop` with
+``drain_grace_seconds`` (``[proxy]``, :class:`dataplane.config.ServerSettings`).
 
 Collaborators can be injected (clock, rng, metrics registry, replica client
 factory) so that tests control them; defaults are the monotonic clock, a
@@ -26,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import ssl
 import time
 from collections.abc import Callable, Sequence
 
@@ -40,6 +51,7 @@ from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
+from dataplane.guard.hooks import Guards
 from dataplane.memory import MIB, MemoryTrim
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
@@ -47,9 +59,10 @@ from dataplane.table.local import Table, TableHolder
 from dataplane.table.tenants import TenantSet
 from dataplane.table.watch import TableWatcher
 from ferry.backoff import Backoff
-from ferry.config import TIERS, Limits, ModelConfig, TenantConfig
+from ferry.config import TIERS, GuardrailConfig, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
-from ferry.tls import TLSConfig
+from ferry.readiness import SERVING, DrainTimes, Readiness
+from ferry.tls import RELOAD_SECONDS, CertificateFiles, TLSConfig
 from ferry.tokens import Tokenizers
 from ferry.v1 import inference_pb2_grpc, tables_pb2
 
@@ -74,6 +87,7 @@ class Proxy:
         replica_tls: bool = True,
         tokenizers: Tokenizers | None = None,
         models: Sequence[ModelConfig] = (),
+        guardrails: Sequence[GuardrailConfig] = (),
     ) -> None:
         self.tls = tls  # TLS on the public port; mutual TLS to control planes (and replicas, with replica_tls)
         self.settings = (settings or ProxySettings()).resolved()
@@ -100,6 +114,7 @@ class Proxy:
             rng=self._rng,
             clock=clock,
             tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
+            guards=Guards(guardrails, self.metrics, clock=clock, tls=tls),  # safety hooks (dataplane.guard.hooks)
         )
         server = self.settings.server
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
@@ -131,22 +146,27 @@ class Proxy:
         self.holder.on_applied(self._on_table)
         self.metrics.watch_table_age(self.holder.age)
         self.port = 0
+        self.readiness = Readiness(ready=False)  # SERVING once a table is applied (_on_table)
         self._server: grpc.aio.Server | None = None
         self._stop = asyncio.Event()
         self._watch_task: asyncio.Task[None] | None = None
         # Memory back to the system after bursts of large requests (dataplane.memory).
         self.memory = MemoryTrim(self.settings.server.memory_trim_growth_mib * MIB)
         self._trim_task: asyncio.Task[None] | None = None
+        self._reload_task: asyncio.Task[None] | None = None  # the HTTP front door's certificate (ferry.tls)
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
         self.tenants.apply(table.tenants)
+        self.readiness.set(True)
 
     def _usage_report(self) -> tables_pb2.Report:
         """The usage window since the last report, with each tier queue's depth (dataplane.usage)."""
         depths = {(model, tier): queues.depth(tier) for model, queues in self.router.admission.models.items()
                   for tier in TIERS}
-        return self.router.usage.report(self._clock(), depths)
+        report = self.router.usage.report(self._clock(), depths)
+        report.cache.extend(self.router.cache.samples())  # -- response cache: the duplicate measurement
+        return report
 
     async def start(self, listen: str = "127.0.0.1:0") -> int:
         """Serve on ``listen`` (port 0: any free port) and start watching; returns the bound port."""
@@ -156,6 +176,7 @@ class Proxy:
             max_message_bytes=self.limits.max_message_bytes,
             max_streams=self.limits.max_streams_per_connection,
             credentials=self.tls.server_credentials(require_client_cert=False) if self.tls else None,
+            readiness=self.readiness,
         )
         if self.watcher is not None:
             self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")
@@ -166,19 +187,46 @@ class Proxy:
         """Serve the HTTP front door on ``listen`` (port 0: any free port; HTTPS with ``tls``); returns the port."""
         self.http = HttpFront(self.router, self.servicer, self.authenticator, self.holder, self.templates,
                               self.settings.http, default_deadline=self.settings.server.default_deadline_seconds,
-                              clock=self._clock)
-        self.http_port = await self.http.start(listen, self.tls.server_ssl_context() if self.tls else None)
+                              clock=self._clock, serving=lambda: self.readiness.status == SERVING)
+        context = self.tls.server_ssl_context() if self.tls else None
+        self.http_port = await self.http.start(listen, context)
+        if context is not None and self.tls is not None and self.tls.files is not None:
+            files = CertificateFiles(*self.tls.files, loaded=self.tls)
+            self._reload_task = asyncio.create_task(self._reload(files, context), name="tls-reload")
         return self.http_port
 
+    async def _reload(self, files: CertificateFiles, context: ssl.SSLContext) -> None:
+        """Every RELOAD_SECONDS until stopped: a rotated certificate into the HTTP front door's context."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), RELOAD_SECONDS)
+            files.reload(context)
+
+    async def drain(self, times: DrainTimes | None = None) -> None:
+        """Stop as on SIGTERM: NOT_SERVING, serve ``times.delay`` seconds more, then :meth:`stop` with
+        ``times.grace`` (default: the ``drain_*`` settings)."""
+        times = times or self.settings.server.drain()
+        await self.readiness.drain(times.delay)
+        await self.stop(times.grace)
+
     async def stop(self, grace: float = 1.0) -> None:
-        """Stop serving (in-flight calls get ``grace`` seconds), stop watching, close replica clients."""
-        self._stop.set()
+        """Take no new request on either front door, give those in flight ``grace`` seconds (both at once),
+        then stop watching and close the replica clients (the table still updates while calls finish)."""
+        await self.readiness.drain()  # NOT_SERVING for good; health Watch streams end
+        stopping = []
         if self.http is not None:
-            await self.http.stop()
-            self.http = None
+            stopping.append(self.http.stop(grace))
         if self._server is not None:
-            await self._server.stop(grace)
-            self._server = None
+            stopping.append(self._server.stop(grace))
+        await asyncio.gather(*stopping)
+        self.http = None
+        self._server = None
+        self._stop.set()
+        if self._reload_task is not None:
+            self._reload_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reload_task
+            self._reload_task = None
         if self._trim_task is not None:
             self._trim_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -190,4 +238,5 @@ class Proxy:
                 await self._watch_task
             self._watch_task = None
         await self.pool.close()
+        await self.router.guards.close()
         self.router.tokens.close()

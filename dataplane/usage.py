@@ -16,7 +16,9 @@ a new window. Per (model, tier):
   answered OK (0 when none), from a :class:`LatencySketch`;
 - ``offered_per_second``: (requests + shed) / window, arrivals counted when
   they end; ``queued``: the tier queue's depth when the report is made
-  (given by the caller, so rows with a queue and no request are reported).
+  (given by the caller, so rows with a queue and no request are reported);
+  ``guard_seconds``: the guardrail hooks' time summed over the requests
+  that ended (:mod:`dataplane.guard.hooks`).
 
 Requests whose model was never resolved (``dataplane.metrics.UNKNOWN``:
 refused before the table named it) belong to no model and are not counted.
@@ -113,6 +115,7 @@ class Counts:
     errors: int = 0
     shed: int = 0
     spilled: int = 0
+    guard_seconds: float = 0.0  # guardrail hook time of the requests that ended
     latency: LatencySketch = dataclasses.field(default_factory=LatencySketch)
 
 
@@ -127,8 +130,10 @@ class UsageWindow:
         self._since = start
         self._rows: dict[tuple[str, str], Counts] = {}
 
-    def record(self, model: str, tier: str, status: str, seconds: float, *, spilled: bool = False) -> None:
-        """Count one request that ended with gRPC status ``status`` after ``seconds``."""
+    def record(self, model: str, tier: str, status: str, seconds: float, *, spilled: bool = False,
+               guard_seconds: float = 0.0) -> None:
+        """Count one request that ended with gRPC status ``status`` after ``seconds`` (``guard_seconds`` of them
+        in guardrail hooks)."""
         if not model or model == UNKNOWN_MODEL:
             return
         key = (model, tier)
@@ -143,6 +148,7 @@ class UsageWindow:
             row.shed += 1
             return
         row.requests += 1
+        row.guard_seconds += guard_seconds
         if status == OK:
             row.latency.add(seconds)
         elif status in SERVER_ERRORS:
@@ -160,7 +166,7 @@ class UsageWindow:
                 model=model, tier=tier, requests=row.requests, errors=row.errors, shed=row.shed,
                 spilled=row.spilled, p99_seconds=row.latency.quantile(0.99), p50_seconds=row.latency.quantile(0.5),
                 offered_per_second=(row.requests + row.shed) / window,
-                queued=min(depths.get((model, tier), 0), 2**32 - 1),
+                queued=min(depths.get((model, tier), 0), 2**32 - 1), guard_seconds=row.guard_seconds,
             ))
         self._rows = {}
         self._since = now

@@ -23,6 +23,16 @@ File layout (every section optional)::
     tokenizer = "/models/chat-large/tokenizer.json"   # optional: its tokens (ferry.tokens); else words
     chat_template = "/models/chat-large/tokenizer_config.json"  # or the Jinja source; optional
 
+    [[guardrails]]   # safety hooks the proxy calls (dataplane.guard), ferry.v1.Guardrail servers
+    name = "keywords"
+    address = "127.0.0.1:7001"
+    stage = "prompt"                 # prompt (before the model) | output (on the answer, every_tokens at a time)
+    models = ["chat-large"]          # optional: every model
+    tiers = ["interactive"]          # optional: every tier
+    timeout_ms = 50.0
+    on_error = "closed"              # closed: refuse when it fails or is late | open: let the request on
+    every_tokens = 32                # output: the window held back and checked before release
+
     [limits]         # read by the proxy
     [proxy]          # dataplane.config.ProxySettings
     [controlplane]   # controlplane.config.ControlPlaneSettings
@@ -45,7 +55,10 @@ from ferry.errors import ConfigError
 
 T = TypeVar("T")
 
-SECTIONS = ("tenants", "models", "limits", "proxy", "controlplane", "agent", "replica")
+SECTIONS = ("tenants", "models", "guardrails", "limits", "proxy", "controlplane", "agent", "replica")
+GUARD_STAGES = ("prompt", "output")
+GUARD_ON_ERROR = ("closed", "open")
+MAX_GUARDRAILS = 16  # hooks in one config; each costs a call per request it applies to
 PLANS = ("free", "paid", "enterprise")
 TIERS = ("interactive", "standard", "batch")
 
@@ -94,6 +107,43 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class GuardrailConfig:
+    """A safety hook (``ferry.v1.Guardrail``) the proxy calls on the prompt or the answer (:mod:`dataplane.guard`).
+
+    ``stage`` prompt (before the model) or output (each ``every_tokens`` of
+    the answer held back and checked before release); ``models`` and
+    ``tiers`` (empty: all) select the requests; ``timeout_ms`` bounds each
+    call (never past the request's deadline); ``on_error`` closed refuses a
+    request whose hook failed or was late, open lets it on.
+    """
+
+    name: str
+    address: str
+    stage: str = "prompt"
+    models: tuple[str, ...] = ()
+    tiers: tuple[str, ...] = ()
+    timeout_ms: float = 50.0
+    on_error: str = "closed"
+    every_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        where = f"guardrails.{self.name}"
+        if not self.name or not self.address:
+            raise ConfigError(f"{where}.address" if self.name else "guardrails.name", "must not be empty")
+        if self.stage not in GUARD_STAGES:
+            raise ConfigError(f"{where}.stage", f"must be one of {', '.join(GUARD_STAGES)}")
+        if self.on_error not in GUARD_ON_ERROR:
+            raise ConfigError(f"{where}.on_error", f"must be one of {', '.join(GUARD_ON_ERROR)}")
+        if not 0 < self.timeout_ms <= 60_000:
+            raise ConfigError(f"{where}.timeout_ms", "must be in (0, 60000]")
+        if not 1 <= self.every_tokens <= 4096:
+            raise ConfigError(f"{where}.every_tokens", "must be in [1, 4096]")
+        for tier in self.tiers:
+            if tier not in TIERS:
+                raise ConfigError(f"{where}.tiers", f"unknown tier {tier!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Limits:
     """Bounds on public requests, enforced by the proxy."""
 
@@ -114,6 +164,7 @@ class FileConfig:
 
     tenants: tuple[TenantConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
+    guardrails: tuple[GuardrailConfig, ...] = ()
     limits: Limits = dataclasses.field(default_factory=Limits)
     sections: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
@@ -145,9 +196,17 @@ def parse(data: Mapping[str, Any]) -> FileConfig:
     if len(set(names)) != len(names):
         raise ConfigError("tenants", "tenant names must be unique")
     models = tuple(from_mapping(ModelConfig, m, f"models[{i}]") for i, m in enumerate(data.get("models", [])))
+    raw_guards = data.get("guardrails", [])
+    if not isinstance(raw_guards, list):
+        raise ConfigError("guardrails", "must be an array of tables ([[guardrails]])")
+    if len(raw_guards) > MAX_GUARDRAILS:
+        raise ConfigError("guardrails", f"at most {MAX_GUARDRAILS} hooks")
+    guardrails = tuple(from_mapping(GuardrailConfig, g, f"guardrails[{i}]") for i, g in enumerate(raw_guards))
+    if len({g.name for g in guardrails}) != len(guardrails):
+        raise ConfigError("guardrails", "hook names must be unique")
     limits = from_mapping(Limits, data.get("limits", {}), "limits")
     other = {k: v for k, v in data.items() if k in ("proxy", "controlplane", "agent", "replica")}
-    return FileConfig(tenants=tenants, models=models, limits=limits, sections=other)
+    return FileConfig(tenants=tenants, models=models, guardrails=guardrails, limits=limits, sections=other)
 
 
 def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:

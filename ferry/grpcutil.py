@@ -2,7 +2,8 @@
 
 - :func:`start_server` binds a ``grpc.aio`` server (port 0 allowed: the bound
   port is returned), registers the given services with gRPC health checking
-  and server reflection, and starts it.
+  (:class:`ferry.readiness.Readiness`: SERVING, or what the caller's own
+  readiness says) and server reflection, and starts it.
 - :func:`status_for` maps a :class:`ferry.errors.FerryError` to a gRPC status
   code; servicers call it at the boundary and nowhere else is a status chosen.
 - :func:`split_address` parses ``host:port``.
@@ -18,11 +19,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ferry import errors
 from ferry.decodeguard import DecodeGuard
+from ferry.readiness import Readiness
 
 R = TypeVar("R")
 
@@ -77,11 +79,13 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
     max_streams: int = DEFAULT_MAX_STREAMS_PER_CONNECTION,
+    readiness: Readiness | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """Start a server for ``services`` (each ``(add_fn, servicer, full_service_name)``) on ``listen``.
 
     Adds gRPC health checking (every service and the server as a whole report
-    SERVING) and reflection. With ``credentials`` (see :mod:`ferry.tls`) the
+    one status: ``readiness``'s, which its owner sets; without one, SERVING)
+    and reflection. With ``credentials`` (see :mod:`ferry.tls`) the
     port is TLS, otherwise plain text. Returns the server and the port it bound.
     """
     guard = DecodeGuard()  # undecodable request bytes: INVALID_ARGUMENT, not UNKNOWN
@@ -91,10 +95,9 @@ async def start_server(
     for add, servicer, name in services:
         add(servicer, server)
         names.append(name)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = readiness if readiness is not None else Readiness()
+    health_servicer.add_names(names)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", *names):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
     if port == 0:

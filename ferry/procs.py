@@ -47,11 +47,17 @@ class ChildFailed(RuntimeError):
 
 
 class Child:
-    """One component process with a ready file and a log file (default ``workdir/NAME.log``) in ``workdir``."""
+    """One component process with a ready file and a log file (default ``workdir/NAME.log``) in ``workdir``.
+
+    With ``inherit_output`` its output goes to this process's standard output and error instead of a
+    log file (the workers of ``ferry proxy --workers N``, whose lines an operator reads where the proxy's are).
+    """
 
     def __init__(self, name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, module: str = "ferry", inherit_output: bool = False) -> None:
+        self.inherit_output = inherit_output
         self.name = name
+        self.module = module  # run as ``python -m MODULE`` (a tool such as tools.guardrail, or ferry itself)
         self.ready_path = workdir / f"{name}.ready.json"
         self.log_path = log_path if log_path is not None else workdir / f"{name}.log"
         self.args = args
@@ -65,8 +71,8 @@ class Child:
         return self.proc.pid
 
     def command(self) -> list[str]:
-        """The argv of the process: ``python -m ferry ARGS --ready-file PATH``."""
-        return [sys.executable, "-m", "ferry", *self.args, "--ready-file", str(self.ready_path)]
+        """The argv of the process: ``python -m MODULE ARGS --ready-file PATH`` (MODULE: ferry by default)."""
+        return [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_path)]
 
     def check_ready(self) -> dict[str, Any] | None:
         """What the child reports once it is ready (its ready file), or None while it is not."""
@@ -80,6 +86,9 @@ class Child:
         self.ready = {}
         env = {**os.environ, "GRPC_VERBOSITY": os.environ.get("GRPC_VERBOSITY", "ERROR"),
                "FERRY_PARENT_PID": str(os.getpid()), **(self.env or {})}
+        if self.inherit_output:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, env=env)
+            return self
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -108,6 +117,8 @@ class Child:
         return None if self.proc is None else self.proc.poll()
 
     def log_tail(self, lines: int = 20) -> str:
+        if self.inherit_output:
+            return "(its output is this process's)"
         return log_tail(self.log_path, lines)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:

@@ -2,8 +2,8 @@
 
 :func:`generate` writes ``ca.pem`` and, for each name, ``NAME.pem`` and
 ``NAME.key``: P-256 keys, valid for ``days`` days, with the common name NAME,
-subject alternative names ``IP:127.0.0.1`` and ``DNS:localhost``, and both
-server and client use, so one certificate serves a component in both roles.
+subject alternative names ``IP:127.0.0.1`` and ``DNS:localhost`` (or ``san``),
+and both server and client use, so one certificate serves a component in both roles.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ferry.tls import TLSConfig
 
-EXT = "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+SAN = "IP:127.0.0.1,DNS:localhost"
+EXT = "subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -22,14 +23,14 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise RuntimeError(f"openssl {args[0]} failed: {result.stderr.strip()}")
 
 
-def generate(directory: str | Path, names: tuple[str, ...], *, days: int = 2) -> dict[str, TLSConfig]:
+def generate(directory: str | Path, names: tuple[str, ...], *, days: int = 2, san: str = SAN) -> dict[str, TLSConfig]:
     """A CA in ``directory`` and a signed certificate per name; returns each name's TLS config."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     _openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", str(days),
              "-subj", "/CN=ferry-throwaway-ca", cwd=d)
-    (d / "ext.cnf").write_text(EXT)
+    (d / "ext.cnf").write_text(EXT.format(san=san))
     out = {}
     for name in names:
         _openssl("req", *curve, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)

@@ -99,7 +99,7 @@ def test_configure_writes_json_lines_or_text_and_refuses_other_formats(monkeypat
 def test_a_component_logs_json_lines_by_default() -> None:
     # A proxy with no control plane logs its start and its warning; every stderr line is a JSON object.
     proc = subprocess.Popen([sys.executable, "-m", "ferry", "proxy", "--insecure", "--listen", "127.0.0.1:0",
-                             "--metrics-listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
+                             "--metrics-listen", "127.0.0.1:0", "--workers", "1"], stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline()

@@ -1,4 +1,4 @@
-"""Supervision in ``ferry up``: a dead child is reaped, logged, restarted with backoff, given up on in a loop."""
+"""Supervision (ferry.supervise, as ferry up uses it): a dead child is reaped, logged, restarted, given up on."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ferry.cli.up.supervise import CrashLoop, Supervisor, exit_fields, pinned
 from ferry.procs import Child, dying_with_parent, stop_all
+from ferry.supervise import CrashLoop, Supervisor, exit_fields, pinned
 
 
 class Program(Child):
@@ -66,7 +66,7 @@ def test_pinned_replaces_the_listen_address_and_exit_fields_name_the_signal() ->
 
 def test_a_killed_child_is_reaped_logged_and_restarted_on_its_address(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="ferry.up")
+    caplog.set_level(logging.INFO, logger="ferry.supervise")
     child = Program("worker", tmp_path, ["sleep", "60"]).start()
     child.ready = {"grpc": "127.0.0.1:4567"}
     changes: list[int] = []
@@ -91,7 +91,7 @@ def test_a_killed_child_is_reaped_logged_and_restarted_on_its_address(
 
 def test_a_child_that_keeps_dying_is_given_up_on(tmp_path: Path, caplog: pytest.LogCaptureFixture,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    caplog.set_level(logging.INFO, logger="ferry.up")
+    caplog.set_level(logging.INFO, logger="ferry.supervise")
     child = Program("crasher", tmp_path, ["false"]).start()
     supervisor = Supervisor([child], initial=0.01, cap=0.02, give_up_after=3, window_seconds=60)
     try:

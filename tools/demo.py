@@ -11,12 +11,19 @@ bundled excerpt of its first two minutes in ``tools/data``; the replay
 names the file), prints the
 report (also written to ``bench-results/demo.json``), shows the replicas again
 and stops everything. Exits non-zero if any request failed.
+
+While the trace replays, ``ferryctl board --watch`` (:func:`start_board`)
+redraws the running fleet every :data:`BOARD_INTERVAL` seconds into
+``bench-results/board.png`` (and ``board.svg``, ``board.dot``): the last
+frame drawn under load is what stays.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +37,34 @@ from tools.fetch_traces import default_trace, trace_file
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = default_trace()  # traces/mooncake_conversation_trace.jsonl if fetched, else its bundled first 2 minutes
+BOARD_INTERVAL = 5.0  # seconds between the board's frames during the replay
+BOARD_OUT = ROOT / "bench-results"
+
+
+def start_board(ready_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    """``ferryctl board --watch`` in its own process (its frames' lines in ``log``), stopped by :func:`stop_board`."""
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", str(ready_file), "board",
+                                 "--out", str(BOARD_OUT), "--watch", "--interval", str(BOARD_INTERVAL),
+                                 "--title", "Ferry: make demo, replaying the trace"],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def stop_board(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Stop the board by its PID (SIGTERM: it finishes the frame it draws) and say where its picture is."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    if proc.returncode == 0 and (BOARD_OUT / "board.png").exists():
+        print(f"\nthe fleet's board, drawn under load: {BOARD_OUT / 'board.png'} ({lines[-1] if lines else ''})")
+    else:
+        print(f"\ndemo: ferryctl board exited {proc.returncode}: {lines[-1] if lines else 'no output'}",
+              file=sys.stderr)
 
 
 def openai_request(ready: dict[str, Any]) -> None:
@@ -75,10 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             ctl.main(["--ready-file", str(up.ready_path), "replicas"])
             print()
             openai_request(ready)
-            code = replay.main(["--trace", args.trace, "--ready-file", str(up.ready_path),
-                                "--minutes", args.minutes, "--speedup", args.speedup,
-                                "--json-out", str(ROOT / "bench-results" / "demo.json"),
-                                "--plots", str(ROOT / "bench-results" / "demo")])
+            board = start_board(up.ready_path, workdir / "board.log")
+            try:
+                code = replay.main(["--trace", args.trace, "--ready-file", str(up.ready_path),
+                                    "--minutes", args.minutes, "--speedup", args.speedup,
+                                    "--json-out", str(ROOT / "bench-results" / "demo.json"),
+                                    "--plots", str(ROOT / "bench-results" / "demo")])
+            finally:
+                stop_board(board, workdir / "board.log")
             time.sleep(1.0)  # one telemetry interval: the table shows the fleet settled, not the last steps
             print("\nreplicas after the run (ferryctl replicas):")
             ctl.main(["--ready-file", str(up.ready_path), "replicas"])

@@ -74,7 +74,7 @@ class Fleet:
         self.cp_address = self.control_plane.wait_ready()["grpc"]
         for i in range(self.proxy_count):
             self.proxies.append(self._spawn(f"proxy-{i + 1}", ["proxy", "--control-plane", self.cp_address,
-                                                                "--id", f"proxy-{i + 1}"]))
+                                                                "--id", f"proxy-{i + 1}", "--workers", "1"]))
         for name, models in self.nodes_spec.items():
             reps = [a for m in models for a in ("--replica", m)]
             self.nodes[name] = self._spawn(name, ["node", "--node", name, "--control-plane", self.cp_address, *reps,

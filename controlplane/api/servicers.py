@@ -43,6 +43,7 @@ from controlplane.fleet.service import FleetService
 from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.metrics import Metrics
 from controlplane.tables.service import TableService
+from controlplane.tables.watchers import Send
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated, Unavailable
 from ferry.grpcutil import answer, status_for
 from ferry.tasks import cancel_and_wait
@@ -163,8 +164,17 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
                 raise _body_error(kind, "register")
 
 
+def add_tables_servicer(servicer: TablesServicer, server: grpc.aio.Server) -> None:
+    """Register ``Tables`` with a Watch handler that writes bytes as they are (the tables are serialized once
+    for every proxy, :mod:`controlplane.tables.feed`); the wire is the generated service's."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.Watch, request_deserializer=tables_pb2.WatchRequest.FromString, response_serializer=None)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("ferry.v1.Tables", {"Watch": handler}),))
+
+
 class TablesServicer(tables_pb2_grpc.TablesServicer):
-    """``Tables.Watch``: one stream per proxy."""
+    """``Tables.Watch``: one stream per proxy; it writes the bytes of :class:`controlplane.tables.watchers.Send`
+    (register it with :func:`add_tables_servicer`)."""
 
     def __init__(self, tables: TableService, metrics: Metrics) -> None:
         self._tables = tables
@@ -187,8 +197,8 @@ class TablesServicer(tables_pb2_grpc.TablesServicer):
             raise InvalidArgument("subscribe", f"the first message must be subscribe, got {got}")
         watcher = tables.subscribe(first.subscribe)
 
-        async def write(snapshot: tables_pb2.TableSnapshot) -> None:
-            await context.write(snapshot)
+        async def write(send: Send) -> None:
+            await context.write(send.data)  # a serialized TableSnapshot, its nonce included
             tables.pushed(watcher)
 
         async def read() -> None:
@@ -336,6 +346,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     async def GetSpill(self, request: admin_pb2.GetSpillRequest, context: Any) -> admin_pb2.GetSpillResponse:
         return await self._usage_rpcs.GetSpill(request, context)
+
+    async def GetCache(self, request: admin_pb2.GetCacheRequest, context: Any) -> admin_pb2.GetCacheResponse:
+        return await self._usage_rpcs.GetCache(request, context)
 
     # -- routed: tenants (controlplane.api.tenants)
 

@@ -1,4 +1,5 @@
-"""``Admin`` handlers for usage, tiers and spill: translation only (ferryctl ``top``, ``tiers``, ``spill``).
+"""``Admin`` handlers for usage, tiers, spill and the cache: translation only (ferryctl ``top``, ``tiers``,
+``spill``, ``cache``; the cache's rows through :mod:`controlplane.tables.cachestats`).
 
 :class:`UsageRpcs` holds the services it reads (fleet, tables). Each handler
 joins what the control plane holds (agent telemetry rows, the tables' tier
@@ -16,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from controlplane.api import validate
 from controlplane.fleet.service import FleetService
+from controlplane.tables.cachestats import cache_views, merge_cache
 from controlplane.tables.service import TableService
 from controlplane.tables.usage import spill_views, tier_views, usage_rows
 from ferry.grpcutil import answer
@@ -43,6 +46,15 @@ class UsageRpcs:
             quotas = {name: list(s.tier_quotas) for name, s in self._tables.snapshots(request.region).items()}
             views = tier_views(quotas, self._tables.proxy_usage.figures(), region=request.region)
             return admin_pb2.GetTiersResponse(tiers=views, sampled_at=self._wall())
+        return await answer(context, call)
+
+    async def GetCache(self, request: admin_pb2.GetCacheRequest, context: Any) -> admin_pb2.GetCacheResponse:
+        def call() -> admin_pb2.GetCacheResponse:
+            validate.check_filter(request.model, "model", self._tables.settings.max_name_bytes)
+            merged = merge_cache(self._tables.proxy_usage.entries())
+            return admin_pb2.GetCacheResponse(rows=cache_views(merged, model=request.model,
+                                                               by_tenant=request.by_tenant),
+                                              sampled_at=self._wall())
         return await answer(context, call)
 
     async def GetSpill(self, request: admin_pb2.GetSpillRequest, context: Any) -> admin_pb2.GetSpillResponse:

@@ -72,7 +72,8 @@ class Cluster:
         self.members = Mirror(store, MEMBERS_PREFIX, on_change=self._member_key)
         self.followers = Followers(max_followers=settings.max_followers, clock=clock)
         self.link = LeaderLink(cp_id=settings.id, leader=lambda: self.election.leader, report=report, adopt=adopt,
-                               interval=settings.tick_seconds, metadata=metadata, tls=tls)
+                               interval=settings.tick_seconds, metadata=metadata, tls=tls,
+                               tls_name=settings.peer_tls_name)
         self._heads: dict[str, Published] = {}
         self._clock = clock
         self._tick = settings.tick_seconds

@@ -13,7 +13,11 @@ revokes its lease, so the others take over at once.
 Fencing: a leader counts itself leader only until ``sent + ttl * 5/6``, where
 ``sent`` is when it sent its last refresh that etcd answered; etcd cannot
 expire the lease before ``sent + ttl``, so no other control plane can win
-while this one still publishes. When the store is unreachable for that long
+while this one still publishes. ``sent`` is the later of this loop's own last
+refresh and the store's :meth:`controlplane.store.base.Store.lease_confirmed`
+(the etcd backend refreshes the lease in this loop's stead while the loop is
+stalled by a long computation: after the stall the leader is still
+confirmed, with no flicker of leadership). When the store is unreachable for that long
 the leader stops computing tables (proxies keep serving the last one); when a
 refresh succeeds again on the same lease the key is still its own and it
 resumes, in the same ``term``. A lost lease (``LeaseNotFound``) means a new
@@ -111,7 +115,13 @@ class Election:
 
     def is_leader(self) -> bool:
         """Whether this control plane may publish now: it holds the key and its lease is confirmed."""
-        return self._holds and self._clock() < self._confirmed_until
+        return self._holds and self._clock() < self._confirmed()
+
+    def _confirmed(self) -> float:
+        """Until when the lease is confirmed: our last answered refresh, or one the store sent for us."""
+        if not self.lease:
+            return self._confirmed_until
+        return max(self._confirmed_until, self._store.lease_confirmed(self.lease) + self.ttl * 5 / 6)
 
     def role(self) -> str:
         if self.is_leader():

@@ -50,9 +50,11 @@ class LeaderLink:
         backoff_max_seconds: float = 1.0,
         metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
+        tls_name: str = "",
         rng: random.Random | None = None,
     ) -> None:
         self._tls = tls
+        self._tls_name = tls_name  # under TLS, the name the leader's certificate is checked against ("": its host)
         self._id = cp_id
         self._leader = leader
         self._report = report
@@ -98,7 +100,10 @@ class LeaderLink:
                 await self._wake.wait()
 
     async def _follow(self, target: PlaneInfo) -> None:
-        async with tls_channel(target.address, self._tls, options=channel_options()) as channel:
+        options = channel_options()
+        if self._tls is not None and self._tls_name:  # the leader's certificate names this, not its pod IP
+            options.append(("grpc.ssl_target_name_override", self._tls_name))
+        async with tls_channel(target.address, self._tls, options=options) as channel:
             call = admin_pb2_grpc.AdminStub(channel).Follow(metadata=self._metadata)
             reader = asyncio.ensure_future(self._read(call))
             try:

@@ -19,11 +19,24 @@ Claims (:mod:`controlplane.fleet.claims`): the member's lease also holds its
 claim keys (its node name, each replica id and address). :meth:`claim` takes
 them before a registration or a telemetry change is applied (refused with
 ``AlreadyExists`` naming the field when a live owner anywhere holds one), and
-each write of a member (:meth:`sync`) takes the ones it lacks (after a lost
+the claims a registration lacks are written in one conditional transaction
+(:meth:`controlplane.store.base.Store.put_all_if`, ``MAX_TXN_WRITES`` keys at a
+time) rather than one per key: a node of 8 replicas takes 17 claims; each
+write of a member (:meth:`sync`) takes the ones it lacks (after a lost
 lease: all of them again; one now held by someone else is logged as
 ``claim_lost``) and deletes the ones of replicas the member no longer has.
 A record's lease, value and claims change under its lock only, so a claim
 and a write never take two leases for one member.
+
+At most ``claim_concurrency`` (16) claims talk to the store at once; the
+others wait their turn (within the caller's timeout). A burst of
+registrations (a fleet starting, or its agents reconnecting after a failover)
+otherwise runs every node's conditional writes interleaved: each takes longer
+than the registration's timeout, all are refused and retried together, and
+the fleet does not come up (measured with ``python -m tools.bench.controlplane``
+on a loaded 2-core machine: 124 of 625 nodes registered in 300 s, 11,839
+registrations retried). Bounded, the first claims finish in time and the
+rest wait or are refused and come back after their agents' backoff.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ from dataclasses import dataclass, field
 
 from controlplane.fleet.claims import NODE, Claim, Holder, host_of, refusal, register_claims
 from controlplane.fleet.view import Member
-from controlplane.store.base import LeaseNotFound, Store, member_key
+from controlplane.store.base import MAX_TXN_WRITES, LeaseNotFound, Store, member_key
 from ferry.errors import AlreadyExists, FerryError
 from ferry.logs import event
 
@@ -57,8 +70,12 @@ class MemberLeases:
     """The store side of each member: its lease and whether its value needs writing."""
 
     def __init__(self, store: Store, *, clock: Callable[[], float], ttl_seconds: float, batch: int = 64,
-                 control_plane: str = "", dead: Callable[[str], bool] = lambda node: False) -> None:
+                 control_plane: str = "", dead: Callable[[str], bool] = lambda node: False,
+                 claim_concurrency: int = 16) -> None:
+        if claim_concurrency < 1:
+            raise ValueError("claim_concurrency must be >= 1")
         self._store = store
+        self._claiming = asyncio.Semaphore(claim_concurrency)
         self._cp = control_plane
         self._dead = dead  # whether this control plane sees a node dead (its claims may be taken)
         self._clock = clock
@@ -96,7 +113,7 @@ class MemberLeases:
         checked while the store is away.
         """
         record = self._records.setdefault(node, _Record())
-        async with record.lock:
+        async with self._claiming, record.lock:
             if any(c.kind == NODE for c in claims):  # a registration: every claim read and written again, so
                 record.claimed.clear()  # none is trusted that another control plane took meanwhile
             for last in (False, True):
@@ -124,15 +141,21 @@ class MemberLeases:
             if reason:
                 raise AlreadyExists(c.field, reason)
         value = Holder(node, self._cp, tuple(sorted(hosts))).encode()
-        for c, kv in zip(todo, found, strict=True):
-            revision = await self._store.put_if(c.key, value, revision=0 if kv is None else kv.revision,
-                                                lease=record.lease)
-            if not revision:  # taken meanwhile
-                now = await self._store.get(c.key)
-                reason = refusal(c, None if now is None else Holder.decode(now.value), node=node,
-                                 control_plane=self._cp, hosts=hosts, dead=self._dead)
-                raise AlreadyExists(c.field, reason or "claimed by another registration meanwhile")
-            record.claimed[c.key] = revision
+        pairs = list(zip(todo, found, strict=True))
+        for start in range(0, len(pairs), MAX_TXN_WRITES):  # one transaction per chunk, not one per claim
+            chunk = pairs[start:start + MAX_TXN_WRITES]
+            writes = [(c.key, value, 0 if kv is None else kv.revision) for c, kv in chunk]
+            revision = await self._store.put_all_if(writes, lease=record.lease)
+            if not revision:  # one was taken meanwhile: refuse naming it
+                now = await asyncio.gather(*(self._store.get(c.key) for c, _ in chunk))
+                for (c, kv), current in zip(chunk, now, strict=True):
+                    if (current.revision if current is not None else 0) != (kv.revision if kv is not None else 0):
+                        reason = refusal(c, None if current is None else Holder.decode(current.value), node=node,
+                                         control_plane=self._cp, hosts=hosts, dead=self._dead)
+                        raise AlreadyExists(c.field, reason or "claimed by another registration meanwhile")
+                raise AlreadyExists(chunk[0][0].field, "claimed by another registration meanwhile")
+            for c, _ in chunk:
+                record.claimed[c.key] = revision
 
     async def _reconcile(self, record: _Record, member: Member) -> None:
         """Take the member's claims it lacks (logging those held by others); delete those it no longer needs."""
@@ -145,7 +168,15 @@ class MemberLeases:
                 await self._store.delete(key)
             record.claimed.pop(key, None)
         hosts = frozenset(host_of(info.address) for info in reg.replicas)
-        for c in claims:
+        missing = [c for c in claims if c.key not in record.claimed]
+        if not missing:
+            return
+        try:  # all at once (one transaction); when one is held elsewhere, one by one to name each
+            await self._take(record, member.node, missing, hosts)
+            return
+        except AlreadyExists:
+            pass
+        for c in missing:
             if c.key in record.claimed:
                 continue
             try:

@@ -57,20 +57,28 @@ Semantics (those of etcd v3):
 - :meth:`Store.put_if` is the one atomic read-modify-write: it writes only when
   the key was last written at ``revision`` (0: when it does not exist), in one
   transaction; leader election and GPU allocation are built on it.
+  :meth:`Store.put_all_if` is the same for up to ``MAX_TXN_WRITES`` keys at
+  once (a registration's claims: one transaction, not one per key).
 - A key written with a lease is deleted when the lease expires (no refresh
   within its TTL) or is revoked; the deletion is seen by watches.
 - A watch sees the changes made after :meth:`Store.watch` returns, in revision
   order. To keep a cache: watch first, then list, and skip events whose
   revision is at or below the listing's (:class:`controlplane.store.mirror.Mirror`).
   A watch that falls behind its bound raises :class:`WatchLost`; list again.
-- :meth:`Store.health` says, without I/O, whether the last calls succeeded.
+- :meth:`Store.health` says, without I/O, whether the last calls succeeded:
+  the verdict that etcd is unreachable comes from etcd not answering, never
+  from the caller's own loop being too busy to read the answer in time
+  (:mod:`controlplane.store.loopclock`).
+- Leases outlive a busy caller: the etcd backend refreshes them on a thread
+  of its own, in the caller's stead while its loop is stalled, and
+  :meth:`Store.lease_confirmed` says when a refresh was last answered.
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,6 +98,15 @@ ELECTION_KEY = ELECTION_PREFIX + "leader"
 TABLES_PREFIX = PREFIX + "tables/"
 CATALOG_PREFIX = PREFIX + "catalog/"
 CLAIMS_PREFIX = PREFIX + "claims/"
+MAX_TXN_WRITES = 64  # writes in one put_all_if (etcd's --max-txn-ops is 128 by default: a compare and a put each)
+
+
+def check_writes(writes: Sequence[tuple[str, bytes, int]]) -> None:
+    """ValueError naming the bound when ``writes`` is empty or longer than ``MAX_TXN_WRITES``, or repeats a key."""
+    if not 0 < len(writes) <= MAX_TXN_WRITES:
+        raise ValueError(f"writes: 1 to {MAX_TXN_WRITES} in one transaction, got {len(writes)}")
+    if len({key for key, _, _ in writes}) != len(writes):
+        raise ValueError("writes: a key appears twice")
 
 
 def member_key(node: str) -> str:
@@ -217,6 +234,15 @@ class Store(Protocol):
         """
         ...
 
+    async def put_all_if(self, writes: Sequence[tuple[str, bytes, int]], *, lease: int = 0) -> int:
+        """Write every ``(key, value, revision)`` only if each key was last written at its ``revision``
+        (0: absent), all in one transaction: all are written or none.
+
+        Returns the new revision, or 0 when a condition failed (nothing written). At most
+        ``MAX_TXN_WRITES`` (64) writes (ValueError beyond: etcd bounds a transaction's operations).
+        """
+        ...
+
     async def get(self, key: str) -> KeyValue | None: ...
 
     async def delete(self, key: str) -> int:
@@ -235,6 +261,15 @@ class Store(Protocol):
 
     async def revoke_lease(self, lease: int) -> None:
         """End the lease now and delete its keys (no error when it is already gone)."""
+        ...
+
+    def lease_confirmed(self, lease: int) -> float:
+        """When (monotonic seconds, the store's clock) the last refresh of ``lease`` the store answered was sent.
+
+        The caller's own refreshes count, and those a backend sent in its stead while its loop was
+        stalled (:mod:`controlplane.store.etcdkeeper`): the store cannot expire the lease before this
+        time plus its TTL. ``-inf`` when none is known. No I/O.
+        """
         ...
 
     async def watch(self, prefix: str) -> Watch: ...

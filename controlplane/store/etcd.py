@@ -10,38 +10,56 @@ feeds watches through unbounded queues. Here:
   seconds (default 2 s);
 - ``put_if`` is one ``Txn``: ``mod_revision(key) == revision`` (0 for an
   absent key) then ``Put``: the atomic create-if-absent of leader election
-  and the compare-and-put of GPU allocations;
-- lease refreshes share one keep-alive stream, and each watch has its own
-  bounded stream (:mod:`controlplane.store.etcdstreams`);
+  and the compare-and-put of GPU allocations; ``put_all_if`` is one ``Txn``
+  with a compare and a put per key (a registration's claims);
+- lease refreshes share one keep-alive stream on a thread of their own, with
+  their own event loop and channel (:mod:`controlplane.store.etcdkeeper`),
+  which also refreshes the leases in the caller's stead while the caller's
+  loop is stalled; each watch has its own bounded stream
+  (:mod:`controlplane.store.etcdstreams`);
 - TTLs are whole seconds in etcd: a TTL is rounded up (at least 1 s).
 
 Errors: an unreachable or silent etcd raises ``Unavailable`` naming the
 endpoint; "lease not found" raises ``LeaseNotFound``; etcd's space quota or a
 request over its size limit raises ``Overloaded``. :meth:`EtcdStore.health`
-reports the last outcome without I/O. The channel reconnects by itself with
+reports the last outcome without I/O, from either thread. A busy process is
+not a silent etcd: a call that ran out of time while the caller's loop was
+late (by more than ``late_share``, a fifth, of ``timeout``, measured by the
+loop's :class:`controlplane.store.loopclock.LoopClock`) still raises
+``Unavailable``, saying so, but leaves the verdict as it was (a read, ``get``
+or ``list``, is sent once more first: it changes nothing); the watch's
+creation waits in the loop's counted time. The channel reconnects by itself with
 a backoff capped at ``reconnect_max_seconds`` (1 s), so calls succeed again
 within about a second of etcd's return. At most ``max_watches`` (64) watches
-at once. Cost: one round trip per call; no call holds a lock.
+at once. Cost: one round trip per call (a refresh: plus a hand-off to the keeper's
+thread); no call holds a lock but the verdict's own, for its update.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 from aetcd import rpc as etcd
 from aetcd.utils import prefix_range_end
 
-from controlplane.store.base import KeyValue, LeaseNotFound, Listing, StoreHealth
-from controlplane.store.etcdstreams import EtcdWatch, KeepAlives
+from controlplane.store.base import KeyValue, LeaseNotFound, Listing, StoreHealth, check_writes
+from controlplane.store.etcdkeeper import LeaseKeeper
+from controlplane.store.etcdstreams import EtcdWatch
+from controlplane.store.loopclock import LoopClock
 from ferry.errors import FerryError, Overloaded, Unavailable
 from ferry.grpcutil import split_address
 
 _CONNECTIVITY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                  grpc.StatusCode.UNKNOWN)
+
+
+class LoopLate(Unavailable):
+    """A call ran out of time while this process's loop was late: not etcd's silence (the verdict stays)."""
 
 
 def parse_endpoint(url: str) -> str:
@@ -63,6 +81,8 @@ class EtcdStore:
         max_watches: int = 64,
         watch_queue: int = 4096,
         reconnect_max_seconds: float = 1.0,
+        stand_in_seconds: float = 10.0,
+        late_share: float = 0.2,
     ) -> None:
         self.endpoint = parse_endpoint(endpoint)
         self.timeout = timeout
@@ -75,21 +95,27 @@ class EtcdStore:
         self._kv: Any = None
         self._lease: Any = None
         self._watch_stub: Any = None
-        self._keepalives = KeepAlives(lambda: self._stubs()[1], where=self._where, timeout=timeout)
+        self._late_share = late_share
+        self._health_lock = threading.Lock()  # the keeper reports from its thread
         self._watches: list[EtcdWatch] = []
         self._health = StoreHealth("etcd", self.endpoint, ok=True)
+        self.loop_clock = LoopClock(clock=clock)  # the caller's loop, started with the channel
+        self._options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", self._reconnect_ms),
+            ("grpc.keepalive_time_ms", 10_000),  # etcd refuses pings more often than every 5 s
+            ("grpc.keepalive_timeout_ms", 5_000),
+        ]
+        self.keeper = LeaseKeeper(self.endpoint, options=self._options, where=self._where, timeout=timeout,
+                                  owner=self.loop_clock, on_outcome=self._outcome, stand_in_seconds=stand_in_seconds,
+                                  clock=clock)
 
     def _stubs(self) -> tuple[Any, Any, Any]:
         if self._channel is None:
-            options = [
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", self._reconnect_ms),
-                ("grpc.keepalive_time_ms", 10_000),  # etcd refuses pings more often than every 5 s
-                ("grpc.keepalive_timeout_ms", 5_000),
-            ]
-            self._channel = grpc.aio.insecure_channel(self.endpoint, options=options)
+            self.loop_clock.start()
+            self._channel = grpc.aio.insecure_channel(self.endpoint, options=self._options)
             self._kv = etcd.KVStub(self._channel)
             self._lease = etcd.LeaseStub(self._channel)
             self._watch_stub = etcd.WatchStub(self._channel)
@@ -100,10 +126,29 @@ class EtcdStore:
 
     def _ok(self) -> None:
         if not self._health.ok or self._clock() - self._health.last_ok > 0.05:
-            self._health = StoreHealth("etcd", self.endpoint, ok=True, last_ok=self._clock())
+            with self._health_lock:
+                self._health = StoreHealth("etcd", self.endpoint, ok=True, last_ok=self._clock())
 
-    def _failed(self, exc: grpc.aio.AioRpcError, what: str) -> FerryError:
+    def _unreachable(self, error: str) -> None:
+        with self._health_lock:
+            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=error, last_ok=self._health.last_ok)
+
+    def _outcome(self, error: str) -> None:
+        """The keeper's verdict on a refresh ("" answered), from its thread."""
+        if error:
+            self._unreachable(error)
+        else:
+            self._ok()
+
+    def lease_confirmed(self, lease: int) -> float:
+        return self.keeper.confirmed_at(lease)
+
+    def _failed(self, exc: grpc.aio.AioRpcError, what: str, started: tuple[float, float]) -> FerryError:
         code, details = exc.code(), exc.details() or ""
+        late = self.loop_clock.late_between(*started)
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and late > self.timeout * self._late_share:
+            return LoopLate(f"{self._where}: {what} got no answer within {self.timeout:g} s while this process's "
+                            f"loop was {late:.1f} s late (not counted against etcd)")
         if "lease not found" in details:
             self._ok()
             return LeaseNotFound(0)
@@ -112,15 +157,19 @@ class EtcdStore:
             return Overloaded(f"{self._where} refused {what}: {details}", retry_after=1.0)
         error = Unavailable(f"{self._where} unreachable ({what}: {code.name} {details})")
         if code in _CONNECTIVITY:
-            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=str(error),
-                                       last_ok=self._health.last_ok)
+            self._unreachable(str(error))
         return error
 
-    async def _unary(self, what: str, method: Any, request: Any) -> Any:
-        try:
-            response = await method(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise self._failed(exc, what) from exc
+    async def _unary(self, what: str, method: Any, request: Any, *, read: bool = False) -> Any:
+        for again in (False, True):
+            started = self.loop_clock.mark()
+            try:
+                response = await method(request, timeout=self.timeout)
+                break
+            except grpc.aio.AioRpcError as exc:
+                error = self._failed(exc, what, started)
+                if not read or again or not isinstance(error, LoopLate):
+                    raise error from exc  # a read that ran out of time only because this loop was late: once more
         self._ok()
         return response
 
@@ -143,9 +192,22 @@ class EtcdStore:
             raise LeaseNotFound(lease) from exc
         return int(response.header.revision) if response.succeeded else 0
 
+    async def put_all_if(self, writes: Sequence[tuple[str, bytes, int]], *, lease: int = 0) -> int:
+        check_writes(writes)
+        kv = self._stubs()[0]
+        compares = [etcd.Compare(result=etcd.Compare.EQUAL, target=etcd.Compare.MOD, key=key.encode(),
+                                 mod_revision=revision) for key, _, revision in writes]
+        puts = [etcd.RequestOp(request_put=etcd.PutRequest(key=key.encode(), value=value, lease=lease))
+                for key, value, _ in writes]
+        try:
+            response = await self._unary("put_all_if", kv.Txn, etcd.TxnRequest(compare=compares, success=puts))
+        except LeaseNotFound as exc:
+            raise LeaseNotFound(lease) from exc
+        return int(response.header.revision) if response.succeeded else 0
+
     async def get(self, key: str) -> KeyValue | None:
         kv = self._stubs()[0]
-        response = await self._unary("get", kv.Range, etcd.RangeRequest(key=key.encode()))
+        response = await self._unary("get", kv.Range, etcd.RangeRequest(key=key.encode()), read=True)
         if not response.kvs:
             return None
         item = response.kvs[0]
@@ -161,7 +223,7 @@ class EtcdStore:
         start = prefix.encode()
         request = etcd.RangeRequest(key=start, range_end=prefix_range_end(start),
                                     sort_order=etcd.RangeRequest.ASCEND, sort_target=etcd.RangeRequest.KEY)
-        response = await self._unary("list", kv.Range, request)
+        response = await self._unary("list", kv.Range, request, read=True)
         items = tuple(KeyValue(i.key.decode(), bytes(i.value), int(i.mod_revision), int(i.lease))
                       for i in response.kvs)
         return Listing(items, int(response.header.revision))
@@ -171,21 +233,16 @@ class EtcdStore:
             raise ValueError("ttl_seconds must be > 0")
         lease = self._stubs()[1]
         ttl = max(1, math.ceil(ttl_seconds))
+        sent = self._clock()
         response = await self._unary("grant_lease", lease.LeaseGrant, etcd.LeaseGrantRequest(TTL=ttl))
         if response.error:
             raise Unavailable(f"{self._where} refused a lease: {response.error}")
+        self.keeper.granted(int(response.ID), float(response.TTL or ttl), sent)
         return int(response.ID)
 
     async def refresh_lease(self, lease: int) -> None:
-        try:
-            await self._keepalives.refresh(lease)
-        except LeaseNotFound:
-            self._ok()
-            raise
-        except Unavailable as exc:
-            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=str(exc), last_ok=self._health.last_ok)
-            raise
-        self._ok()
+        self._stubs()  # the caller's loop clock runs: the keeper stands in while it stalls
+        await self.keeper.refresh(lease)  # the keeper reports the verdict
 
     async def revoke_lease(self, lease: int) -> None:
         stub = self._stubs()[1]
@@ -193,6 +250,8 @@ class EtcdStore:
             await self._unary("revoke_lease", stub.LeaseRevoke, etcd.LeaseRevokeRequest(ID=lease))
         except LeaseNotFound:
             pass
+        finally:
+            self.keeper.forget(lease)
 
     async def watch(self, prefix: str) -> EtcdWatch:
         if len(self._watches) >= self._max_watches:
@@ -201,10 +260,10 @@ class EtcdStore:
         watch = EtcdWatch(stub, prefix, where=self._where, limit=self._watch_queue, on_close=self._forget)
         self._watches.append(watch)
         try:
-            await watch.start(self.timeout)
+            await watch.start(self.timeout, self.loop_clock.wait)
         except Unavailable as exc:
             self._forget(watch)
-            self._health = StoreHealth("etcd", self.endpoint, ok=False, error=str(exc), last_ok=self._health.last_ok)
+            self._unreachable(str(exc))
             raise
         self._ok()
         return watch
@@ -216,7 +275,8 @@ class EtcdStore:
     async def close(self) -> None:
         for watch in list(self._watches):
             await watch.close()
-        await self._keepalives.close()
+        await self.keeper.close()
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+        await self.loop_clock.stop()

@@ -6,7 +6,10 @@ one ``Lease.LeaseKeepAlive`` stream (aetcd opens a new stream per refresh):
 that lease; etcd answers requests in order, and a TTL of 0 means the lease is
 gone. At most ``max_pending`` (4,096) refreshes wait at once (a further one
 raises ``Overloaded``); each waits at most ``timeout`` seconds (then
-``Unavailable``). When the stream breaks, every waiting refresh fails with
+``Unavailable``), measured by ``wait``: the lease keeper
+(:mod:`controlplane.store.etcdkeeper`) passes its loop's
+:meth:`controlplane.store.loopclock.LoopClock.wait`, so that its own loop
+being late is not counted as etcd's silence. When the stream breaks, every waiting refresh fails with
 ``Unavailable`` and the next one opens a new stream. Cost: one small message
 each way per refresh; no raft write on etcd 3.4 (renewal is leader-local).
 
@@ -14,7 +17,8 @@ each way per refresh; no raft write on etcd 3.4 (renewal is leader-local).
 bounded queue (``limit``, 4,096): a consumer that falls that far behind, a
 stream that breaks or ends, a compaction past the watch, or a cancel from the
 server all end the iteration with :class:`controlplane.store.base.WatchLost`.
-Creation waits at most ``timeout`` seconds for etcd's ``created``.
+Creation waits at most ``timeout`` seconds for etcd's ``created`` (measured
+by ``wait``, as for keep-alives).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 from aetcd import rpc as etcd
@@ -32,12 +36,24 @@ from aetcd.utils import prefix_range_end
 from controlplane.store.base import EventKind, LeaseNotFound, WatchEvent, WatchLost
 from ferry.errors import Overloaded, Unavailable
 
+T = TypeVar("T")
+
+
+async def plain_wait(future: asyncio.Future[T], seconds: float) -> T:
+    """``future``'s result within ``seconds`` of the plain clock (TimeoutError; the future is not cancelled)."""
+    return await asyncio.wait_for(asyncio.shield(future), seconds)
+
+
+Wait = Callable[[asyncio.Future[Any], float], Awaitable[Any]]
+
 
 class KeepAlives:
     """Lease refreshes over one shared ``LeaseKeepAlive`` stream."""
 
-    def __init__(self, stub: Callable[[], Any], *, where: str, timeout: float, max_pending: int = 4096) -> None:
+    def __init__(self, stub: Callable[[], Any], *, where: str, timeout: float, max_pending: int = 4096,
+                 wait: Wait = plain_wait) -> None:
         self._stub = stub
+        self._wait = wait
         self._where = where
         self._timeout = timeout
         self._max_pending = max_pending
@@ -47,8 +63,8 @@ class KeepAlives:
         self._waiting: dict[int, deque[asyncio.Future[int]]] = {}
         self._pending = 0
 
-    async def refresh(self, lease: int) -> None:
-        """Refresh ``lease``; LeaseNotFound when etcd no longer has it."""
+    async def refresh(self, lease: int) -> int:
+        """Refresh ``lease``; its TTL in seconds as etcd answered; LeaseNotFound when etcd no longer has it."""
         if self._pending >= self._max_pending:
             raise Overloaded(f"{self._max_pending} lease refreshes are waiting on {self._where}", retry_after=1.0)
         self._open()
@@ -58,8 +74,7 @@ class KeepAlives:
         self._pending += 1
         try:
             self._requests.put_nowait(etcd.LeaseKeepAliveRequest(ID=lease))
-            async with asyncio.timeout(self._timeout):
-                ttl = await future
+            ttl = await self._wait(future, self._timeout)
         except TimeoutError as exc:
             raise Unavailable(f"{self._where}: no keep-alive answer within {self._timeout:g} s") from exc
         finally:
@@ -71,6 +86,7 @@ class KeepAlives:
                 del self._waiting[lease]
         if ttl <= 0:
             raise LeaseNotFound(lease)
+        return int(ttl)
 
     def _open(self) -> None:
         if self._reader is not None and not self._reader.done():
@@ -135,15 +151,16 @@ class EtcdWatch:
         while True:
             yield await self._requests.get()
 
-    async def start(self, wait_seconds: float) -> EtcdWatch:
-        """Create the watch; returns once etcd confirmed it (Unavailable after ``wait_seconds``)."""
+    async def start(self, wait_seconds: float, wait: Wait = plain_wait) -> EtcdWatch:
+        """Create the watch; returns once etcd confirmed it (Unavailable after ``wait_seconds``, by ``wait``)."""
         key = self.prefix.encode()
         create = etcd.WatchCreateRequest(key=key, range_end=prefix_range_end(key))
         self._requests.put_nowait(etcd.WatchRequest(create_request=create))
+        read = asyncio.ensure_future(self._call.read())
         try:
-            async with asyncio.timeout(wait_seconds):
-                first = await self._call.read()
+            first = await wait(read, wait_seconds)
         except (TimeoutError, grpc.aio.AioRpcError) as exc:
+            read.cancel()
             self._call.cancel()
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else f"no answer within {wait_seconds:g} s"
             raise Unavailable(f"{self._where}: cannot watch {self.prefix!r}: {detail}") from exc

@@ -26,10 +26,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.store.base import EventKind, KeyValue, LeaseNotFound, Listing, StoreHealth, WatchEvent, WatchLost
+from controlplane.store.base import (
+    EventKind,
+    KeyValue,
+    LeaseNotFound,
+    Listing,
+    StoreHealth,
+    WatchEvent,
+    WatchLost,
+    check_writes,
+)
 from ferry.errors import Overloaded
 
 
@@ -124,6 +133,21 @@ class MemoryStore:
             return 0
         return await self.put(key, value, lease=lease)
 
+    async def put_all_if(self, writes: Sequence[tuple[str, bytes, int]], *, lease: int = 0) -> int:
+        check_writes(writes)
+        self._expire()
+        if lease and lease not in self._leases:
+            raise LeaseNotFound(lease)
+        for key, _, revision in writes:
+            old = self._data.get(key)
+            if (old.revision if old is not None else 0) != revision:
+                return 0
+        if len(self._data) + sum(key not in self._data for key, _, _ in writes) > self._max_keys:
+            raise Overloaded(f"store holds {self._max_keys} keys", retry_after=1.0)
+        for key, value, _ in writes:  # no await between the checks and the last write: atomic on this loop
+            written = await self.put(key, value, lease=lease)
+        return written
+
     async def get(self, key: str) -> KeyValue | None:
         self._expire()
         return self._data.get(key)
@@ -151,6 +175,10 @@ class MemoryStore:
         if held is None:
             raise LeaseNotFound(lease)
         held.deadline = self._clock() + held.ttl
+
+    def lease_confirmed(self, lease: int) -> float:
+        held = self._leases.get(lease)
+        return held.deadline - held.ttl if held is not None else float("-inf")
 
     async def revoke_lease(self, lease: int) -> None:
         self._expire()

@@ -36,8 +36,24 @@ its own clock's start, so versions keep growing across a failover. It also
 keeps the last ``history`` (8) versions of each region in memory (references
 to the snapshots already built, nothing copied) for ``ferryctl table --diff``.
 
-Cost: O(replicas + regions x models) per computation, plus one serialization
-of each region's table to compare content.
+Incremental rows (:class:`RouteRows`): a replica's row (its
+``ReplicaRoute``) depends on its member's node and region, its registration
+(``ReplicaInfo``) and its last load (``ReplicaLoad``). The fleet view replaces
+those objects on every change and never edits them in place
+(:mod:`controlplane.fleet.view`), so a row built once is reused while the
+replica's info and load are the very same objects (compared by identity, the
+objects held by the cache so that their identity cannot be reused); only its
+``telemetry_age_seconds`` is set again. A drain, a cordon or one replica's
+telemetry rebuilds no other row: a computation costs a scan of identity
+checks plus the rows that changed, and its result is the same as a full
+computation's (a property test compares them over random sequences of
+changes). The cache holds the rows of the last computation only (bounded by
+the fleet). Pass one :class:`RouteRows` per caller to :func:`compute_tables`
+(``rows=``); without it every row is built.
+
+Cost: O(replicas + regions x models) per computation (with ``rows``: an
+identity check per replica, a row built per replica whose info or load
+changed), plus one serialization of each region's table to compare content.
 """
 
 from __future__ import annotations
@@ -50,7 +66,7 @@ from dataclasses import dataclass
 from controlplane.fleet.view import READY, Member, is_live, load_of, replica_state
 from controlplane.rollout.plan import Rollout, route_weights
 from ferry.config import ModelConfig
-from ferry.v1 import common_pb2, tables_pb2
+from ferry.v1 import common_pb2, fleet_pb2, tables_pb2
 
 
 def catalog_models(configured: Sequence[ModelConfig], members: Iterable[Member]) -> list[ModelConfig]:
@@ -69,6 +85,69 @@ def catalog_models(configured: Sequence[ModelConfig], members: Iterable[Member])
     return [known[name] for name in sorted(known)]
 
 
+class RouteRows:
+    """The table row of each replica as last built, reused while its inputs are the same objects.
+
+    State: replica id -> (node, region, info, load, row). :meth:`row` returns the cached row or builds
+    it; :meth:`keep_only` (called by :func:`compute_tables` after each pass) drops the rows the pass did
+    not use, so the cache never holds more than the last computation's rows.
+    """
+
+    __slots__ = ("_rows", "_used", "built", "reused")
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[str, str, fleet_pb2.ReplicaInfo, common_pb2.ReplicaLoad | None,
+                                    tables_pb2.ReplicaRoute]] = {}
+        self._used: set[str] = set()
+        self.built = 0  # rows built by the last computation
+        self.reused = 0  # rows reused by the last computation
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def begin(self) -> None:
+        """Start a computation: counts reset, nothing used yet."""
+        self._used = set()
+        self.built = self.reused = 0
+
+    def row(self, member: Member, replica_id: str, info: fleet_pb2.ReplicaInfo,
+            now: float) -> tables_pb2.ReplicaRoute:
+        """The row of ``replica_id`` of ``member`` at ``now``: the cached one when its inputs are unchanged."""
+        load = member.loads.get(replica_id)
+        self._used.add(replica_id)
+        cached = self._rows.get(replica_id)
+        if (cached is not None and cached[2] is info and cached[3] is load and cached[0] == member.node
+                and cached[1] == member.region):
+            route = cached[4]
+            route.telemetry_age_seconds = max(0.0, now - member.load_at.get(replica_id, member.registered_at))
+            self.reused += 1
+            return route
+        route = build_row(member, replica_id, info, now)
+        self._rows[replica_id] = (member.node, member.region, info, load, route)
+        self.built += 1
+        return route
+
+    def keep_only(self) -> None:
+        """Drop the rows the last computation did not use."""
+        if len(self._rows) > len(self._used):
+            self._rows = {k: v for k, v in self._rows.items() if k in self._used}
+
+
+def build_row(member: Member, replica_id: str, info: fleet_pb2.ReplicaInfo, now: float) -> tables_pb2.ReplicaRoute:
+    """The table row of one routable replica at ``now``: its address and limits, its last load and the load's age."""
+    load, age = load_of(member, replica_id, now)
+    route = tables_pb2.ReplicaRoute(
+        replica_id=replica_id, node=member.node, region=member.region, version=info.version,
+        address=info.address, kserve_model=info.kserve_model or info.model,
+        max_concurrency=info.max_concurrency, kv_block_tokens=info.kv_block_tokens,
+        max_context_tokens=info.max_context_tokens, load=load, telemetry_age_seconds=age,
+        inputs=info.inputs,  # which sampling parameters the version accepts (ferry.sampling)
+    )
+    route.load.replica_id = replica_id
+    route.load.state = READY
+    return route
+
+
 def compute_tables(
     members: Iterable[Member],
     catalog: Sequence[ModelConfig],
@@ -79,9 +158,16 @@ def compute_tables(
     regions: Iterable[str] = (),
     cordons: AbstractSet[str] = frozenset(),
     rollouts: Mapping[str, Rollout] | None = None,
+    rows: RouteRows | None = None,
 ) -> dict[str, tables_pb2.TableSnapshot]:
-    """Per region, the table content at ``now`` (``version``, ``nonce`` and ``computed_at`` unset)."""
+    """Per region, the table content at ``now`` (``version``, ``nonce`` and ``computed_at`` unset).
+
+    ``rows``: the caller's :class:`RouteRows`, reused across calls (rows of unchanged replicas are not
+    built again); None builds every row. The result is the same either way.
+    """
     members = list(members)
+    if rows is not None:
+        rows.begin()
     routes: dict[str, dict[str, list[tables_pb2.ReplicaRoute]]] = {}
     warming: dict[tuple[str, str], dict[str, int]] = {}  # (region, model) -> version -> replicas warming
     names = set(regions)
@@ -96,16 +182,8 @@ def compute_tables(
                     counts = warming.setdefault((member.region, info.model), {})
                     counts[info.version] = counts.get(info.version, 0) + 1
                 continue
-            load, age = load_of(member, replica_id, now)
-            route = tables_pb2.ReplicaRoute(
-                replica_id=replica_id, node=member.node, region=member.region, version=info.version,
-                address=info.address, kserve_model=info.kserve_model or info.model,
-                max_concurrency=info.max_concurrency, kv_block_tokens=info.kv_block_tokens,
-                max_context_tokens=info.max_context_tokens, load=load, telemetry_age_seconds=age,
-                inputs=info.inputs,  # which sampling parameters the version accepts (ferry.sampling)
-            )
-            route.load.replica_id = replica_id
-            route.load.state = READY
+            route = rows.row(member, replica_id, info, now) if rows is not None else build_row(
+                member, replica_id, info, now)
             routes.setdefault(member.region, {}).setdefault(info.model, []).append(route)
     models = catalog_models(catalog, members)
     tables: dict[str, tables_pb2.TableSnapshot] = {}
@@ -123,6 +201,8 @@ def compute_tables(
             for version, count in sorted(warming.get((region, m.name), {}).items()):
                 route.warming.append(tables_pb2.WarmingVersion(version=version, replicas=count))
             snapshot.models.append(route)
+    if rows is not None:
+        rows.keep_only()
     return tables
 
 

@@ -10,7 +10,9 @@ message. Only the leader computes (:func:`controlplane.tables.compute.compute_ta
 then tier quotas, spill weights and tenants attached, versioned by
 :class:`controlplane.tables.compute.TableVersions`); a follower adopts the leader's
 tables (:meth:`TableService.adopt`). Each new version goes at once to the
-region's proxies and, leading, to the followers. Cost per computation: see
+region's proxies (through the feed, :mod:`controlplane.tables.feed`: serialized
+once, in full and as a delta from the version before it here, for all of
+them) and, leading, to the followers. Cost per computation: see
 :mod:`controlplane.tables.compute`.
 
 ``Tables.Watch`` from the servicer side: :meth:`TableService.subscribe`
@@ -19,7 +21,7 @@ the field, RESOURCE_EXHAUSTED past ``max_watchers`` or ``max_proxies``) and
 offers the region's current table at once (computing it on the leader, asking
 the leader on a follower); :meth:`TableService.ack` records what the proxy
 applied or why it rejected a version (a stale or malformed ack is ignored and
-counted); :meth:`TableService.proxy_report` keeps the proxy's last usage
+counted; a resync sends the current table in full); :meth:`TableService.proxy_report` keeps the proxy's last usage
 report (:mod:`controlplane.tables.usage`). O(1) per message plus the metrics of the
 proxies, O(proxies).
 
@@ -51,6 +53,7 @@ from controlplane.metrics import Metrics
 from controlplane.regions.planner import SpillPlanner
 from controlplane.store.intent import IntentCache
 from controlplane.tables import views
+from controlplane.tables.cachestats import attach_cache, merge_cache
 from controlplane.tables.compute import Published, TableVersions, compute_tables
 from controlplane.tables.diff import diff_tables, pick_versions
 from controlplane.tables.quotas import attach_quotas
@@ -162,12 +165,14 @@ class TableService:
         leading = self._peers.leading
         weights = self.spill.attach(tables, self.proxy_usage.figures() if leading else None)  # sized by usage
         attach_tenants(tables, intent.tenants)  # the store's tenant set (controlplane.tenants.records)
+        attach_cache(tables, merge_cache(self.proxy_usage.entries()) if leading else {})  # tables.cachestats
         for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
             self._metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))
         before = set(self.versions.regions())
         changed = self.versions.publish(tables, self._wall())
         for region in before - set(tables):
             self._metrics.table_version.remove(region)
+            self.watchers.feed.drop(region)
         for published in changed:
             self._offer(published)
             self._peers.published(published)
@@ -212,8 +217,9 @@ class TableService:
 
     def _offer(self, published: Published) -> None:
         self._metrics.table_version.labels(region=published.snapshot.region).set(published.version)
+        push = self.watchers.feed.publish(published.snapshot)
         for watcher in self.watchers.of_region(published.snapshot.region):
-            watcher.offer(published.snapshot)
+            watcher.offer(push)
 
     def _observe(self, now: float, members: list[Member]) -> None:
         """The metrics of one pass; a follower measures telemetry ages of the nodes it holds only."""
@@ -264,7 +270,8 @@ class TableService:
     def subscribe(self, sub: tables_pb2.Subscribe) -> Watcher:
         try:
             validate.check_subscribe(sub, self.settings)
-            watcher = self.watchers.subscribe(sub.proxy_id, sub.region)
+            watcher = self.watchers.subscribe(sub.proxy_id, sub.region, deltas=sub.deltas,
+                                              have_version=sub.have_version)
         except InvalidArgument:
             self._metrics.reject("subscribe_field")
             raise
@@ -275,8 +282,8 @@ class TableService:
         if published is None and self._peers.leading:
             self.recompute()
             published = self.versions.get(sub.region)
-        if published is not None:  # always, even to a proxy that holds it (tables.proto)
-            watcher.offer(published.snapshot)
+        if published is not None:  # always, even to a proxy that holds it (tables.proto): an empty delta then
+            watcher.offer(self.watchers.feed.publish(published.snapshot))
         else:
             self._peers.ask_leader()  # a follower: ask the leader for the region now
         self._observe_proxies()

@@ -76,6 +76,7 @@ class Figures:
     queued: int = 0
     p99_seconds: float = 0.0
     p50_seconds: float = 0.0
+    guard_per_s: float = 0.0  # guardrail hook seconds per second (over request_rate: the mean per request)
     proxies: int = 0
 
     @property
@@ -98,6 +99,7 @@ class Figures:
         self.queued += other.queued
         self.p99_seconds = max(self.p99_seconds, other.p99_seconds)
         self.p50_seconds = max(self.p50_seconds, other.p50_seconds)
+        self.guard_per_s += other.guard_per_s
         self.proxies += other.proxies
 
 
@@ -109,7 +111,7 @@ def sample_figures(sample: tables_pb2.UsageSample, window: float) -> Figures:
         shed_per_s=sample.shed / window, spilled_per_s=sample.spilled / window,
         offered_rate=max(sample.offered_per_second, (sample.requests + sample.shed) / window),
         queued=sample.queued, p99_seconds=sample.p99_seconds if answered else 0.0,
-        p50_seconds=sample.p50_seconds if answered else 0.0, proxies=1,
+        p50_seconds=sample.p50_seconds if answered else 0.0, guard_per_s=sample.guard_seconds / window, proxies=1,
     )
 
 
@@ -122,7 +124,8 @@ def check_report(report: tables_pb2.Report, *, max_samples: int, max_name_bytes:
     for s in report.usage:
         if not s.model or not s.tier or len(s.model.encode()) > max_name_bytes or len(s.tier) > max_name_bytes:
             return "usage_name"
-        if not all(math.isfinite(v) and v >= 0 for v in (s.p99_seconds, s.p50_seconds, s.offered_per_second)):
+        if not all(math.isfinite(v) and v >= 0
+                   for v in (s.p99_seconds, s.p50_seconds, s.offered_per_second, s.guard_seconds)):
             return "usage_value"
     return None
 
@@ -240,6 +243,7 @@ def _fill(row: admin_pb2.UsageRow, f: Figures) -> None:
     row.p99_seconds = f.p99_seconds
     row.shed_rate = f.shed_rate
     row.error_rate = f.error_rate
+    row.guard_seconds = f.guard_per_s / f.request_rate if f.request_rate > 0 else 0.0
 
 
 def _tier_order(tier: str) -> tuple[int, str]:

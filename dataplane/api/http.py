@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP front door: aiohttp on the proxy's event loop, into the same :class:`Router` as gRPC.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``. A connection accepted beyond
+``GET /v1/models``, and ``GET /health`` (no key asked: 200 with
+``{"status": "SERVING"}`` while the proxy's gRPC health says so, else 503
+with ``NOT_SERVING``: a load balancer that speaks only HTTP sees the drain too). A connection accepted beyond
 ``http_max_connections`` gets a 503 with ``Retry-After`` at once and is closed.
 Per request, in this order: the in-flight bound (``http_max_streams``: 429
 with ``Retry-After``), authentication
@@ -33,6 +35,10 @@ high-water mark, so a slow reader holds back the replica's stream instead of
 filling memory, and one that takes longer than ``http_write_timeout_seconds``
 to take a chunk is cut off. A client that disconnects cancels its handler
 (``handler_cancellation``), which cancels the replica call.
+
+Stopping (:meth:`HttpFront.stop`, the proxy's drain): the listener closes,
+a request arriving on a connection still open is a 503 (``shutting_down``,
+``Retry-After``, ``Connection: close``), and those in flight get the grace.
 """
 
 from __future__ import annotations
@@ -82,7 +88,9 @@ class HttpFront:
 
     def __init__(self, router: Router, servicer: InferenceServicer, authenticator: Authenticator,
                  holder: TableHolder, templates: ChatTemplates, settings: HttpSettings, *,
-                 default_deadline: float, clock: Callable[[], float]) -> None:
+                 default_deadline: float, clock: Callable[[], float],
+                 serving: Callable[[], bool] = lambda: True) -> None:
+        self._serving = serving  # the proxy's readiness (ferry.readiness), for GET /health
         self._router = router
         self._servicer = servicer
         self._auth = authenticator
@@ -92,6 +100,9 @@ class HttpFront:
         self._deadline = default_deadline
         self._clock = clock
         self._inflight = 0
+        self._closing = False  # stop() began: a new request is refused
+        self._idle = asyncio.Event()  # set while no request is in flight
+        self._idle.set()
         self._runner: web.AppRunner | None = None
         self._server: web.Server | None = None
         self._listener: asyncio.Server | None = None
@@ -104,7 +115,14 @@ class HttpFront:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
         return app
+
+    async def _health(self, request: web.Request) -> web.StreamResponse:
+        serving = self._serving() and not self._closing
+        return web.Response(status=200 if serving else 503, content_type=JSON,
+                            body=_dumps({"status": "SERVING" if serving else "NOT_SERVING"}),
+                            headers={"x-request-id": request[REQUEST_ID_KEY]})
 
     async def start(self, listen: str, ssl_context: ssl.SSLContext | None = None) -> int:
         """Serve on ``listen`` (``host:port``, port 0: any free one), over TLS with ``ssl_context``; returns the port.
@@ -133,11 +151,20 @@ class HttpFront:
         self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
 
-    async def stop(self) -> None:
-        """Stop accepting and close connections (in-flight requests get a second)."""
+    async def stop(self, grace: float = 1.0) -> None:
+        """Take no new request, let those in flight finish within ``grace`` seconds, close the connections.
+
+        The listener closes at once; a request that still arrives on an open connection gets a 503 with
+        ``Retry-After: 1`` and ``Connection: close``; once nothing is in flight, or ``grace`` passed, aiohttp
+        closes every connection (cancelling what still runs).
+        """
+        self._closing = True
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await self._idle.wait()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -149,6 +176,13 @@ class HttpFront:
         given = request.headers.get("x-request-id", "")
         request_id = given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         request[REQUEST_ID_KEY] = request_id
+        if request.path == "/health" and request.method == "GET":  # cheap, and never refused by the bounds
+            response: web.StreamResponse = await handler(request)
+            return response
+        if self._closing:
+            return self._error(request_id, 503, openai.error_body(
+                "the proxy is shutting down; retry on another", "server_error", code="shutting_down"),
+                {"Retry-After": "1", "Connection": "close"})
         if self._inflight >= self._settings.http_max_streams:
             return self._error(request_id, 429, openai.error_body(
                 f"too many requests in flight over HTTP (limit {self._settings.http_max_streams})",
@@ -158,6 +192,7 @@ class HttpFront:
                 "x-request-id: must be 1 to 64 characters of A-Z a-z 0-9 . _ : -", "invalid_request_error",
                 param="x-request-id", code="invalid_value"))
         self._inflight += 1
+        self._idle.clear()
         try:
             result: web.StreamResponse = await handler(request)
             return result
@@ -170,6 +205,8 @@ class HttpFront:
                 reason, "invalid_request_error", param=param, code="body_too_large" if status == 413 else None))
         finally:
             self._inflight -= 1
+            if not self._inflight:
+                self._idle.set()
 
     def _error(self, request_id: str, status: int, body: dict[str, Any],
                headers: dict[str, str] | None = None) -> web.Response:

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dataplane.admission.coldstart import WarmingUp
+from dataplane.guard.hooks import Refused
 from ferry import errors
 from ferry.v1 import common_pb2, inference_pb2
 
@@ -294,6 +295,8 @@ def http_status(error: errors.FerryError) -> tuple[int, str, str]:
         return 400, "invalid_request_error", "invalid_value"
     if isinstance(error, errors.Unauthenticated):
         return 401, "authentication_error", "invalid_api_key"
+    if isinstance(error, Refused):
+        return 403, "permission_error", "guardrail_denied"
     if isinstance(error, errors.PermissionDenied):
         return 403, "permission_error", "tier_not_allowed"
     if isinstance(error, errors.NotFound):

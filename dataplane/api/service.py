@@ -226,8 +226,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             counter = self._requests[key] = self._metrics.requests.labels(*key)
         counter.inc()
         self._timing(state.model_label, state.tier_label)[0].observe(elapsed)
-        self._router.usage.record(state.model_label, state.tier_label, status, elapsed,
-                                  spilled=state.spilled is not None)  # dataplane.usage: the watch's report
+        self._router.usage.record(state.model_label, state.tier_label, status, elapsed,  # the watch's report
+                                  spilled=state.spilled is not None,
+                                  guard_seconds=state.guard.seconds if state.guard is not None else 0.0)
         return elapsed
 
     def succeed(self, state: RequestState, *, streamed: bool = False) -> None:

@@ -9,7 +9,9 @@ negative or non-finite telemetry age, a version weight that is negative,
 not finite, unnamed or repeated, ring parameters out of range (load factor
 not above 1, more than ``MAX_VNODES`` points per replica), more models or
 replicas than the proxy's bounds, a bad tenant list when ``tenants_managed``
-(:func:`dataplane.table.tenants.parse_tenants`). A rejected snapshot changes nothing:
+(:func:`dataplane.table.tenants.parse_tenants`). A delta is first applied to
+the snapshot held (:meth:`TableHolder.apply`), and the table it gives is
+checked the same way. A rejected snapshot changes nothing:
 :class:`TableHolder` keeps serving the last good table, and the watcher NACKs
 with the reason.
 
@@ -65,6 +67,7 @@ from ferry import sampling
 from ferry.config import TIERS, TenantConfig
 from ferry.errors import FerryError, NotFound
 from ferry.grpcutil import split_address
+from ferry.tabledelta import DeltaMismatch, apply_delta
 from ferry.v1 import common_pb2, tables_pb2
 
 ROUTABLE_STATES = (common_pb2.REPLICA_STATE_READY, common_pb2.REPLICA_STATE_UNSPECIFIED)
@@ -88,12 +91,13 @@ class TableParams:
 
 
 class TableRejected(FerryError):
-    """A snapshot failed validation; ``reason`` goes into the NACK."""
+    """A snapshot failed validation; ``reason`` goes into the NACK; ``resync``: a delta that did not fit (a gap)."""
 
-    def __init__(self, version: int, reason: str) -> None:
+    def __init__(self, version: int, reason: str, *, resync: bool = False) -> None:
         super().__init__(f"table version {version} rejected: {reason}")
         self.version = version
         self.reason = reason
+        self.resync = resync
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -363,7 +367,12 @@ def _tier_quotas(snapshot: tables_pb2.TableSnapshot) -> tuple[tables_pb2.TierQuo
 
 
 class TableHolder:
-    """Holds the last good table; applies snapshots through :func:`build_table`.
+    """Holds the last good table and the snapshot it was built from; applies full snapshots and deltas.
+
+    A delta (a snapshot that carries ``delta``) is first applied to the snapshot held with
+    :func:`ferry.tabledelta.apply_delta`; one that does not fit (another base version, unknown entries)
+    raises TableRejected with ``resync`` set, and the watcher asks for the table in full. The table it
+    gives is then validated and built like a full snapshot.
 
     ``on_applied`` callbacks run after each successful apply (for example to
     close the clients of replicas that left the table).
@@ -380,6 +389,7 @@ class TableHolder:
         self._clock = clock
         self._params = params
         self._table: Table | None = None
+        self._snapshot: tables_pb2.TableSnapshot | None = None  # what _table was built from (deltas apply to it)
         self._listeners: list[Callable[[Table], None]] = []
 
     @property
@@ -392,6 +402,11 @@ class TableHolder:
         """The version held (0 when none)."""
         return self._table.version if self._table else 0
 
+    @property
+    def snapshot(self) -> tables_pb2.TableSnapshot | None:
+        """The whole snapshot of the table held (deltas applied), or None before the first one."""
+        return self._snapshot
+
     def age(self) -> float:
         """Seconds since the current table was applied (inf when none)."""
         return self._clock() - self._table.applied_at if self._table else math.inf
@@ -401,7 +416,14 @@ class TableHolder:
         self._listeners.append(listener)
 
     def apply(self, snapshot: tables_pb2.TableSnapshot) -> Table:
-        """Validate and install ``snapshot``; on TableRejected the last good table stays."""
+        """Validate and install ``snapshot`` (a full one or a delta); on TableRejected the last good table stays."""
+        if snapshot.HasField("delta"):
+            if self._snapshot is None:
+                raise TableRejected(snapshot.version, "a delta, and no table is held", resync=True)
+            try:
+                snapshot = apply_delta(self._snapshot, snapshot)
+            except DeltaMismatch as exc:
+                raise TableRejected(snapshot.version, exc.reason, resync=True) from None
         table = build_table(
             snapshot,
             region=self.region,
@@ -410,6 +432,7 @@ class TableHolder:
             previous=self._table,
         )
         self._table = table
+        self._snapshot = snapshot
         for listener in self._listeners:
             listener(table)
         return table

@@ -1,10 +1,12 @@
-"""The ``Tables.Watch`` client: follow the region's table, ACK or NACK each snapshot.
+"""The ``Tables.Watch`` client: follow the region's table, ACK or NACK each snapshot or delta.
 
 :class:`TableWatcher` keeps one stream to one control plane at a time. It
 subscribes with (proxy_id, region, have_version = the version it holds, 0
-when none), applies each snapshot through :class:`dataplane.table.local.TableHolder`
-and answers ``Ack(version, nonce, applied=true)``, or ``applied=false`` with
-the rejection's reason (the holder keeps its last good table). When the
+when none, ``deltas``), applies each snapshot or delta through
+:class:`dataplane.table.local.TableHolder` and answers ``Ack(version, nonce,
+applied=true)``, or ``applied=false`` with the rejection's reason (the holder
+keeps its last good table), and ``resync`` when a delta did not fit the table
+held (a gap: the control plane then sends the table in full). When the
 stream breaks or cannot be opened it moves to the next address of the list
 and waits per :class:`ferry.backoff.Backoff` (equal jitter over an exponential
 ceiling, default 0.1 s doubling to 5 s), reset once a snapshot arrives. Meanwhile
@@ -15,7 +17,9 @@ With ``usage`` given, a task beside the reader sends the proxy's usage report
 (:mod:`dataplane.usage`) on the same stream every ``usage_seconds``; writes
 are serialised by a lock.
 
-Cost: one stream and one Ack per snapshot; the table build is O(replicas).
+Cost: one stream and one Ack per snapshot or delta; applying a delta is a
+copy of the snapshot held plus O(what it names) (:mod:`ferry.tabledelta`), the
+table build O(replicas).
 """
 
 from __future__ import annotations
@@ -109,7 +113,7 @@ class TableWatcher:
             reporter: asyncio.Future[None] | None = None
             try:
                 subscribe = tables_pb2.Subscribe(
-                    proxy_id=self._proxy_id, region=self._region, have_version=self._holder.version
+                    proxy_id=self._proxy_id, region=self._region, have_version=self._holder.version, deltas=True
                 )
                 await call.write(tables_pb2.WatchRequest(subscribe=subscribe))
                 lock = asyncio.Lock()  # one write at a time: acks here, usage reports from the reporter
@@ -155,8 +159,9 @@ class TableWatcher:
             table = self._holder.apply(snapshot)
         except TableRejected as rejected:
             self._metrics.table_rejections.inc()
-            event(log, "table_rejected", logging.WARNING, version=snapshot.version, reason=rejected.reason)
+            event(log, "table_rejected", logging.WARNING, version=snapshot.version, reason=rejected.reason,
+                  resync=rejected.resync)
             return tables_pb2.Ack(version=snapshot.version, nonce=snapshot.nonce, applied=False,
-                                  error=rejected.reason)
+                                  error=rejected.reason, resync=rejected.resync)
         self._metrics.table_version.set(table.version)
         return tables_pb2.Ack(version=table.version, nonce=table.nonce, applied=True)

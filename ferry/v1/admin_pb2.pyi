@@ -308,7 +308,7 @@ class GetUsageRequest(_message.Message):
     def __init__(self, by_tier: _Optional[bool] = ...) -> None: ...
 
 class UsageRow(_message.Message):
-    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds", "request_rate", "p99_seconds", "shed_rate", "error_rate", "tier")
+    __slots__ = ("model", "region", "replicas_ready", "replicas", "queued", "running", "kv_utilisation", "gpu_utilisation", "requests_total", "telemetry_age_seconds", "request_rate", "p99_seconds", "shed_rate", "error_rate", "tier", "guard_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_READY_FIELD_NUMBER: _ClassVar[int]
@@ -324,6 +324,7 @@ class UsageRow(_message.Message):
     SHED_RATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     region: str
     replicas_ready: int
@@ -339,7 +340,8 @@ class UsageRow(_message.Message):
     shed_rate: float
     error_rate: float
     tier: str
-    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ..., request_rate: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., shed_rate: _Optional[float] = ..., error_rate: _Optional[float] = ..., tier: _Optional[str] = ...) -> None: ...
+    guard_seconds: float
+    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., replicas_ready: _Optional[int] = ..., replicas: _Optional[int] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_utilisation: _Optional[float] = ..., gpu_utilisation: _Optional[float] = ..., requests_total: _Optional[int] = ..., telemetry_age_seconds: _Optional[float] = ..., request_rate: _Optional[float] = ..., p99_seconds: _Optional[float] = ..., shed_rate: _Optional[float] = ..., error_rate: _Optional[float] = ..., tier: _Optional[str] = ..., guard_seconds: _Optional[float] = ...) -> None: ...
 
 class GetUsageResponse(_message.Message):
     __slots__ = ("rows", "sampled_at")
@@ -744,3 +746,49 @@ class GetScaleResponse(_message.Message):
     sampled_at: float
     leading: bool
     def __init__(self, models: _Optional[_Iterable[_Union[ScaleView, _Mapping]]] = ..., regions: _Optional[_Iterable[_Union[StandbyView, _Mapping]]] = ..., sampled_at: _Optional[float] = ..., leading: _Optional[bool] = ...) -> None: ...
+
+class GetCacheRequest(_message.Message):
+    __slots__ = ("model", "by_tenant")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BY_TENANT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    by_tenant: bool
+    def __init__(self, model: _Optional[str] = ..., by_tenant: _Optional[bool] = ...) -> None: ...
+
+class CacheView(_message.Message):
+    __slots__ = ("model", "tenant", "deterministic_rate", "duplicate_share", "saved_gpu_seconds_per_s", "saved_gpu_seconds", "hit_rate", "proxies", "proxies_enabled", "window_seconds", "deterministic", "duplicates", "hits")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_RATE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SAVED_GPU_SECONDS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    SAVED_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    tenant: str
+    deterministic_rate: float
+    duplicate_share: float
+    saved_gpu_seconds_per_s: float
+    saved_gpu_seconds: float
+    hit_rate: float
+    proxies: int
+    proxies_enabled: int
+    window_seconds: float
+    deterministic: int
+    duplicates: int
+    hits: int
+    def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic_rate: _Optional[float] = ..., duplicate_share: _Optional[float] = ..., saved_gpu_seconds_per_s: _Optional[float] = ..., saved_gpu_seconds: _Optional[float] = ..., hit_rate: _Optional[float] = ..., proxies: _Optional[int] = ..., proxies_enabled: _Optional[int] = ..., window_seconds: _Optional[float] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ..., hits: _Optional[int] = ...) -> None: ...
+
+class GetCacheResponse(_message.Message):
+    __slots__ = ("rows", "sampled_at")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[CacheView]
+    sampled_at: float
+    def __init__(self, rows: _Optional[_Iterable[_Union[CacheView, _Mapping]]] = ..., sampled_at: _Optional[float] = ...) -> None: ...

@@ -150,6 +150,11 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.GetScaleRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.GetScaleResponse.FromString,
                 _registered_method=True)
+        self.GetCache = channel.unary_unary(
+                '/ferry.v1.Admin/GetCache',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetCacheResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -320,6 +325,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetCache(self, request, context):
+        """Per model (and per tenant with by_tenant): the duplicate rate the proxies measure among deterministic
+        requests, the GPU-seconds a response cache would have saved, and whether the cache is on
+        (controlplane.tables.cachestats). The leader holds every proxy's report.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -437,6 +451,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetScale,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.GetScaleRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.GetScaleResponse.SerializeToString,
+            ),
+            'GetCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCache,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1061,6 +1080,33 @@ class Admin:
             '/ferry.v1.Admin/GetScale',
             ferry_dot_v1_dot_admin__pb2.GetScaleRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.GetScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetCache',
+            ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

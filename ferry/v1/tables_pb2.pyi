@@ -18,15 +18,37 @@ class WatchRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("window_seconds", "usage")
+    __slots__ = ("window_seconds", "usage", "cache")
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     window_seconds: float
     usage: _containers.RepeatedCompositeFieldContainer[UsageSample]
-    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ...) -> None: ...
+    cache: _containers.RepeatedCompositeFieldContainer[CacheSample]
+    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ..., cache: _Optional[_Iterable[_Union[CacheSample, _Mapping]]] = ...) -> None: ...
+
+class CacheSample(_message.Message):
+    __slots__ = ("model", "tenant", "deterministic", "duplicates", "duplicate_seconds", "window_seconds", "hits", "enabled")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    DETERMINISTIC_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    tenant: str
+    deterministic: int
+    duplicates: int
+    duplicate_seconds: float
+    window_seconds: float
+    hits: int
+    enabled: bool
+    def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ..., duplicate_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class UsageSample(_message.Message):
-    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued")
+    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued", "guard_seconds")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +59,7 @@ class UsageSample(_message.Message):
     P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OFFERED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     tier: str
     requests: int
@@ -47,32 +70,37 @@ class UsageSample(_message.Message):
     p50_seconds: float
     offered_per_second: float
     queued: int
-    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ...) -> None: ...
+    guard_seconds: float
+    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ..., guard_seconds: _Optional[float] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("proxy_id", "region", "have_version")
+    __slots__ = ("proxy_id", "region", "have_version", "deltas")
     PROXY_ID_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
     proxy_id: str
     region: str
     have_version: int
-    def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., have_version: _Optional[int] = ...) -> None: ...
+    deltas: bool
+    def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., have_version: _Optional[int] = ..., deltas: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("version", "nonce", "applied", "error")
+    __slots__ = ("version", "nonce", "applied", "error", "resync")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: str
     applied: bool
     error: str
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    resync: bool
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ..., resync: _Optional[bool] = ...) -> None: ...
 
 class TableSnapshot(_message.Message):
-    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill", "tenants", "tenants_managed")
+    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill", "tenants", "tenants_managed", "delta")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +111,7 @@ class TableSnapshot(_message.Message):
     SPILL_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_MANAGED_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: str
     region: str
@@ -93,7 +122,82 @@ class TableSnapshot(_message.Message):
     spill: _containers.RepeatedCompositeFieldContainer[SpillRoute]
     tenants: _containers.RepeatedCompositeFieldContainer[TenantRoute]
     tenants_managed: bool
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., tenants_managed: _Optional[bool] = ...) -> None: ...
+    delta: TableDelta
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., tenants_managed: _Optional[bool] = ..., delta: _Optional[_Union[TableDelta, _Mapping]] = ...) -> None: ...
+
+class TableDelta(_message.Message):
+    __slots__ = ("base_version", "models", "removed_models", "ring_changed", "ring", "tier_quotas_changed", "tier_quotas", "spill", "removed_spill", "tenants", "removed_tenants", "tenants_managed", "ages")
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    RING_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    RING_FIELD_NUMBER: _ClassVar[int]
+    TIER_QUOTAS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    TIER_QUOTAS_FIELD_NUMBER: _ClassVar[int]
+    SPILL_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_SPILL_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_TENANTS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_MANAGED_FIELD_NUMBER: _ClassVar[int]
+    AGES_FIELD_NUMBER: _ClassVar[int]
+    base_version: int
+    models: _containers.RepeatedCompositeFieldContainer[ModelDelta]
+    removed_models: _containers.RepeatedScalarFieldContainer[str]
+    ring_changed: bool
+    ring: RingParams
+    tier_quotas_changed: bool
+    tier_quotas: _containers.RepeatedCompositeFieldContainer[TierQuota]
+    spill: _containers.RepeatedCompositeFieldContainer[SpillDelta]
+    removed_spill: _containers.RepeatedScalarFieldContainer[str]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantRoute]
+    removed_tenants: _containers.RepeatedScalarFieldContainer[str]
+    tenants_managed: bool
+    ages: _containers.RepeatedCompositeFieldContainer[NodeAge]
+    def __init__(self, base_version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelDelta, _Mapping]]] = ..., removed_models: _Optional[_Iterable[str]] = ..., ring_changed: _Optional[bool] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas_changed: _Optional[bool] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillDelta, _Mapping]]] = ..., removed_spill: _Optional[_Iterable[str]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., removed_tenants: _Optional[_Iterable[str]] = ..., tenants_managed: _Optional[bool] = ..., ages: _Optional[_Iterable[_Union[NodeAge, _Mapping]]] = ...) -> None: ...
+
+class ModelDelta(_message.Message):
+    __slots__ = ("model", "route", "replicas", "removed_replicas", "loads")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    route: ModelRoute
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRoute]
+    removed_replicas: _containers.RepeatedScalarFieldContainer[str]
+    loads: _containers.RepeatedCompositeFieldContainer[LoadUpdate]
+    def __init__(self, model: _Optional[str] = ..., route: _Optional[_Union[ModelRoute, _Mapping]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., removed_replicas: _Optional[_Iterable[str]] = ..., loads: _Optional[_Iterable[_Union[LoadUpdate, _Mapping]]] = ...) -> None: ...
+
+class LoadUpdate(_message.Message):
+    __slots__ = ("replica_id", "load", "telemetry_age_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    load: _common_pb2.ReplicaLoad
+    telemetry_age_seconds: float
+    def __init__(self, replica_id: _Optional[str] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...
+
+class NodeAge(_message.Message):
+    __slots__ = ("node", "telemetry_age_seconds")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    telemetry_age_seconds: float
+    def __init__(self, node: _Optional[str] = ..., telemetry_age_seconds: _Optional[float] = ...) -> None: ...
+
+class SpillDelta(_message.Message):
+    __slots__ = ("region", "route", "models", "removed_models")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    route: SpillRoute
+    models: _containers.RepeatedCompositeFieldContainer[ModelDelta]
+    removed_models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, region: _Optional[str] = ..., route: _Optional[_Union[SpillRoute, _Mapping]] = ..., models: _Optional[_Iterable[_Union[ModelDelta, _Mapping]]] = ..., removed_models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TierQuota(_message.Message):
     __slots__ = ("tier", "reserved_share", "reserved_slots", "quota_slots", "lent_slots")
@@ -126,18 +230,22 @@ class VersionWeight(_message.Message):
     def __init__(self, version: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class ModelRoute(_message.Message):
-    __slots__ = ("model", "default_version", "replicas", "version_weights", "warming")
+    __slots__ = ("model", "default_version", "replicas", "version_weights", "warming", "cache_enabled", "cache_proxies")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     VERSION_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     WARMING_FIELD_NUMBER: _ClassVar[int]
+    CACHE_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_PROXIES_FIELD_NUMBER: _ClassVar[int]
     model: str
     default_version: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaRoute]
     version_weights: _containers.RepeatedCompositeFieldContainer[VersionWeight]
     warming: _containers.RepeatedCompositeFieldContainer[WarmingVersion]
-    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ..., warming: _Optional[_Iterable[_Union[WarmingVersion, _Mapping]]] = ...) -> None: ...
+    cache_enabled: bool
+    cache_proxies: int
+    def __init__(self, model: _Optional[str] = ..., default_version: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaRoute, _Mapping]]] = ..., version_weights: _Optional[_Iterable[_Union[VersionWeight, _Mapping]]] = ..., warming: _Optional[_Iterable[_Union[WarmingVersion, _Mapping]]] = ..., cache_enabled: _Optional[bool] = ..., cache_proxies: _Optional[int] = ...) -> None: ...
 
 class WarmingVersion(_message.Message):
     __slots__ = ("version", "replicas")

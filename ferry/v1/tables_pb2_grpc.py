@@ -30,6 +30,19 @@ class TablesStub:
     when the proxy subscribes, then a new one whenever the version changes. The
     proxy answers each snapshot with an Ack naming the version and nonce it
     applied, or a rejection with a reason (it then keeps its last good table).
+
+    Deltas (modelled on the delta variant of xDS): a proxy that subscribes with
+    `deltas` gets, after a full snapshot, TableSnapshots that carry a TableDelta
+    (what changed since `delta.base_version`) instead of the whole table; full
+    snapshots and deltas travel on the same stream, told apart by the presence
+    of `delta`. A proxy that holds another version than a delta's base (a gap),
+    or cannot apply it, keeps its last good table and answers with
+    `Ack.resync`: the control plane then sends the current table in full. A
+    delta the proxy applied but whose table it rejects is NACKed as a snapshot
+    is; the next version then goes in full. A proxy that subscribes with the
+    `have_version` the control plane still keeps gets the deltas from it (an
+    empty one when it is the current version), else the full table. Proxies
+    without `deltas` get full snapshots only.
     """
 
     def __init__(self, channel):
@@ -50,6 +63,19 @@ class TablesServicer:
     when the proxy subscribes, then a new one whenever the version changes. The
     proxy answers each snapshot with an Ack naming the version and nonce it
     applied, or a rejection with a reason (it then keeps its last good table).
+
+    Deltas (modelled on the delta variant of xDS): a proxy that subscribes with
+    `deltas` gets, after a full snapshot, TableSnapshots that carry a TableDelta
+    (what changed since `delta.base_version`) instead of the whole table; full
+    snapshots and deltas travel on the same stream, told apart by the presence
+    of `delta`. A proxy that holds another version than a delta's base (a gap),
+    or cannot apply it, keeps its last good table and answers with
+    `Ack.resync`: the control plane then sends the current table in full. A
+    delta the proxy applied but whose table it rejects is NACKed as a snapshot
+    is; the next version then goes in full. A proxy that subscribes with the
+    `have_version` the control plane still keeps gets the deltas from it (an
+    empty one when it is the current version), else the full table. Proxies
+    without `deltas` get full snapshots only.
     """
 
     def Watch(self, request_iterator, context):
@@ -79,6 +105,19 @@ class Tables:
     when the proxy subscribes, then a new one whenever the version changes. The
     proxy answers each snapshot with an Ack naming the version and nonce it
     applied, or a rejection with a reason (it then keeps its last good table).
+
+    Deltas (modelled on the delta variant of xDS): a proxy that subscribes with
+    `deltas` gets, after a full snapshot, TableSnapshots that carry a TableDelta
+    (what changed since `delta.base_version`) instead of the whole table; full
+    snapshots and deltas travel on the same stream, told apart by the presence
+    of `delta`. A proxy that holds another version than a delta's base (a gap),
+    or cannot apply it, keeps its last good table and answers with
+    `Ack.resync`: the control plane then sends the current table in full. A
+    delta the proxy applied but whose table it rejects is NACKed as a snapshot
+    is; the next version then goes in full. A proxy that subscribes with the
+    `have_version` the control plane still keeps gets the deltas from it (an
+    empty one when it is the current version), else the full table. Proxies
+    without `deltas` get full snapshots only.
     """
 
     @staticmethod

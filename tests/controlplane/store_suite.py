@@ -20,6 +20,7 @@ import pytest
 from controlplane.rollout.plan import CANARY, PROMOTED, Rollout
 from controlplane.store.base import (
     DRAIN_PREFIX,
+    MAX_TXN_WRITES,
     EventKind,
     LeaseNotFound,
     Store,
@@ -123,6 +124,36 @@ async def test_put_if_is_atomic_under_contention(backend: Backend) -> None:
     wins = await asyncio.gather(*(s.put_if("/ferry/election/leader", f"cp{i}".encode(), revision=0)
                                   for i, s in enumerate(stores) for _ in range(5)))
     assert sum(1 for w in wins if w) == 1
+
+
+async def test_put_all_if_writes_all_or_none(backend: Backend) -> None:
+    store = backend.store()
+    taken = await store.put("/ferry/claims/replica/b", b"other")
+    lease = await store.grant_lease(5.0)
+    stale = [("/ferry/claims/replica/a", b"mine", 0), ("/ferry/claims/replica/b", b"mine", 0)]
+    assert await store.put_all_if(stale, lease=lease) == 0  # b exists: nothing written, a neither
+    assert await store.get("/ferry/claims/replica/a") is None
+    fresh = [("/ferry/claims/replica/a", b"mine", 0), ("/ferry/claims/replica/b", b"mine", taken)]
+    revision = await store.put_all_if(fresh, lease=lease)
+    assert revision > taken
+    for key in ("/ferry/claims/replica/a", "/ferry/claims/replica/b"):
+        kv = await store.get(key)
+        assert kv is not None and kv.value == b"mine" and kv.lease == lease
+    await store.revoke_lease(lease)  # both went under the lease
+    assert await store.get("/ferry/claims/replica/a") is None and await store.get("/ferry/claims/replica/b") is None
+
+
+async def test_put_all_if_refuses_an_unknown_lease_and_bad_batches(backend: Backend) -> None:
+    store = backend.store()
+    with pytest.raises(LeaseNotFound):
+        await store.put_all_if([("/ferry/claims/node/n1", b"x", 0)], lease=987654321)
+    assert await store.get("/ferry/claims/node/n1") is None
+    with pytest.raises(ValueError, match="writes"):
+        await store.put_all_if([])
+    with pytest.raises(ValueError, match="writes"):
+        await store.put_all_if([(f"/ferry/claims/node/n{i}", b"", 0) for i in range(MAX_TXN_WRITES + 1)])
+    with pytest.raises(ValueError, match="twice"):
+        await store.put_all_if([("/ferry/claims/node/n1", b"", 0), ("/ferry/claims/node/n1", b"", 0)])
 
 
 LEASES = [

@@ -11,7 +11,17 @@ from typing import Any
 import grpc
 import pytest
 
-from controlplane.tables.usage import Figures, ProxyUsage, merge, rollup, spill_views, tier_views, usage_rows
+from controlplane.tables.usage import (
+    Figures,
+    ProxyUsage,
+    merge,
+    rollup,
+    sample_figures,
+    spill_views,
+    tier_views,
+    usage_rows,
+)
+from ferry.cli.ctl.top import frame_rows
 from ferry.v1 import admin_pb2, tables_pb2
 from tests.controlplane.fakes import WAIT, FakeClock, FakeProxy, Harness, Pair
 
@@ -314,3 +324,15 @@ async def test_a_followers_proxies_reach_the_leader(pair: Pair) -> None:
     [own] = (await pair.admin(1).GetUsage(admin_pb2.GetUsageRequest(), timeout=WAIT)).rows  # the follower's own
     assert own.request_rate == 4.0
     proxy.call.cancel()
+
+
+def test_guard_time_merges_as_the_mean_per_request_and_top_shows_it() -> None:
+    one = sample_figures(tables_pb2.UsageSample(model="chat", tier="batch", requests=10, guard_seconds=0.5), 1.0)
+    other = sample_figures(tables_pb2.UsageSample(model="chat", tier="batch", requests=30, guard_seconds=0.3), 1.0)
+    one.add(other)
+    (row,) = usage_rows([], {("chat", "a", "batch"): one}, by_tier=False)
+    assert row.guard_seconds == pytest.approx(0.8 / 40)  # 20 ms per request over both proxies
+    (shown,) = frame_rows(None, admin_pb2.GetUsageResponse(rows=[row], sampled_at=1.0))
+    assert shown["guard_ms"] == 20.0
+    (none,) = frame_rows(None, admin_pb2.GetUsageResponse(rows=[admin_pb2.UsageRow(model="m")], sampled_at=1.0))
+    assert none["guard_ms"] is None  # no hook ran: shown as -

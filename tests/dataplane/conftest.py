@@ -6,7 +6,7 @@ GRPC_VERBOSITY=ERROR is set by tests/conftest.py for the whole suite.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.config import ProxySettings
 from dataplane.server import Proxy
-from ferry.config import TenantConfig, hash_api_key
+from ferry.config import GuardrailConfig, TenantConfig, hash_api_key
 from ferry.tokens import Tokenizers
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tests.dataplane.fakes import Behaviour, FakeControlPlane, FakeReplica, route, snapshot
@@ -47,7 +47,8 @@ class Rig:
         self.stub: Any = None
 
     async def start(self, behaviours: dict[str, Behaviour], *, settings: dict[str, Any] | None = None,
-                    loads: dict[str, dict[str, Any]] | None = None, tokenizers: Tokenizers | None = None) -> Rig:
+                    loads: dict[str, dict[str, Any]] | None = None, tokenizers: Tokenizers | None = None,
+                    guardrails: Sequence[GuardrailConfig] = ()) -> Rig:
         for rid, behaviour in behaviours.items():
             self.replicas[rid] = await FakeReplica(rid, behaviour).start()
         routes = [route(r, **(loads or {}).get(rid, {})) for rid, r in self.replicas.items()]
@@ -55,7 +56,8 @@ class Rig:
         await self.cp.start()
         proxy_settings = ProxySettings.from_section({"proxy_id": "p-test", **FAST, **(settings or {})})
         self.proxy = Proxy(settings=proxy_settings, tenants=TENANTS, control_planes=[self.cp.address],
-                           registry=CollectorRegistry(), rng=random.Random(7), tokenizers=tokenizers)
+                           registry=CollectorRegistry(), rng=random.Random(7), tokenizers=tokenizers,
+                           guardrails=guardrails)
         port = await self.proxy.start("127.0.0.1:0")
         ack = await self.cp.next_ack()
         assert ack.applied, ack.error

@@ -85,6 +85,7 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.replica_id = replica_id
         self.behaviour = behaviour or Behaviour()
         self.requests: list[Any] = []
+        self.deadlines: list[float | None] = []  # each request's time remaining when it arrived
         self.received = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.server: grpc.aio.Server | None = None
@@ -116,6 +117,7 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _before(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         self.requests.append(request)
+        self.deadlines.append(context.time_remaining())
         self.received.set()
         b = self.behaviour
         if b.kind == "fail":

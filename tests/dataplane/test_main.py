@@ -86,7 +86,7 @@ def test_ferry_proxy_process_writes_ready_file_serves_and_stops_on_sigterm(tmp_p
     code = "import sys; from dataplane.main import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code, "--ready-file", str(ready), "--config", str(config), "--id", "px",
-         "--control-plane", "127.0.0.1:1", "--insecure"],
+         "--control-plane", "127.0.0.1:1", "--insecure", "--workers", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2],
         env={"GRPC_VERBOSITY": "ERROR", "PATH": "/usr/bin:/bin"},
     )

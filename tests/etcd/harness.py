@@ -80,7 +80,7 @@ class EtcdFleet:
             self.addresses.append(self.cps[-1].wait_ready()["grpc"])
         for i in range(self.proxy_count):
             self.proxies.append(self._spawn(f"proxy-{i + 1}", ["proxy", "--control-plane", self.rotated(i),
-                                                                "--id", f"proxy-{i + 1}"]))
+                                                                "--id", f"proxy-{i + 1}", "--workers", "1"]))
         for i, (name, models) in enumerate(self.nodes_spec.items()):
             reps = [a for m in models for a in ("--replica", m)]
             self.nodes[name] = self._spawn(name, ["node", "--node", name, "--control-plane", self.rotated(i), *reps])

@@ -38,7 +38,7 @@ class HttpProxy:
     def __init__(self, fleet: Fleet, workdir: Path) -> None:
         self.child = Child("proxy-http", ["proxy", "--control-plane", fleet.cp_address, "--id", "proxy-http",
                                           "--http-listen", "127.0.0.1:0", "--config", str(fleet.config_path),
-                                          "--insecure"], workdir).start()
+                                          "--insecure", "--workers", "1"], workdir).start()
         ready = self.child.wait_ready()
         wait_routable(fleet.cp_address, fleet.replica_ids(), "proxy-http", 30, [], admin_token=fleet.admin_token)
         host, _, port = ready["http"].rpartition(":")

@@ -235,7 +235,8 @@ def start_fleet(work: Path, args: argparse.Namespace, keys: dict[str, str]) -> t
     cp = Child("controlplane", ["controlplane", *cfg], work, env={"FERRY_ADMIN_TOKEN": token}).start()
     children.append(cp)
     cp_addr = cp.wait_ready()["grpc"]
-    proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", *cfg], work).start()
+    proxy = Child("proxy", ["proxy", "--workers", "1", "--control-plane", cp_addr, "--id", "bench-proxy", *cfg],
+                  work).start()
     node = Child("node", ["node", "--node", "bench-node", "--control-plane", cp_addr, "--gpus", str(args.gpus),
                           "--batch-runtime", "--allow-fault-injection", *cfg], work).start()
     children += [proxy, node]

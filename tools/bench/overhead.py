@@ -9,6 +9,21 @@ For each path: latency p50/p99 at concurrency 1 (one request at a time, for
 ``--seconds``), then the throughput at ``--concurrency`` requests in flight over
 4 channels (closed loop). One load-generating process on a 2-core machine caps
 both rates (about 3.6 k calls/s, docs/design.md, "Numbers to design for"); the ratio is what to read.
+
+``--workers N`` (N > 1) adds a second proxy, ``ferry proxy --workers N``, in
+front of the same replica in the same run, and measures both proxies the same
+way over ``--channels`` connections each (64, as many as calls in flight; a
+local subchannel pool per channel, so each is its own TCP connection and the
+kernel can spread them over the workers; each calling task keeps its own
+connection, so the closed loop sends more calls where they return sooner,
+as many independent clients would, instead of an equal share to each
+connection whatever worker it landed on): the rate of N workers over one, their latencies added to
+the direct path, and how the requests split over the workers (each worker's
+``ferry_proxy_requests_total``), and the CPU each process spent per request
+(``/proc/PID/stat``: each proxy over its own requests, the replica's node and
+the load generator over both proxies'). The load generator, the replica and
+the workers share the machine's cores, so the ratio is bounded by the CPU
+left to the proxies, not by the proxies alone.
 Writes ``bench-results/overhead.json``.
 """
 
@@ -19,6 +34,7 @@ import asyncio
 import json
 import os
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -79,21 +95,103 @@ async def bench(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds a process has used (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def served(metrics: str) -> float:
+    """Requests one proxy (or worker) answered OK, from its ``/metrics``."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("ferry_proxy_requests_total{") and 'status="OK"' in line)
+
+
+async def bench_workers(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
+    """One proxy of one worker against one of ``args.workers``, same replica and run, ``args.channels`` each."""
+    many = fleet.others[0]
+    options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per channel
+    channels = {name: [grpc.aio.insecure_channel(ready["grpc"], options=options) for _ in range(args.channels)]
+                for name, ready in (("one_worker", fleet.proxy), (f"{args.workers}_workers", many))}
+    stubs = {name: [inference_pb2_grpc.InferenceStub(c) for c in chs] for name, chs in channels.items()}
+    request = inference_pb2.InferRequest(model=fleet.replica["model"], tier=common_pb2.TIER_INTERACTIVE,
+                                         prompt=PROMPT, max_tokens=1)
+    meta = (("x-api-key", fleet.key),)
+    def caller(name: str) -> Any:
+        bound: dict[int, Any] = {}  # each calling task keeps one connection: a faster worker takes more calls
+
+        def call() -> Any:
+            task = id(asyncio.current_task())
+            stub = bound.get(task)
+            if stub is None:
+                stub = bound[task] = stubs[name][len(bound) % args.channels]
+            return stub.Infer(request, metadata=meta, timeout=10)
+        return call
+
+    pids = {"one_worker": [fleet.proxy["pid"]], f"{args.workers}_workers": [w["pid"] for w in many["workers"]],
+            "replica_node": [fleet.node_pid], "load_generator": [os.getpid()]}
+    cpu_before = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
+    ok_before = {"one_worker": served(fleet.proxy["metrics"])}
+    before = [served(w["metrics"]) for w in many["workers"]]
+    try:
+        out = await compare([(name, caller(name)) for name in stubs], args.concurrency, args.seconds)
+    finally:
+        for chs in channels.values():
+            for c in chs:
+                await c.close()
+    counts = [served(w["metrics"]) - b for w, b in zip(many["workers"], before, strict=True)]
+    requests = {"one_worker": served(fleet.proxy["metrics"]) - ok_before["one_worker"],
+                f"{args.workers}_workers": sum(counts)}
+    used = {name: sum(cpu_seconds(p) for p in ps) - cpu_before[name] for name, ps in pids.items()}
+    everything = sum(requests.values())
+    # CPU milliseconds per request: each proxy over its own requests; the replica and the generator over all.
+    out["cpu_ms_per_request"] = {name: round(1000 * used[name] / max(1.0, requests.get(name, everything)), 3)
+                                 for name in pids}
+    out["worker_share"] = [round(c / max(1.0, sum(counts)), 3) for c in counts]
+    out["channels"] = args.channels
+    out["workers"] = args.workers
+    out["rate_ratio"] = round(out[f"{args.workers}_workers"]["max_rps"] / out["one_worker"]["max_rps"], 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the rig, measure both paths, print the figures and write the JSON."""
     p = argparse.ArgumentParser(prog="bench_overhead", description=__doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--seconds", type=float, default=5.0, help="length of each measurement")
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight for the throughput runs")
+    p.add_argument("--workers", type=int, default=1,
+                   help="also measure a proxy of N workers (ferry proxy --workers N) against one of one worker")
+    p.add_argument("--channels", type=int, default=64,
+                   help="connections per proxy in the workers comparison (each calling task keeps one)")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "overhead.json"))
     args = p.parse_args(argv)
+    if not 1 <= args.workers <= 64 or not 1 <= args.channels <= 256:
+        p.error("--workers must be 1 to 64 and --channels 1 to 256")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    with one_replica_fleet() as fleet:
+    more = [["--workers", str(args.workers)]] if args.workers > 1 else []
+    with one_replica_fleet(more_proxies=more) as fleet:
         result = asyncio.run(bench(fleet, args))
+        if more:
+            result["workers"] = asyncio.run(bench_workers(fleet, args))
+    result["cpus"] = os.cpu_count()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print_rows(result, ("direct", "proxied"))
     print(f"added p50 {result['added_p50_ms']:.3f} ms, added p99 {result['added_p99_ms']:.3f} ms, "
-          f"throughput ratio {result['throughput_ratio']:.3f}  -> {args.out}")
+          f"throughput ratio {result['throughput_ratio']:.3f}")
+    if more:
+        w = result["workers"]
+        many = f"{args.workers}_workers"
+        print_rows(w, ("one_worker", many))
+        for name in ("one_worker", many):
+            print(f"{name}: added p50 {w[name]['p50_ms'] - result['direct']['p50_ms']:.3f} ms, added p99 "
+                  f"{w[name]['p99_ms'] - result['direct']['p99_ms']:.3f} ms over direct")
+        print(f"{args.workers} workers against one: {w['rate_ratio']:.3f}x the rate over {args.channels} "
+              f"connections; requests per worker {w['worker_share']}")
+        print(f"CPU ms per request: {w['cpu_ms_per_request']}")
+    print(f"-> {args.out}")
     return 0
 
 

@@ -89,7 +89,8 @@ def _start(workdir: Path, rtt_ms: Mapping[str, float], key: str,
     cp = spawn("controlplane", ["controlplane", "--listen", "127.0.0.1:0",
                                 "--admin-token-file", str(workdir / "admin-token")])
     address = cp.wait_ready()["grpc"]
-    proxies = {r: spawn(f"proxy-{r}", ["proxy", "--control-plane", address, "--region", r, "--id", f"proxy-{r}"])
+    proxies = {r: spawn(f"proxy-{r}", ["proxy", "--workers", "1", "--control-plane", address, "--region", r,
+                                                  "--id", f"proxy-{r}"])
                for r in SIZES}
     expected: dict[str, set[str]] = {r: set() for r in SIZES}
     for region, (replicas, _) in SIZES.items():

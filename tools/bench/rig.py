@@ -1,6 +1,7 @@
 """The rig of the request-path benchmarks: one cheap replica behind one proxy, and the closed-loop measure.
 
-:func:`one_replica_fleet` starts a control plane, a proxy and one node with
+:func:`one_replica_fleet` starts a control plane, a proxy (and any further
+proxies asked, each in front of the same replica) and one node with
 one simulated replica whose engine costs almost nothing (1 ms steps, no
 prefill cost; the benchmarks ask 1 output token), each its own process, plain
 text on loopback, and yields once the proxy routes to the replica.
@@ -18,7 +19,7 @@ import contextlib
 import secrets
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,21 @@ class Fleet:
     proxy: dict[str, Any]
     replica: dict[str, Any]
     key: str
+    others: tuple[dict[str, Any], ...] = ()  # the ready files of the further proxies (``more_proxies``)
+    node_pid: int = 0  # the node's process (its agent and the replica)
+
+
+def proxy_ids(ready: dict[str, Any]) -> list[str]:
+    """The proxy ids a proxy's ready file stands for: each worker's under ``--workers N``, else its own."""
+    return [w["proxy_id"] for w in ready.get("workers", [])] or [ready["proxy_id"]]
 
 
 @contextlib.contextmanager
-def one_replica_fleet(proxy_args: Sequence[str] = ()) -> Iterator[Fleet]:
-    """The rig's processes (``proxy_args`` added to the proxy's), stopped on exit whatever happens."""
+def one_replica_fleet(proxy_args: Sequence[str] = (), *, sections: Mapping[str, Any] | None = None,
+                      more_proxies: Sequence[Sequence[str]] = ()) -> Iterator[Fleet]:
+    """The rig's processes (``proxy_args`` added to the proxy's; ``sections`` added to the config file; one more
+    proxy per ``more_proxies`` entry, with those arguments, in front of the same replica), stopped on exit
+    whatever happens."""
     key = "fk_" + secrets.token_hex(16)
     config = {
         "tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key), "plan": "enterprise"}],
@@ -55,6 +66,7 @@ def one_replica_fleet(proxy_args: Sequence[str] = ()) -> Iterator[Fleet]:
         "replica": {"max_running": 1024, "max_queue": 8192, "prefill_base_seconds": 0.0,
                     "prefill_seconds_per_token": 0.0, "decode_base_seconds": 0.001,
                     "decode_seconds_per_request": 0.0},
+        **(sections or {}),
     }
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
         work = Path(tmp)
@@ -66,15 +78,22 @@ def one_replica_fleet(proxy_args: Sequence[str] = ()) -> Iterator[Fleet]:
             cp = Child("controlplane", ["controlplane", *cfg], work, env={"FERRY_ADMIN_TOKEN": token}).start()
             children.append(cp)
             cp_addr = cp.wait_ready()["grpc"]
-            proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", *proxy_args, *cfg],
+            proxy = Child("proxy", ["proxy", "--control-plane", cp_addr, "--id", "bench-proxy", "--workers", "1",
+                                    *proxy_args, *cfg],
                           work).start()
+            others = [Child(f"proxy-{k + 2}", ["proxy", "--control-plane", cp_addr, "--id", f"bench-proxy-{k + 2}",
+                                               "--workers", "1", *args, *cfg], work).start()
+                      for k, args in enumerate(more_proxies)]
             node = Child("node", ["node", "--node", "bench-node", "--control-plane", cp_addr,
                                   "--replica", f"{MODEL}:v1", *cfg], work).start()
-            children += [proxy, node]
+            children += [proxy, *others, node]
             ready = proxy.wait_ready()
-            replica = node.wait_ready()["replicas"][0]
-            wait_routable(cp_addr, {replica["replica_id"]}, "bench-proxy", 30, children, admin_token=token)
-            yield Fleet(proxy=ready, replica=replica, key=key)
+            node_ready = node.wait_ready()
+            replica = node_ready["replicas"][0]
+            readies = [ready, *(o.wait_ready() for o in others)]
+            for proxy_id in (i for r in readies for i in proxy_ids(r)):
+                wait_routable(cp_addr, {replica["replica_id"]}, proxy_id, 30, children, admin_token=token)
+            yield Fleet(proxy=ready, replica=replica, key=key, others=tuple(readies[1:]), node_pid=node_ready["pid"])
         finally:
             stop_all(children)
 

@@ -29,6 +29,10 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   store and pushed to the proxies (:mod:`ferry.cli.ctl.tenants`);
 - ``scale [--region R]``: replicas needed now and for the next ramp, desired,
   standby nodes to keep (:mod:`ferry.cli.ctl.scale`);
+- ``board [--out DIR] [--watch --interval S --count N]``: the fleet drawn as
+  SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
+- ``cache [--model M] [--by-tenant]``: the duplicate rate the proxies measure and
+  the GPU-seconds a response cache saves, cache on/off (:mod:`ferry.cli.ctl.cache`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -64,6 +68,8 @@ import grpc
 from google.protobuf import json_format
 
 from ferry import clienttls
+from ferry.cli.ctl import board as ctlboard
+from ferry.cli.ctl import cache as ctlcache
 from ferry.cli.ctl import completion
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
@@ -166,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "alone: list"))
     ctltenants.add_arguments(add("tenants", ctltenants.HELP))
     ctlscale.add_arguments(add("scale", ctlscale.HELP))
+    ctlboard.add_arguments(add("board", ctlboard.HELP))
+    ctlcache.add_arguments(add)  # cache
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -401,10 +409,16 @@ def cmd_flow(stub: Any, args: argparse.Namespace) -> None:
     ctlflow.COMMANDS[args.command](stub, args, functools.partial(_at, args), TIMEOUT)
 
 
+def cmd_cache(stub: Any, args: argparse.Namespace) -> None:
+    ctlcache.cmd_cache(stub, args, functools.partial(_at, args), TIMEOUT)
+
+
 COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "replicas": cmd_replicas, "nodes": cmd_nodes, "models": cmd_models, "table": cmd_table, "drain": cmd_drain,
     "undrain": cmd_drain, "cordon": cmd_cordon, "uncordon": cmd_cordon, "alloc": cmd_alloc, "status": cmd_status,
-    "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
+    "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "cache": cmd_cache,
+    "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
+    "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 

@@ -7,7 +7,9 @@ Each frame asks ``Admin.GetUsage(by_tier=true)`` of the leader once
   merged by the leader, :mod:`controlplane.tables.usage`): ``rate_per_s`` (requests
   ended per second, shed ones not included), ``p99_ms`` (of the requests
   answered OK; the highest proxy's, an upper bound; ``-`` when none was
-  answered), ``shed`` (shed / offered, 0..1) and ``errors`` (failed / ended);
+  answered), ``shed`` (shed / offered, 0..1), ``errors`` (failed / ended)
+  and ``guard_ms`` (the guardrail hooks' mean time per request,
+  :mod:`dataplane.guard.hooks`; ``-`` when no hook ran);
 - ``queue``: waiting in the replicas' queues (agent telemetry) plus in the
   proxies' tier queues (reports); ``running``, ``kv_util``, ``gpu_util``,
   ``ready`` and ``telemetry_age_s`` from agent telemetry.
@@ -44,13 +46,13 @@ from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
 
 ALL = "all"
-COLUMNS = ["model", "region", "ready", "rate_per_s", "p99_ms", "queue", "running", "kv_util", "gpu_util", "shed",
-           "errors", "telemetry_age_s"]
+COLUMNS = ["model", "region", "ready", "rate_per_s", "p99_ms", "guard_ms", "queue", "running", "kv_util", "gpu_util",
+           "shed", "errors", "telemetry_age_s"]
 
 
 def _proxy_figures(r: Any) -> dict[str, Any]:
     return {"rate_per_s": round(r.request_rate, 2), "p99_ms": p99_ms(r.p99_seconds), "shed": round(r.shed_rate, 4),
-            "errors": round(r.error_rate, 4)}
+            "errors": round(r.error_rate, 4), "guard_ms": round(r.guard_seconds * 1000, 2) if r.guard_seconds else None}
 
 
 def frame_rows(previous: Any, current: Any, *, by_tier: bool = False) -> list[dict[str, Any]]:

@@ -9,10 +9,11 @@ names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
 ``--ready-file`` (``data_plane``, ``http`` (the proxy's OpenAI-compatible HTTP
 API, docs/api.md; ``http_by_region`` with regions), ``control_plane``, ``control_planes``,
-``models``, ``api_keys``, ``admin_token``, and the pids, metrics and replicas
+``models`` (those served: with a replica in the tables, as the control plane
+lists them, ``--models`` order first), ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs
 until SIGINT or SIGTERM, then stops every child. While it runs it supervises
-them (:mod:`ferry.cli.up.supervise`): a child that dies is logged and
+them (:mod:`ferry.supervise`): a child that dies is logged and
 restarted with backoff on its own address, and the ready file is rewritten
 with the new pids, ``restarts``, ``given_up`` and ``up_metrics`` (where
 ``ferry_up_restarts_total`` is served); ``--no-supervise`` turns it off.
@@ -65,11 +66,11 @@ from tomli_w import dumps
 from ferry import clienttls, tlsgen
 from ferry.cli.ctl.main import AdminClient
 from ferry.cli.up.regions import region_names, with_regions
-from ferry.cli.up.supervise import Supervisor
 from ferry.config import hash_api_key
 from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
 from ferry.procs import Child, ChildFailed, stop_all
+from ferry.supervise import Supervisor
 from ferry.v1 import admin_pb2
 
 DEFAULT_MODELS = ("chat-large", "chat-small")
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proxies", type=int, default=1,
                         help="proxy processes per region behind one address (SO_REUSEPORT; default 1)")
     parser.add_argument("--no-supervise", dest="supervise", action="store_false",
-                        help="do not restart children that die (ferry.cli.up.supervise)")
+                        help="do not restart children that die (ferry.supervise)")
     parser.add_argument("--control-planes", type=int, default=1,
                         help="control planes (default 1; more than one needs an etcd store)")
     parser.add_argument("--tls", action="store_true",
@@ -157,6 +158,7 @@ class Fleet:
         self.join_token = "fjt_" + secrets.token_hex(16)
         self.tls_dir: Path | None = None
         self.supervisor: Supervisor | None = None
+        self.served: list[str] = []  # the models with a replica in the tables (served_models)
         self.metrics_address = ""
 
     def supervise(self, on_change: Callable[[], None]) -> Supervisor:
@@ -195,7 +197,7 @@ class Fleet:
             for k in range(per_region):
                 name = base if per_region == 1 else f"{base}-{k + 1}"
                 pid = "proxy-1" if len(regions) == 1 and per_region == 1 else name
-                child = self._spawn(name, ["proxy", "--listen", listen, "--http-listen", http_listen,
+                child = self._spawn(name, ["proxy", "--workers", "1", "--listen", listen, "--http-listen", http_listen,
                                            "--control-plane", ",".join(addresses), "--region", region,
                                            "--id", pid, *cfg])
                 if k == 0:
@@ -244,6 +246,8 @@ class Fleet:
             wait_routable(cp_addr, set(expected) if len(regions) == 1 else by_region[region], proxy["proxy_id"],
                           args.timeout, self.children, nodes_with_any=set(adopting), admin_token=self.admin_token,
                           credentials=clienttls.credentials(ready={"tls": self.tls_section()}))
+        self.served = served_models(cp_addr, self.models, admin_token=self.admin_token,
+                                    credentials=clienttls.credentials(ready={"tls": self.tls_section()}))
         return self.describe()
 
     def _store(self) -> str:
@@ -310,7 +314,7 @@ class Fleet:
             "control_plane": self.control_plane.ready["grpc"],
             "control_planes": [cp.ready["grpc"] for cp in self.control_planes],
             "region": self.args.region,
-            "models": self.models,
+            "models": self.served,  # what the tables route to, not what --models asked for
             "api_keys": self.api_keys,
             "admin_token": self.admin_token,
             "tls": self.tls_section(),
@@ -365,6 +369,20 @@ def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: floa
                 last = f"{exc.code().name}: {exc.details()}"
             time.sleep(0.05)
     raise ChildFailed(f"fleet not ready after {timeout:.0f} s: {last}")
+
+
+def ordered_models(asked: list[str], routable: set[str]) -> list[str]:
+    """The models of ``routable`` replicas: those ``asked`` for first, in their order, then the others sorted."""
+    return [m for m in asked if m in routable] + sorted(routable - set(asked))
+
+
+def served_models(cp_addr: str, asked: list[str], *, admin_token: str | None = None,
+                  credentials: grpc.ChannelCredentials | None = None) -> list[str]:
+    """The models the control plane's tables route to (Admin ``ListReplicas``, replicas in a table), ordered
+    by :func:`ordered_models`: adopted endpoints bring models ``--models`` never named."""
+    with clienttls.sync_channel(cp_addr, credentials) as channel:
+        reps = AdminClient(channel, admin_token).ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5)
+    return ordered_models(asked, {r.model for r in reps.replicas if r.in_table})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,6 +1,9 @@
-"""Supervision of ``ferry up``'s children: reap, log, restart with backoff, give up on a crash loop.
+"""Supervision of child processes: reap, log, restart with backoff, give up on a crash loop.
 
-:class:`Supervisor` is polled by ``ferry up``'s main loop (every 0.2 s).
+One mechanism for ``ferry up``'s children and for the workers of ``ferry
+proxy --workers N`` (:mod:`dataplane.workers`); ``name`` (``ferry up``) prefixes
+its lines on standard error and ``metric`` names its restart counter.
+:class:`Supervisor` is polled by its owner's main loop (every 0.2 s).
 A child found dead is reaped (``Popen.poll``) and logged as the structured
 event ``child_exited`` (``component``, ``pid``, ``exit_status``: the code, or
 ``-N`` for signal N, with ``signal`` naming it); its restart is scheduled
@@ -19,7 +22,7 @@ it and its log; it is not started again.
 
 Restarts are counted per component in ``restarts`` (what ``ferry up`` writes
 into its ready file, with the new pids) and in the Prometheus counter
-``ferry_up_restarts_total{component}`` of ``ferry up``'s own registry; the
+``metric`` (``ferry_up_restarts_total{component}``) of the supervisor's own registry; the
 label set is the run's fixed set of component names (rule 10).
 
 :class:`CrashLoop` is the pure part (death times in a sliding window, an
@@ -43,7 +46,7 @@ from ferry.backoff import Backoff
 from ferry.logs import event
 from ferry.procs import Child, ChildFailed
 
-log = logging.getLogger("ferry.up")
+log = logging.getLogger("ferry.supervise")
 
 
 class CrashLoop:
@@ -97,12 +100,14 @@ def exit_fields(code: int | None) -> dict[str, Any]:
 
 
 class Supervisor:
-    """Restarts ``ferry up``'s children when they die, with backoff and a crash-loop limit (see the module)."""
+    """Restarts children when they die, with backoff and a crash-loop limit (see the module)."""
 
     def __init__(self, children: list[Child], *, on_change: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic, initial: float = 0.5, cap: float = 10.0,
                  give_up_after: int = 5, window_seconds: float = 60.0, stable_seconds: float = 30.0,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, name: str = "ferry up",
+                 metric: str = "ferry_up_restarts_total") -> None:
+        self.name = name
         self._clock = clock
         self._on_change = on_change
         self.stable_seconds = stable_seconds
@@ -110,7 +115,7 @@ class Supervisor:
         self._watches = [_Watch(c, Backoff(initial, cap), CrashLoop(give_up_after, window_seconds), now)
                          for c in children]
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._counter = Counter("ferry_up_restarts_total", "Children of ferry up restarted after they died",
+        self._counter = Counter(metric, f"Children of {name} restarted after they died",
                                 ["component"], registry=self.registry)
         for c in children:
             self._counter.labels(component=c.name)
@@ -158,7 +163,7 @@ class Supervisor:
             w.given_up = True
             event(log, "child_given_up", logging.ERROR, component=child.name, deaths=w.loop.limit,
                   window_seconds=w.loop.window)
-            print(f"ferry up: giving up on {child.name}: it died {w.loop.limit} times within "
+            print(f"{self.name}: giving up on {child.name}: it died {w.loop.limit} times within "
                   f"{w.loop.window:.0f} s (last exit status {code}); see {child.log_path}", file=sys.stderr,
                   flush=True)
             return True
@@ -185,4 +190,4 @@ class Supervisor:
         self._counter.labels(component=child.name).inc()
         event(log, "child_restarted", logging.WARNING, component=child.name, old_pid=old, pid=child.pid,
               restarts=w.restarts)
-        print(f"ferry up: {child.name} restarted (pid {child.pid}, restart {w.restarts})", flush=True)
+        print(f"{self.name}: {child.name} restarted (pid {child.pid}, restart {w.restarts})", flush=True)

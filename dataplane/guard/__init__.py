@@ -1,0 +1,1 @@
+"""Guardrail hooks: safety classifiers the proxy calls on the prompt and on the answer (:mod:`.hooks`)."""

@@ -1,0 +1,105 @@
+"""Claims at scale: a burst of registrations is bounded and completes; a member written again takes its claims
+in one transaction and names the one held elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from controlplane.fleet.claims import REPLICA, Holder, claim_key, host_of, register_claims
+from controlplane.fleet.members import MemberLeases
+from controlplane.fleet.view import FleetView
+from controlplane.store.memory import MemoryStore
+from tests.controlplane.fakes import FakeClock, register, replica
+
+
+class SlowStore:
+    """The embedded store with every conditional write taking a turn of the loop, and their overlap counted."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.in_flight = 0
+        self.most = 0
+
+    async def put_all_if(self, *args: Any, **kwargs: Any) -> int:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(0.001)
+            return await self.inner.put_all_if(*args, **kwargs)
+        finally:
+            self.in_flight -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def claims_of(node: str) -> tuple[Any, frozenset[str]]:
+    reg = register(node, *(replica(f"{node}/r{i}") for i in range(4)))
+    return register_claims(reg), frozenset(host_of(info.address) for info in reg.replicas)
+
+
+async def test_a_burst_of_claims_is_bounded_and_every_one_completes() -> None:
+    store = SlowStore()
+    leases = MemberLeases(store, clock=FakeClock(), ttl_seconds=3.0, claim_concurrency=4)  # type: ignore[arg-type]
+    nodes = [f"n{i}" for i in range(40)]
+
+    await asyncio.gather(*(leases.claim(node, *claims_of(node)) for node in nodes))
+
+    assert 1 < store.most <= 4
+    for node in nodes:
+        for claim in claims_of(node)[0]:
+            assert await store.inner.get(claim.key) is not None, claim.key
+
+
+async def test_a_claim_that_waits_past_its_callers_timeout_writes_nothing() -> None:
+    store = SlowStore()
+    leases = MemberLeases(store, clock=FakeClock(), ttl_seconds=3.0, claim_concurrency=1)  # type: ignore[arg-type]
+    first = asyncio.ensure_future(leases.claim("n0", *claims_of("n0")))
+    await asyncio.sleep(0)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0):
+            await leases.claim("n1", *claims_of("n1"))
+    await first
+    for claim in claims_of("n1")[0]:
+        assert await store.inner.get(claim.key) is None
+
+
+def test_the_bound_is_checked() -> None:
+    with pytest.raises(ValueError, match="claim_concurrency"):
+        MemberLeases(MemoryStore(), clock=FakeClock(), ttl_seconds=3.0, claim_concurrency=0)
+
+
+async def test_a_member_written_again_takes_its_claims_and_names_the_one_held_elsewhere(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    clock = FakeClock()
+    leases = MemberLeases(store, clock=clock, ttl_seconds=3.0, control_plane="cp1")
+    reg = register("n1", *(replica(f"n1/r{i}") for i in range(3)))
+    member = FleetView(clock=clock).register(reg)
+    claims, hosts = claims_of_reg(reg)
+    await leases.claim("n1", claims, hosts)
+    await leases.sync([member])
+    first = (await store.get(claim_key(REPLICA, "n1/r0")))
+    assert first is not None
+    await store.revoke_lease(first.lease)  # the lease is lost: every claim goes with it
+    other = await store.grant_lease(30.0)
+    await store.put(claim_key(REPLICA, "n1/r0"), Holder("n2", "cp2").encode(), lease=other)  # taken meanwhile
+    clock.advance(1.5)  # the member's refresh is due
+
+    await leases.sync([member])
+
+    held = await store.get(claim_key(REPLICA, "n1/r0"))
+    assert held is not None and Holder.decode(held.value).node == "n2"
+    for claim in claims:
+        if claim.key != claim_key(REPLICA, "n1/r0"):
+            kv = await store.get(claim.key)
+            assert kv is not None and kv.lease not in (0, first.lease, other), claim.key
+    assert await store.get("/ferry/members/n1") is not None
+    assert [r for r in caplog.records if "claim_lost" in r.getMessage() or getattr(r, "event", "") == "claim_lost"]
+
+
+def claims_of_reg(reg: Any) -> tuple[Any, frozenset[str]]:
+    return register_claims(reg), frozenset(host_of(info.address) for info in reg.replicas)

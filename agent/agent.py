@@ -68,6 +68,7 @@ class NodeInfo:
     node: str
     region: str = "local"
     gpus: int = 8
+    standby: bool = False  # warm hardware with no replica (ferry node --standby): the region's warm pool
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -268,6 +269,7 @@ class Agent:
                 self._outbox.clear()  # results of an earlier stream mean nothing to this one
                 hello = self.inventory.register(node=n.node, region=n.region, gpus=n.gpus, agent_version=__version__)
                 hello.register.join_token = self._join_token
+                hello.register.standby = n.standby
                 await call.write(hello)
                 reader = asyncio.create_task(self._read(call))
                 await self._send(call, reader)

@@ -19,6 +19,11 @@ and, with the batch runtime, ``"batch_runtime": {"address", "metrics", "models"}
 SIGUSR1 toggles a tenfold slowdown of every simulated replica of the node
 (fault injection for the outlier tests: each engine step takes 10x longer).
 ``--join-token`` (env ``FERRY_JOIN_TOKEN``) is presented on registration.
+``--standby`` registers the node with no replica and ``Register.standby``
+set: warm hardware in the region's warm pool, never routed to (no table lists
+a node without replicas), counted by the control plane's scaling plan
+(:mod:`controlplane.scaling`); it excludes ``--replica``, ``--triton`` and
+``--batch-runtime`` (the warm pool is hardware, not weights).
 ``--tls-ca``/``--tls-cert``/``--tls-key`` give mutual TLS to the control
 planes, and the replicas and batch runtime serve mutual TLS with the same
 certificate (an adopted ``--triton`` endpoint stays plain text); else
@@ -70,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--replica", action="append", default=[], metavar="MODEL[:VERSION]",
                         help="run one simulated replica of MODEL (version v1 by default); repeatable")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs on the node (default 8)")
+    parser.add_argument("--standby", action="store_true",
+                        help="register as a standby node: warm hardware, no replica, no weights loaded")
     parser.add_argument("--warmup-seconds", type=float, default=0.0,
                         help="simulated replicas load their model this long before they are ready (default 0)")
     parser.add_argument("--triton", metavar="ADDRESS", help="also adopt the LLM models of this KServe v2 endpoint")
@@ -112,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         replicas = [parse_replica(r) for r in args.replica]
         if args.gpus < 1:
             raise ValueError("--gpus must be >= 1")
+        if args.standby and (replicas or args.triton or args.batch_runtime):
+            raise ValueError("--standby: a standby node loads no weights; it excludes --replica, --triton and "
+                             "--batch-runtime")
         if not 0 <= args.warmup_seconds <= 3600:
             raise ValueError("--warmup-seconds must be in [0, 3600]")
         cfg = load_file(args.config)
@@ -196,7 +206,7 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
             endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus))
         metrics_host, _ = split_address(args.metrics_listen)
         metrics_port = start_metrics_server(args.metrics_listen)
-        agent = Agent(node=NodeInfo(node=args.node, region=args.region, gpus=args.gpus),
+        agent = Agent(node=NodeInfo(node=args.node, region=args.region, gpus=args.gpus, standby=args.standby),
                       control_planes=control_planes, endpoints=endpoints, settings=settings,
                       tls=args.transport, join_token=args.join_token)
         await agent.start()

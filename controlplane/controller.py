@@ -11,6 +11,8 @@ that holds its state (see each module):
   intent (check the store, conditional put, echo, the leader's tables);
 - :class:`controlplane.fleet.service.FleetService`: agents, members, drains,
   cordons, node, replica and model views;
+- :class:`controlplane.scaling.service.ScalingService`: the scaling plan (replicas
+  needed now and for the next ramp, standby to keep), on the leader;
 - :class:`controlplane.tenants.service.TenantService`,
   :class:`controlplane.rollout.service.RolloutService`,
   :class:`controlplane.allocation.service.AllocationService`,
@@ -21,10 +23,10 @@ The state they share is built here: members (:class:`FleetView`), intent
 tables versioned by :class:`TableVersions`. :meth:`Controller.start` syncs the
 intent (``Unavailable`` naming the store when it does not answer a listing
 within ``store_timeout_seconds``), seeds the tenants, computes the first
-tables when alone, then runs three loops: the tables' computation, the store
+tables when alone, then runs four loops: the tables' computation, the store
 writes (members' leases and, leading, table heads, woken by membership
 changes and every tick, so a slow or absent store never delays the tables)
-and, on the leader, gang allocation. :meth:`Controller.join` takes part in
+and, on the leader, gang allocation and the scaling plan. :meth:`Controller.join` takes part in
 the election once the server is bound. :meth:`Controller.notify` is the one
 signal of a change: the tables recompute after the debounce and the allocator
 looks again.
@@ -48,6 +50,7 @@ from controlplane.fleet.view import FleetView, is_live
 from controlplane.metrics import Metrics
 from controlplane.regions.planner import SpillPlanner
 from controlplane.rollout.service import RolloutService
+from controlplane.scaling.service import ScalingService, ScalingSettings
 from controlplane.store.base import Store
 from controlplane.store.intent import IntentCache
 from controlplane.store.writer import IntentWriter
@@ -84,6 +87,7 @@ class Controller:
         admin_metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
         tenants: Sequence[TenantConfig] = (),
+        scaling: ScalingSettings | None = None,
     ) -> None:
         self.settings = s = settings
         self.metrics = metrics
@@ -133,6 +137,10 @@ class Controller:
         self.status_service = StatusService(s, writer=self.writer, fleet=self.fleet, intent=self.intent,
                                             peers=self.peers, tables=self.tables, watchers=self.watchers,
                                             clock=clock)
+        self.scaling_service = ScalingService(
+            scaling or ScalingSettings(), store=store, members=self.peers.members, figures=self.proxy_usage.figures,
+            leading=lambda: self.peers.leading, cordoned=lambda: self.intent.cordons, metrics=metrics, clock=clock,
+            wall=wall, grace_seconds=s.grace_seconds, max_region_bytes=s.max_region_bytes)
         self._tasks = TaskGroup(logger=log)
 
     # -- wiring
@@ -175,6 +183,7 @@ class Controller:
         self._tasks.start(self.table_service.run(), name="controlplane-loop")
         self._tasks.start(self._store_loop(), name="controlplane-store")
         self._tasks.start(self.allocation_service.run(), name="controlplane-alloc")
+        self._tasks.start(self.scaling_service.run(), name="controlplane-scaling")
 
     async def join(self, address: str) -> None:
         """Take part in the election as ``address`` (when started with ``elect=True``)."""

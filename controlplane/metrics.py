@@ -33,6 +33,18 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_region_requests_per_second`` | gauge: requests ended per second (proxies' reports) | model, region, tier |
 | ``ferry_region_p99_seconds`` | gauge: p99 of requests answered OK (highest proxy's) | model, region, tier |
 | ``ferry_region_shed_ratio`` | gauge: shed / offered requests, 0..1 | model, region, tier |
+| ``ferry_scaling_replicas`` | gauge: the scaling plan (leader only; ``kind``: see below) | model, region, kind |
+| ``ferry_scaling_arrival_rate`` | gauge: requests/s offered, as the plan read it | model, region |
+| ``ferry_scaling_forecast_rate`` | gauge: peak requests/s of the hours ahead on previous days | model, region |
+| ``ferry_scaling_standby_nodes`` | gauge: nodes with no replica (warm pool): ``current``, ``to_keep`` | region, kind |
+| ``ferry_scaling_startup_seconds`` | gauge: measured time to bring a replica up (else the default) | region |
+| ``ferry_scaling_replacement_seconds`` | gauge: measured time to replace a machine (else the default) | region |
+
+``ferry_scaling_replicas``'s ``kind`` is one of ``current``, ``ready``,
+``needed_now``, ``needed_for_ramp``, ``desired``, ``promote``
+(:mod:`controlplane.scaling`). An autoscaler (a Kubernetes HPA external metric, KEDA) scales a model's
+deployment on ``ferry_scaling_replicas{kind="desired"}`` and the standby pool
+on ``ferry_scaling_standby_nodes{kind="to_keep"}`` (docs/operations.md).
 
 The ``ferry_region_*`` series are the leader's merge of every proxy's last
 usage report (:mod:`controlplane.tables.usage`); a follower exports none of them.
@@ -160,6 +172,20 @@ class Metrics:
         self.region_shed = Gauge(name("region_shed_ratio"), "Shed / offered requests, 0..1 (proxies' reports).",
                                  labels, registry=registry)
 
+        self.scaling_replicas = Gauge(
+            name("scaling_replicas"), "The scaling plan per model and region (controlplane.scaling): current, "
+            "ready, needed_now, needed_for_ramp, desired, promote.", ["model", "region", "kind"], registry=registry)
+        self.scaling_arrival = Gauge(name("scaling_arrival_rate"), "Requests/s offered, as the scaling plan read it.",
+                                     ["model", "region"], registry=registry)
+        self.scaling_forecast = Gauge(name("scaling_forecast_rate"), "Peak requests/s of the hours ahead on "
+                                      "previous days (0: no history).", ["model", "region"], registry=registry)
+        self.scaling_standby = Gauge(name("scaling_standby_nodes"), "Standby nodes (no replica): current and to keep.",
+                                     ["region", "kind"], registry=registry)
+        self.scaling_startup = Gauge(name("scaling_startup_seconds"), "Measured time to bring a replica up.",
+                                     ["region"], registry=registry)
+        self.scaling_replacement = Gauge(name("scaling_replacement_seconds"), "Measured time to replace a machine.",
+                                         ["region"], registry=registry)
+
         self._proxies: set[str] = set()
 
     def placed(self, placement: Placement) -> None:
@@ -216,6 +242,22 @@ class Metrics:
         ages = list(pending)
         self.alloc_pending.set(len(ages))
         self.alloc_oldest.set(max(ages, default=0.0))
+
+    def observe_scaling(self, views: Iterable[admin_pb2.ScaleView], standby: Iterable[admin_pb2.StandbyView]) -> None:
+        """The last scaling plan; pairs and regions no longer planned lose their series."""
+        for gauge in (self.scaling_replicas, self.scaling_arrival, self.scaling_forecast, self.scaling_standby,
+                      self.scaling_startup, self.scaling_replacement):
+            gauge.clear()
+        for v in views:
+            for kind in ("current", "ready", "needed_now", "needed_for_ramp", "desired", "promote"):
+                self.scaling_replicas.labels(model=v.model, region=v.region, kind=kind).set(getattr(v, kind))
+            self.scaling_arrival.labels(model=v.model, region=v.region).set(v.arrival_rate)
+            self.scaling_forecast.labels(model=v.model, region=v.region).set(v.forecast_rate)
+        for r in standby:
+            self.scaling_standby.labels(region=r.region, kind="current").set(r.standby_nodes)
+            self.scaling_standby.labels(region=r.region, kind="to_keep").set(r.standby_to_keep)
+            self.scaling_startup.labels(region=r.region).set(r.startup_seconds)
+            self.scaling_replacement.labels(region=r.region).set(r.replacement_seconds)
 
     def reject(self, reason: str, count: int = 1) -> None:
         self.rejected.labels(reason=reason).inc(count)

@@ -121,6 +121,7 @@ class ControlPlane:
             fleet_rpcs=FleetRpcs(c.fleet_service, c.table_service, c.allocation_service),
             usage_rpcs=UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
             tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
+            scale=c.scaling_service.scale,
         )
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),

@@ -44,8 +44,8 @@ from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.metrics import Metrics
 from controlplane.tables.service import TableService
 from controlplane.tables.watchers import Send
-from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated
-from ferry.grpcutil import status_for
+from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated, Unavailable
+from ferry.grpcutil import answer, status_for
 from ferry.tasks import cancel_and_wait
 from ferry.tls import peer_common_name
 from ferry.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
@@ -235,6 +235,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         usage_rpcs: UsageRpcs,
         tenant_rpcs: TenantRpcs,
         rollout_rpcs: RolloutRpcs,
+        scale: Callable[[admin_pb2.GetScaleRequest], admin_pb2.GetScaleResponse] | None = None,
     ) -> None:
         self._fleet = fleet
         self._tables = tables
@@ -244,6 +245,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._usage_rpcs = usage_rpcs
         self._tenant_rpcs = tenant_rpcs
         self._rollout_rpcs = rollout_rpcs
+        self._scale = scale
 
     async def ListReplicas(
         self, request: admin_pb2.ListReplicasRequest, context: Any,
@@ -372,3 +374,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.ListRolloutsRequest, context: Any,
     ) -> admin_pb2.ListRolloutsResponse:
         return await self._rollout_rpcs.ListRollouts(request, context)
+
+    async def GetScale(self, request: admin_pb2.GetScaleRequest, context: Any) -> admin_pb2.GetScaleResponse:
+        """The scaling plan (controlplane.scaling.service): translation only."""
+        def call() -> admin_pb2.GetScaleResponse:
+            if self._scale is None:
+                raise Unavailable("no scaling plan on this control plane")
+            return self._scale(request)
+        return await answer(context, call)

@@ -687,6 +687,66 @@ class ListRolloutsResponse(_message.Message):
     rollouts: _containers.RepeatedCompositeFieldContainer[RolloutView]
     def __init__(self, rollouts: _Optional[_Iterable[_Union[RolloutView, _Mapping]]] = ...) -> None: ...
 
+class GetScaleRequest(_message.Message):
+    __slots__ = ("region",)
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    def __init__(self, region: _Optional[str] = ...) -> None: ...
+
+class ScaleView(_message.Message):
+    __slots__ = ("model", "region", "current", "ready", "needed_now", "needed_for_ramp", "desired", "promote", "arrival_rate", "forecast_rate", "queue_wait_seconds", "service_seconds")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_NOW_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_FOR_RAMP_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_RATE_FIELD_NUMBER: _ClassVar[int]
+    FORECAST_RATE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    region: str
+    current: int
+    ready: int
+    needed_now: int
+    needed_for_ramp: int
+    desired: int
+    promote: int
+    arrival_rate: float
+    forecast_rate: float
+    queue_wait_seconds: float
+    service_seconds: float
+    def __init__(self, model: _Optional[str] = ..., region: _Optional[str] = ..., current: _Optional[int] = ..., ready: _Optional[int] = ..., needed_now: _Optional[int] = ..., needed_for_ramp: _Optional[int] = ..., desired: _Optional[int] = ..., promote: _Optional[int] = ..., arrival_rate: _Optional[float] = ..., forecast_rate: _Optional[float] = ..., queue_wait_seconds: _Optional[float] = ..., service_seconds: _Optional[float] = ...) -> None: ...
+
+class StandbyView(_message.Message):
+    __slots__ = ("region", "standby_nodes", "standby_to_keep", "startup_seconds", "replacement_seconds")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_NODES_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_TO_KEEP_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    standby_nodes: int
+    standby_to_keep: int
+    startup_seconds: float
+    replacement_seconds: float
+    def __init__(self, region: _Optional[str] = ..., standby_nodes: _Optional[int] = ..., standby_to_keep: _Optional[int] = ..., startup_seconds: _Optional[float] = ..., replacement_seconds: _Optional[float] = ...) -> None: ...
+
+class GetScaleResponse(_message.Message):
+    __slots__ = ("models", "regions", "sampled_at", "leading")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ScaleView]
+    regions: _containers.RepeatedCompositeFieldContainer[StandbyView]
+    sampled_at: float
+    leading: bool
+    def __init__(self, models: _Optional[_Iterable[_Union[ScaleView, _Mapping]]] = ..., regions: _Optional[_Iterable[_Union[StandbyView, _Mapping]]] = ..., sampled_at: _Optional[float] = ..., leading: _Optional[bool] = ...) -> None: ...
+
 class GetCacheRequest(_message.Message):
     __slots__ = ("model", "by_tenant")
     MODEL_FIELD_NUMBER: _ClassVar[int]

@@ -145,6 +145,11 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.FromString,
                 _registered_method=True)
+        self.GetScale = channel.unary_unary(
+                '/ferry.v1.Admin/GetScale',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetScaleRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetScaleResponse.FromString,
+                _registered_method=True)
         self.GetCache = channel.unary_unary(
                 '/ferry.v1.Admin/GetCache',
                 request_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
@@ -312,6 +317,14 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetScale(self, request, context):
+        """Scaling signals (controlplane.scaling): per model and region the replicas needed now, for the next
+        ramp and desired; per region the standby nodes kept and to keep. Computed by the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCache(self, request, context):
         """Per model (and per tenant with by_tenant): the duplicate rate the proxies measure among deterministic
         requests, the GPU-seconds a response cache would have saved, and whether the cache is on
@@ -433,6 +446,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListRollouts,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.SerializeToString,
+            ),
+            'GetScale': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetScale,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetScaleRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetScaleResponse.SerializeToString,
             ),
             'GetCache': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCache,
@@ -1035,6 +1053,33 @@ class Admin:
             '/ferry.v1.Admin/ListRollouts',
             ferry_dot_v1_dot_admin__pb2.ListRolloutsRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.ListRolloutsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetScale(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetScale',
+            ferry_dot_v1_dot_admin__pb2.GetScaleRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetScaleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,20 +19,22 @@ class AgentMessage(_message.Message):
     def __init__(self, register: _Optional[_Union[Register, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("node", "region", "gpus", "replicas", "agent_version", "join_token")
+    __slots__ = ("node", "region", "gpus", "replicas", "agent_version", "join_token", "standby")
     NODE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STANDBY_FIELD_NUMBER: _ClassVar[int]
     node: str
     region: str
     gpus: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
     agent_version: str
     join_token: str
-    def __init__(self, node: _Optional[str] = ..., region: _Optional[str] = ..., gpus: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ..., join_token: _Optional[str] = ...) -> None: ...
+    standby: bool
+    def __init__(self, node: _Optional[str] = ..., region: _Optional[str] = ..., gpus: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ..., join_token: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
     __slots__ = ("replica_id", "model", "version", "address", "kserve_model", "gpus", "max_concurrency", "kv_block_tokens", "max_context_tokens", "state", "inputs")

@@ -27,6 +27,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   --concurrency N (--api-key K | --api-key-sha256 H | --generate-key)``,
   ``tenants set NAME …``, ``tenants remove NAME``: the tenants kept in the
   store and pushed to the proxies (:mod:`ferry.cli.ctl.tenants`);
+- ``scale [--region R]``: replicas needed now and for the next ramp, desired,
+  standby nodes to keep (:mod:`ferry.cli.ctl.scale`);
 - ``board [--out DIR] [--watch --interval S --count N]``: the fleet drawn as
   SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
 - ``cache [--model M] [--by-tenant]``: the duplicate rate the proxies measure and
@@ -71,6 +73,7 @@ from ferry.cli.ctl import cache as ctlcache
 from ferry.cli.ctl import completion
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
+from ferry.cli.ctl import scale as ctlscale
 from ferry.cli.ctl import tenants as ctltenants
 from ferry.cli.ctl import top as ctltop
 from ferry.cli.ctl.errors import UsageError
@@ -168,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlrollout.add_arguments(add("rollout", "a model's version rollout: --canary share, --promote, --rollback; "
                                             "alone: list"))
     ctltenants.add_arguments(add("tenants", ctltenants.HELP))
+    ctlscale.add_arguments(add("scale", ctlscale.HELP))
     ctlboard.add_arguments(add("board", ctlboard.HELP))
     ctlcache.add_arguments(add)  # cache
     p = sub.add_parser("completion", help="print a shell completion script")
@@ -415,6 +419,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "cache": cmd_cache,
     "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
+    "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
 

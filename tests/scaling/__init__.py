@@ -1,0 +1,1 @@
+"""Tests of the scaling plan, its history and its timings."""

@@ -38,6 +38,7 @@ from controlplane.api import join as admission
 from controlplane.api.auth import AdminAuth
 from controlplane.api.join import Admission
 from controlplane.config import ControlPlaneSettings
+from controlplane.scaling.service import ScalingSettings
 from controlplane.server import ControlPlane
 from controlplane.store.etcd import EtcdStore, parse_endpoint
 from ferry import logs, tls
@@ -75,11 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalog: tuple[ModelConfig, ...],
                 admin_auth: AdminAuth | None = None, transport: TLSConfig | None = None,
-                joining: Admission | None = None, tenants: tuple[TenantConfig, ...] = ()) -> int:
+                joining: Admission | None = None, tenants: tuple[TenantConfig, ...] = (),
+                scaling: ScalingSettings | None = None) -> int:
     stop = stop_event()
     store = open_store(args.store, settings)
     cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore),
-                      admin_auth=admin_auth, tls=transport, admission=joining, tenants=tenants)
+                      admin_auth=admin_auth, tls=transport, admission=joining, tenants=tenants, scaling=scaling)
     try:
         port = await cp.start(args.listen, advertise=args.advertise)
     except (OSError, FerryError) as exc:
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_file(args.config)
         settings = config.section(ControlPlaneSettings, "controlplane")
+        scaling = config.section(ScalingSettings, "scaling")  # the scaling plan's targets (controlplane.scaling)
         if args.id is not None:
             settings = dataclasses.replace(settings, id=args.id)
         check_store_url(args.store)
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if joining.open:
         log.warning("no join token (--join-token-file, FERRY_JOIN_TOKEN or controlplane.join_token_sha256) and "
                     "no mutual TLS: any agent may register")
-    return asyncio.run(serve(args, settings, config.models, admin_auth, transport, joining, config.tenants))
+    return asyncio.run(serve(args, settings, config.models, admin_auth, transport, joining, config.tenants,
+                             scaling))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
 from controlplane.metrics import Metrics
+from controlplane.scaling.service import ScalingSettings
 from controlplane.store.base import Store, StoreHealth
 from controlplane.store.memory import MemoryStore
 from ferry.config import ModelConfig, TenantConfig
@@ -79,6 +80,7 @@ class ControlPlane:
         tls: TLSConfig | None = None,
         admission: Admission | None = None,
         tenants: Sequence[TenantConfig] = (),
+        scaling: ScalingSettings | None = None,
     ) -> None:
         self.settings = settings or ControlPlaneSettings()
         self.tls = tls  # mutual TLS on the port (every peer shows a certificate of the CA) and to the leader
@@ -92,7 +94,7 @@ class ControlPlane:
         self.controller = Controller(
             self.settings, store=self.store, catalog=catalog, clock=clock, wall=wall,
             metrics=Metrics(self.registry), elect=elect, admin_metadata=self.admin_auth.metadata(), tls=tls,
-            tenants=tenants,
+            tenants=tenants, scaling=scaling,
         )
         self._server: grpc.aio.Server | None = None
         self.port = 0

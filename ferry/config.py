@@ -36,6 +36,7 @@ File layout (every section optional)::
     [limits]         # read by the proxy
     [proxy]          # dataplane.config.ProxySettings
     [controlplane]   # controlplane.config.ControlPlaneSettings
+    [scaling]        # controlplane.scaling.service.ScalingSettings (with [scaling.targets])
     [agent]          # agent.config.AgentSettings
     [replica]        # agent.replica.engine.EngineParams
 """
@@ -55,7 +56,7 @@ from ferry.errors import ConfigError
 
 T = TypeVar("T")
 
-SECTIONS = ("tenants", "models", "guardrails", "limits", "proxy", "controlplane", "agent", "replica")
+SECTIONS = ("tenants", "models", "guardrails", "limits", "proxy", "controlplane", "scaling", "agent", "replica")
 GUARD_STAGES = ("prompt", "output")
 GUARD_ON_ERROR = ("closed", "open")
 MAX_GUARDRAILS = 16  # hooks in one config; each costs a call per request it applies to
@@ -205,7 +206,7 @@ def parse(data: Mapping[str, Any]) -> FileConfig:
     if len({g.name for g in guardrails}) != len(guardrails):
         raise ConfigError("guardrails", "hook names must be unique")
     limits = from_mapping(Limits, data.get("limits", {}), "limits")
-    other = {k: v for k, v in data.items() if k in ("proxy", "controlplane", "agent", "replica")}
+    other = {k: v for k, v in data.items() if k in ("proxy", "controlplane", "scaling", "agent", "replica")}
     return FileConfig(tenants=tenants, models=models, guardrails=guardrails, limits=limits, sections=other)
 
 

@@ -3,17 +3,21 @@ the metrics registry; the plan it publishes and what it writes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry
 
 from controlplane.fleet.view import FleetView
+from controlplane.main import main
 from controlplane.metrics import Metrics
 from controlplane.scaling.history import HISTORY_PREFIX, TIMINGS_PREFIX
 from controlplane.scaling.plan import DAY, HOUR, Targets
 from controlplane.scaling.service import ScalingService, ScalingSettings
 from controlplane.store.memory import MemoryStore
 from controlplane.tables.usage import Figures
-from ferry.errors import InvalidArgument
+from ferry.config import load_file
+from ferry.errors import ConfigError, InvalidArgument
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
 
 READY, WARMING = common_pb2.REPLICA_STATE_READY, common_pb2.REPLICA_STATE_WARMING
@@ -115,3 +119,20 @@ async def test_a_control_plane_that_stops_leading_publishes_nothing_and_reloads_
     assert not service.history.loaded
     await service.step()
     assert service.history.loaded and service.history.records("m", "eu")
+
+
+def test_the_scaling_section_of_the_config_file_is_read_and_checked(tmp_path: Path) -> None:
+    path = tmp_path / "ferry.toml"
+    path.write_text("[scaling]\ninterval_seconds = 2.0\n[scaling.targets]\nfloor = 2\nttft_target_seconds = 1.5\n")
+    settings = load_file(path).section(ScalingSettings, "scaling")
+    assert settings.interval_seconds == 2.0
+    assert (settings.targets.floor, settings.targets.ttft_target_seconds) == (2, 1.5)
+    path.write_text("[scaling]\ninterval_seconds = 0\n")
+    with pytest.raises(ConfigError) as bad:
+        load_file(path).section(ScalingSettings, "scaling")
+    assert bad.value.key == "scaling.interval_seconds"
+    path.write_text("[scaling.targets]\nflor = 2\n")
+    with pytest.raises(ConfigError) as typo:
+        load_file(path).section(ScalingSettings, "scaling")
+    assert typo.value.key == "scaling.targets.flor"
+    assert main(["--config", str(path)]) == 2  # ferry controlplane refuses it at start

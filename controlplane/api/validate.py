@@ -74,6 +74,8 @@ def check_register(reg: fleet_pb2.Register, settings: ControlPlaneSettings,
     check_name(reg.region, "register.region", settings.max_region_bytes)
     if len(reg.replicas) > settings.max_replicas_per_node:
         raise InvalidArgument("register.replicas", f"more than {settings.max_replicas_per_node} replicas")
+    if reg.standby and reg.replicas:
+        raise InvalidArgument("register.standby", "a standby node registers no replica (it has no weights loaded)")
     seen: set[str] = set()
     for i, info in enumerate(reg.replicas):
         field = f"register.replicas[{i}]"

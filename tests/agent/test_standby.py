@@ -9,7 +9,11 @@ from prometheus_client import CollectorRegistry
 
 from agent.agent import Agent, AgentMetrics, NodeInfo
 from agent.main import main
+from controlplane.api import validate
+from controlplane.config import ControlPlaneSettings
+from ferry.errors import InvalidArgument
 from tests.agent.test_agent import SETTINGS, FakeFleet, start_fleet
+from tests.controlplane.fakes import register, replica
 
 
 async def test_a_standby_node_registers_with_no_replica_and_keeps_reporting() -> None:
@@ -37,3 +41,14 @@ def test_standby_refuses_weights(extra: list[str], monkeypatch: pytest.MonkeyPat
     assert main(["--control-plane", "127.0.0.1:1", "--standby", "--insecure", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("ferry node: --standby") and extra[0] in err
+
+
+def test_a_standby_registration_with_replicas_is_refused_naming_the_field() -> None:
+    reg = register("n1", replica("n1-r0"))
+    reg.standby = True
+    with pytest.raises(InvalidArgument) as info:
+        validate.check_register(reg, ControlPlaneSettings())
+    assert info.value.field == "register.standby"
+    alone = register("n1")
+    alone.standby = True
+    validate.check_register(alone, ControlPlaneSettings())  # a standby node alone is fine

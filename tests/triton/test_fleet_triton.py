@@ -79,6 +79,10 @@ def test_routes_unary_and_streams_to_real_triton_then_survives_drain_and_kill(tr
         channel, admin = fleet.admin()
         with channel:
             admin.Drain(admin_pb2.DrainRequest(replica_id="t1-llm-unary-1"), timeout=5)
+            # The call returns once the leader's table has the drain; the proxy applies it a push later.
+            version = max(t.version for t in admin.GetStatus(admin_pb2.GetStatusRequest(), timeout=5).regions)
+            wait_for(lambda: all(p.applied_version >= version for p in admin.GetStatus(
+                admin_pb2.GetStatusRequest(), timeout=5).proxies), 5, "the proxy to apply the drained table")
         assert {stub.Infer(req("llm-unary", n=n), metadata=key, timeout=20).replica_id for n in range(6)} == {
             "t2-llm-unary-1"}
         wait_for(lambda: fleet.replicas()["t1-llm-unary-1"].state == common_pb2.REPLICA_STATE_DRAINED, 15,

@@ -53,6 +53,7 @@ import grpc
 from ferry.cli.ctl.main import AdminClient
 from ferry.procs import Child
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, inference_pb2, inference_pb2_grpc
+from tools.bench.overhead import cpu_seconds
 
 TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),
          ("standard", common_pb2.TIER_STANDARD, "paid-1"),
@@ -335,8 +336,24 @@ def _fake_agent(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
 def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: float) -> dict[str, Any]:
     """Normal load alone for ``seconds/2``, then with 200 batch streams of the free tenant never read."""
     half = seconds / 2
+    pids = ready["pids"]
+
+    def cpu(names: Callable[[str], bool]) -> float:
+        return sum(cpu_seconds(pid) for name, pid in pids.items() if names(name))
+
+    groups: dict[str, Callable[[str], bool]] = {"proxy": lambda n: n == "proxy",
+                                                "nodes": lambda n: n.startswith("node")}
+    shares: dict[str, float] = {}
+
+    def share(label: str, before: dict[str, float], since: float) -> None:
+        wall = time.monotonic() - since
+        for group, names in groups.items():
+            shares[f"{group}_cpu_cores_{label}"] = round((cpu(names) - before[group]) / wall, 3)
+
+    at, used = time.monotonic(), {g: cpu(n) for g, n in groups.items()}
     alone = Load(ready, rate)
     alone.run(half)
+    share("without", used, at)
     channel = grpc.insecure_channel(ready["data_plane"], options=[("grpc.use_local_subchannel_pool", 1)])
     stub = inference_pb2_grpc.InferenceStub(channel)
     metadata = (("x-api-key", ready["api_keys"]["free-1"]),)  # a tenant of its own: its limits are its own
@@ -354,8 +371,10 @@ def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: floa
     done = threading.Event()
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    at, used = time.monotonic(), {g: cpu(n) for g, n in groups.items()}
     loaded = Load(ready, rate)
     loaded.run(half)
+    share("with", used, at)
     done.set()
     sampler.join(2)
     refused = sum(1 for c in calls if c.done() and c.code() != grpc.StatusCode.OK)
@@ -376,7 +395,8 @@ def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: floa
     return {"tiers": tiers, "recovery": {
         "unread_streams": len(calls), "unread_refused": refused, "held_seconds": round(half, 1),
         "p99_without": p99_alone, "p99_with": p99_loaded, "p99_ratio": ratio,
-        "proxy_rss_before_bytes": rss_before, "proxy_rss_peak_bytes": peak[0], "slots_freed_after_seconds": freed}}
+        "proxy_rss_before_bytes": rss_before, "proxy_rss_peak_bytes": peak[0], "slots_freed_after_seconds": freed,
+        **shares}}
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (

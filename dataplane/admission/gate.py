@@ -33,7 +33,8 @@ so the pick answers for it as before. Metrics (:class:`TierMetrics`):
 ``ferry_proxy_queue_depth{model,tier}``, ``ferry_proxy_queue_wait_seconds``,
 ``ferry_proxy_admitted_total``, ``ferry_proxy_shed_total{model,tier,reason}``,
 ``ferry_proxy_preempted_total{model,reason}`` (``reclaim``: the model was full
-and a higher tier waited; ``room``: an interactive request was sent to a
+and a higher tier waited; ``fair``: a tenant above its ceiling in its tier
+while others waited there; ``room``: an interactive request was sent to a
 replica full of this proxy's requests), ``ferry_proxy_tier_quota`` and
 ``ferry_proxy_tier_lent`` (slots, per model and tier),
 ``ferry_proxy_tier_reclaimed_total`` (slots of a tier's reserve it took back
@@ -83,7 +84,7 @@ class Preempted(FerryError):
 
 
 class _Preempt(asyncio.Event):
-    """Set to preempt a running ticket; ``reason`` labels the metric: ``reclaim`` or ``room``."""
+    """Set to preempt a running ticket; ``reason`` labels the metric: ``reclaim``, ``fair`` or ``room``."""
 
     reason = "reclaim"
 
@@ -319,7 +320,7 @@ class Admission:
         for victim in queues.make_room(ticket, replica, inflight, slots):
             event = self._preempt.get(victim)
             if event is not None:
-                freed = event.fire("room") or freed
+                freed = event.fire(victim.cause) or freed
             else:
                 victim.state = "running"
         if freed:
@@ -356,7 +357,7 @@ class Admission:
             for ticket in queues.preemptions():
                 event = self._preempt.get(ticket)
                 if event is not None:
-                    freed = event.fire("reclaim") or freed
+                    freed = event.fire(ticket.cause) or freed
                 else:
                     ticket.state = "running"  # not preemptible (not yet forwarding): let it run
         self._gauges(model)

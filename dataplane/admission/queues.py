@@ -119,6 +119,7 @@ class Ticket:
     state: str = "new"  # new | queued | running | preempting | parked | done
     preempted: int = 0
     preemptible: bool = True  # False: never preempted (a stream that has used up its continuations)
+    cause: str = ""  # why it was last chosen to be preempted: reclaim | fair | room (the metric's reason)
     replica: str = ""  # where it was sent, once the pick chose (make_room)
     seq: int = dataclasses.field(default_factory=lambda: next(_ids))
 
@@ -331,12 +332,21 @@ class TierQueues:
     def preemptions(self) -> list[Ticket]:
         """Running tickets to preempt now, batch first, then standard, newest first; counted until requeued.
 
-        Only what higher tiers can use: the requests waiting in a higher tier
-        that its allowance would let run, less the free slots and the
-        preemptions already under way; never a tier below its allowance;
-        only preemptible tickets (:attr:`Ticket.preemptible`).
+        Two causes (:attr:`Ticket.cause`), only preemptible tickets
+        (:attr:`Ticket.preemptible`), never a tier below its allowance:
+
+        - ``reclaim``: what higher tiers can use: the requests waiting in a
+          higher tier that its allowance would let run, less the free slots
+          and the preemptions already under way;
+        - ``fair``: inside a standard or batch tier, a tenant running above
+          its ceiling (:meth:`ceilings`, as :meth:`dispatch` computes them)
+          gives back its newest requests, down to its ceiling, while tenants
+          under theirs wait in that tier with no slot free for them, so one
+          tenant's long requests (streams above all) cannot hold the tier
+          against the others.
         """
-        if not any(self.depth(t) for t in TIERS[:-1]):  # nothing waits above the lowest tier: the common case
+        waiting = [t for t in TIERS if self.depth(t)]
+        if not waiting:  # nothing waits: the common case
             return []
         quotas = self.quotas()
         limits = {t: allowance(quotas, t) for t in TIERS}
@@ -353,10 +363,37 @@ class TierQueues:
                 continue
             chosen = [t for t in reversed(self._running[tier]) if t.state == "running" and t.preemptible][:count]
             for ticket in chosen:
-                ticket.state = "preempting"
+                ticket.state, ticket.cause = "preempting", "reclaim"
                 self.placement.forget(ticket)
             victims += chosen
+        for tier in waiting:
+            if tier != TIERS[0] and self.params.tenant_ceiling > 0:
+                victims += self._fair(tier, limits[tier], free)
         return victims
+
+    def _fair(self, tier: str, limit: int, free: int) -> list[Ticket]:
+        """The ``fair`` victims of ``tier`` (:meth:`preemptions`)."""
+        held, queue = self._held[tier], self._queues[tier]
+        if len(self._weights[tier].keys() | queue.weights().keys()) <= 1:  # one tenant: nobody to be fair to
+            return []
+        room = self.capacity - sum(self.running(t) for t in TIERS[:TIERS.index(tier)])
+        ceilings = {t: self.placement.shards.ceiling(t, c) for t, c in self.ceilings(tier, room).items()}
+        need = sum(min(queue.depth(t), max(0, c - held.count(t))) for t, c in ceilings.items())
+        need -= max(0, min(free, limit - self.running(tier)))  # what dispatch can start without a preemption
+        need -= sum(1 for t in self._running[tier] if t.state == "preempting")
+        if need <= 0:
+            return []
+        excess = {t: held.count(t) - c for t, c in ceilings.items() if held.count(t) > c}
+        chosen: list[Ticket] = []
+        for ticket in reversed(self._running[tier]):
+            if len(chosen) >= need:
+                break
+            if excess.get(ticket.tenant, 0) > 0 and ticket.state == "running" and ticket.preemptible:
+                excess[ticket.tenant] -= 1
+                ticket.state, ticket.cause = "preempting", "fair"
+                self.placement.forget(ticket)
+                chosen.append(ticket)
+        return chosen
 
     def make_room(self, ticket: Ticket, replica: str, inflight: int, slots: int) -> list[Ticket]:
         """Running tickets to preempt on ``replica`` so ``ticket``, just sent there, runs at once.
@@ -381,7 +418,7 @@ class TierQueues:
                 if len(victims) >= excess or spare <= 0:
                     break
                 if held.replica == replica and held.state == "running" and held.preemptible:
-                    held.state = "preempting"
+                    held.state, held.cause = "preempting", "room"
                     self.placement.forget(held)
                     victims.append(held)
                     spare -= 1

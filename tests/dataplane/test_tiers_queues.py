@@ -191,3 +191,34 @@ def test_streams_are_not_preempted() -> None:
     q.dispatch(0.0)
     q.offer(_ticket("interactive"), 0.1)
     assert q.preemptions() == []
+
+
+def test_a_tenant_holding_its_tier_gives_back_down_to_its_ceiling_when_another_waits() -> None:
+    q = TierQueues(QueueParams(max_queued=100, headroom_max_share=0.0, shard_max_share=0.0), capacity=8)
+    hog = [_ticket("batch", tenant="hog", plan="free") for _ in range(8)]
+    for t in hog:
+        q.offer(t, 0.0)
+    assert q.dispatch(0.0) == hog  # alone in its tier, it may take every slot
+    assert q.preemptions() == []
+    late = [_ticket("batch", tenant="late", plan="paid") for _ in range(3)]
+    for t in late:
+        q.offer(t, 1.0)
+    assert q.dispatch(1.0) == []  # no slot free
+    victims = q.preemptions()
+    # Ceilings over 8 slots: free (weight 1) ceil(8 x 1/5) = 2, paid (4) ceil(8 x 4/5) = 7: the late tenant's
+    # 3 waiting requests fit under its ceiling, so 3 of the hog's newest give way.
+    assert victims == hog[::-1][:3] and {v.cause for v in victims} == {"fair"}
+    assert q.preemptions() == []  # under way: not chosen twice
+    for v in victims:
+        q.requeue(v, 1.1)
+    assert q.dispatch(1.1) == late  # the requeued ones wait: their tenant is at its ceiling
+    assert q.preemptions() == []  # the hog is above its ceiling (5 > 2), but nobody under theirs waits
+
+
+def test_fair_preemption_is_off_with_tenant_ceilings_off() -> None:
+    q = TierQueues(QueueParams(max_queued=100, headroom_max_share=0.0, tenant_ceiling=0.0), capacity=4)
+    for _ in range(4):
+        q.offer(_ticket("standard", tenant="hog"), 0.0)
+    q.dispatch(0.0)
+    q.offer(_ticket("standard", tenant="late"), 1.0)
+    assert q.preemptions() == []

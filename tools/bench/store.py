@@ -209,6 +209,7 @@ class Agents:
         self.varying = False
         self.reconnects = 0
         self.errors: dict[str, str] = {}  # node -> why its last stream ended
+        self.registered: set[str] = set()  # nodes whose stream is open and was answered `registered`
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -222,7 +223,7 @@ class Agents:
             call = fleet_pb2_grpc.FleetStub(self.channels[n % len(self.channels)]).Connect()
             try:
                 await call.write(fleet_pb2.AgentMessage(register=reg))
-                commands = asyncio.ensure_future(self._read(call, backoff))
+                commands = asyncio.ensure_future(self._read(call, backoff, reg.node))
                 try:
                     await asyncio.sleep(rng.random())  # spread the agents over the second
                     seq = 0
@@ -240,15 +241,17 @@ class Agents:
                 self.errors[reg.node] = f"stream closed: {exc}"
             finally:
                 call.cancel()
+                self.registered.discard(reg.node)
             self.reconnects += 1
             await asyncio.sleep(backoff.next_delay())
 
-    async def _read(self, call: Any, backoff: Backoff) -> str:
+    async def _read(self, call: Any, backoff: Backoff, node: str) -> str:
         """Read (and drop) what the control plane sends; the backoff is reset once the node is registered."""
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
                 if message.WhichOneof("body") == "registered":
                     backoff.reset()
+                    self.registered.add(node)
         except grpc.aio.AioRpcError as exc:
             return f"{exc.code().name}: {exc.details()}"
         return "stream ended"
@@ -477,7 +480,9 @@ async def bench_fleet(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path, 
         everyone = {r.replica_id for reg in agents.regs for r in reg.replicas}
         seen = await proxies.until(lambda t: routed(t) == everyone, 180)
         if len(seen) < args.proxies:
-            ended = "; ".join(f"{k}: {v}" for k, v in list(agents.errors.items())[:3]) or "no stream ended"
+            out = [reg.node for reg in agents.regs if reg.node not in agents.registered]
+            ended = "; ".join(f"{k}: {agents.errors.get(k, 'no stream ended')}" for k in out[:5]) or "none"
+            ended = f"{len(out)} nodes not registered now: {ended}"
             raise FerryFailed(proxies.missing(seen, f"the full table of {len(everyone)} replicas within 180 s") +
                               f"\nagents: {agents.reconnects} reconnects; {ended}")
         table_bytes = max(t.ByteSize() for t in proxies.latest if t is not None)  # the whole table, as sent in full
@@ -566,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-seconds", type=float, default=20.0)
     parser.add_argument("--compute-only", action="store_true", help="the in-process measurements alone (seconds)")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "store.json"))
+    parser.add_argument("--workdir", default=None,
+                        help="keep the control planes' logs and config here (default: a temporary folder)")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                               "commit": head(), "replicas": args.replicas, "replicas_per_node": args.per_node,
@@ -575,8 +582,14 @@ def main(argv: list[str] | None = None) -> int:
         report({"replicas": args.replicas, "compute": result["compute"]}, args.proxies)
         if args.compute_only:
             raise Skipped
-        with tempfile.TemporaryDirectory(prefix="ferry-bench-store-") as tmp, LocalEtcd() as etcd:
-            asyncio.run(bench_fleet(args, etcd, Path(tmp), result))
+        with contextlib.ExitStack() as stack:
+            if args.workdir:
+                workdir = Path(args.workdir)
+                workdir.mkdir(parents=True, exist_ok=True)
+            else:
+                workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ferry-bench-store-")))
+            etcd = stack.enter_context(LocalEtcd())
+            asyncio.run(bench_fleet(args, etcd, workdir, result))
         result["passed"] = True
     except FerryFailed as exc:
         result["failure"] = str(exc)

@@ -84,6 +84,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
                 "proxy: guardrail hooks (dataplane/guard) before the queue and on each window of the answer"),
     Requirement("R13", "a response cache only where the measured duplicate rate earns it",
                 "proxy: duplicate-rate sketch and per-tenant cache (dataplane/cache); leader: merged rates"),
+    Requirement("R14", "scale down at night without hurting the morning ramp; a warm pool of hardware",
+                "leader: the scaling plan (controlplane/scaling: needed now and for the ramp, standby nodes)"),
 )
 
 
@@ -373,7 +375,7 @@ def to_dot(s: Snapshot) -> str:
         role = "LEADER" if c.leader else (c.role or "follower")
         state = "" if c.reachable else " - UNREACHABLE"
         rows = [f"<B>control plane {_e(c.id)}</B>", _e(f"{role}{state}"), _e(f"{c.address}, {c.agents} agents"),
-                _tags(["R3", "R5", "R6", "R8", "R10"] if c.leader else ["R6"])]
+                _tags(["R3", "R5", "R6", "R8", "R10", "R14"] if c.leader else ["R6"])]
         lines.append(_node(node_id("cp", c.id), _box(rows, colour="#fff8e1" if c.leader else "#ffffff",
                                                      border=3 if c.leader else 1),
                            dead=not c.reachable))

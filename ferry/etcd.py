@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -43,6 +45,14 @@ class EtcdFailed(ChildFailed):
 def etcd_binary() -> str | None:
     """The path of the ``etcd`` binary on PATH, or None."""
     return shutil.which("etcd")
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in ``/proc/PID/stat`` (``R``, ``S``, ``T``…), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
 
 
 def free_port() -> int:
@@ -125,8 +135,17 @@ class LocalEtcd(Child):
             return False
 
     def signal(self, sig: int) -> None:
-        """Send ``sig`` (SIGSTOP and SIGCONT pause and resume it); SIGKILL also reaps it."""
+        """Send ``sig`` (SIGSTOP and SIGCONT pause and resume it); SIGKILL also reaps it.
+
+        After SIGSTOP it returns once the kernel shows the process stopped (``/proc/PID/stat`` state
+        ``T``, polled every millisecond for at most 2 s): a request sent right after is not answered by a
+        thread that had not stopped yet.
+        """
         self.kill(sig)
+        if sig == signal.SIGSTOP:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and process_state(self.pid) not in ("T", "t", ""):
+                time.sleep(0.001)
 
     def restart(self, timeout: float = 15.0) -> Self:
         """Stop it if it runs, then start it again on the same data dir and ports."""

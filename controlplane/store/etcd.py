@@ -122,7 +122,7 @@ class EtcdStore:
             ("grpc.keepalive_time_ms", 10_000),  # etcd refuses pings more often than every 5 s
             ("grpc.keepalive_timeout_ms", 5_000),
         ]
-        self.keeper = LeaseKeeper(self._open, where=self._where, timeout=timeout,
+        self.keeper = LeaseKeeper(self._open, lambda: self.endpoints.current, where=self._where, timeout=timeout,
                                   owner=self.loop_clock, on_outcome=self._outcome, stand_in_seconds=stand_in_seconds,
                                   clock=clock)
 

@@ -102,7 +102,8 @@ class LeaseKeeper:
     """Lease refreshes of one store client on a thread of their own (see the module docstring).
 
     Parameters: ``open_channel`` (makes a channel to the store's current endpoint, with its TLS and token:
-    :func:`controlplane.store.etcdaccess.open_channel`; called on the keeper's thread), ``where`` (names etcd in
+    :func:`controlplane.store.etcdaccess.open_channel`; called on the keeper's thread), ``endpoint`` (the store's
+    current endpoint: after a failed refresh the channel is made again when it differs), ``where`` (names etcd in
     errors), ``timeout`` (counted seconds a refresh waits), ``owner`` (the owner loop's clock),
     ``on_outcome`` (called on the keeper's thread with "" after an answer, else the error),
     ``stall_seconds``, ``stand_in_seconds``, ``tick``, ``max_pending``, ``clock``.
@@ -111,6 +112,7 @@ class LeaseKeeper:
     def __init__(
         self,
         open_channel: Callable[[], grpc.aio.Channel],
+        endpoint: Callable[[], str],
         *,
         where: str,
         timeout: float,
@@ -123,6 +125,8 @@ class LeaseKeeper:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open_channel = open_channel
+        self._endpoint = endpoint
+        self._target = ""  # the endpoint the keeper's channel goes to
         self._where = where
         self._timeout = timeout
         self._owner = owner
@@ -207,6 +211,7 @@ class LeaseKeeper:
 
     def _begin(self) -> None:
         self.clock.start()
+        self._target = self._endpoint()
         self._channel = self._open_channel()  # the store's helper: its endpoint, TLS and token
         self._stub = etcd.LeaseStub(self._channel)
         self._keepalives = KeepAlives(lambda: self._stub, where=self._where, timeout=self._timeout,
@@ -241,7 +246,10 @@ class LeaseKeeper:
         return ttl
 
     async def _reopen(self) -> None:
-        """A new channel (the store may have moved to another endpoint); the next stream opens on it."""
+        """A new channel when the store has moved to another endpoint; the next stream opens on it."""
+        if self._endpoint() == self._target:
+            return
+        self._target = self._endpoint()
         old, self._channel = self._channel, self._open_channel()
         self._stub = etcd.LeaseStub(self._channel)
         if old is not None:

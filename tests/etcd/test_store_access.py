@@ -99,11 +99,23 @@ async def test_a_client_certificate_etcd_does_not_trust_is_refused_naming_tls(
         await store.close()
 
 
-async def test_without_a_client_certificate_etcd_is_unreachable(tmp_path: Path, secure_etcd: LocalEtcd) -> None:
+async def test_a_missing_client_certificate_is_refused_naming_tls(tmp_path: Path, secure_etcd: LocalEtcd) -> None:
+    tls = TLSConfig(ca=client_tls(tmp_path / "tls").ca, cert=None, key=None)  # type: ignore[arg-type]
+    store = EtcdStore(secure_etcd.endpoint, timeout=2.0, access=EtcdAccess(tls=tls, user=USER, password=PASSWORD))
+    try:
+        with pytest.raises(Unavailable) as err:
+            await store.put("/ferry/t/a", b"1")  # etcd's --client-cert-auth: no certificate, no connection
+        assert "TLS handshake failed" in str(err.value) and "store_tls_cert" in str(err.value), str(err.value)
+        assert not store.health().ok and "TLS handshake failed" in store.health().error
+    finally:
+        await store.close()
+
+
+async def test_plain_text_to_an_etcd_serving_tls_is_unreachable(secure_etcd: LocalEtcd) -> None:
     store = EtcdStore(secure_etcd.endpoint, timeout=2.0, access=EtcdAccess(user=USER, password=PASSWORD))
     try:
         with pytest.raises(Unavailable, match="unreachable"):
-            await store.put("/ferry/t/a", b"1")  # plain text to an https port
+            await store.put("/ferry/t/a", b"1")  # etcd closes the socket
         assert not store.health().ok
     finally:
         await store.close()
@@ -154,11 +166,18 @@ async def test_a_dead_endpoint_listed_first_fails_over_to_the_next(etcd: LocalEt
     dead = f"127.0.0.1:{free_port()}"
     store = EtcdStore(f"etcd://{dead},{etcd.endpoint}", timeout=2.0)
     try:
+        with pytest.raises(Unavailable):
+            await store.refresh_lease(1)  # the keeper's channel opens to the dead endpoint
         with pytest.raises(Unavailable, match=dead):
             await store.put("/ferry/t/a", b"1")
         await store.put("/ferry/t/a", b"1")  # the channel moved to the next endpoint
         lease = await store.grant_lease(5)
-        await store.refresh_lease(lease)
+        for attempt in range(2):  # the keeper follows at its next failure
+            try:
+                await store.refresh_lease(lease)
+                break
+            except Unavailable:
+                assert attempt == 0
         assert store.health().ok
     finally:
         await store.close()

@@ -18,8 +18,9 @@ its own readiness check and admin calls show ``client.pem``.
 :meth:`LocalEtcd.enable_auth` turns etcd's authentication on through its gRPC
 Auth API: a ``root`` user (role ``root``) and a user with a role allowed to
 read and write one key prefix, then ``AuthEnable``;
-:meth:`LocalEtcd.reset_tokens` switches authentication off and on again,
-which invalidates every token etcd handed out.
+:meth:`LocalEtcd.reset_tokens` switches authentication off and on again
+(:meth:`LocalEtcd.disable_auth`, :meth:`LocalEtcd.reenable_auth`), which
+invalidates every token etcd handed out.
 
 The child gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, through
 :func:`ferry.procs.dying_with_parent`), so an interrupted test or
@@ -142,14 +143,23 @@ class LocalEtcd(Child):
             auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=user, role=role), timeout=timeout)
             auth.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
 
-    def reset_tokens(self, root_password: str, timeout: float = 5.0) -> None:
-        """Authentication off (as ``root``) and on again: every token handed out so far is invalid."""
+    def disable_auth(self, root_password: str, timeout: float = 5.0) -> None:
+        """Authentication off (as ``root``): every token handed out so far is invalid."""
         with self._channel() as channel:
             auth = rpc.AuthStub(channel)
             token = auth.Authenticate(rpc.AuthenticateRequest(name="root", password=root_password),
                                       timeout=timeout).token
             auth.AuthDisable(rpc.AuthDisableRequest(), timeout=timeout, metadata=(("token", token),))
-            auth.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
+
+    def reenable_auth(self, timeout: float = 5.0) -> None:
+        """Authentication on again, with the users and roles :meth:`enable_auth` made."""
+        with self._channel() as channel:
+            rpc.AuthStub(channel).AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
+
+    def reset_tokens(self, root_password: str, timeout: float = 5.0) -> None:
+        """Authentication off and on again: every token handed out so far is invalid."""
+        self.disable_auth(root_password, timeout)
+        self.reenable_auth(timeout)
 
     def command(self) -> list[str]:
         """etcd's argv (through the shim that ties it to this process) for a single-member cluster."""

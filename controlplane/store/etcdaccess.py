@@ -18,8 +18,12 @@ metadata. When etcd answers a unary call "invalid auth token" (the token
 expired, or auth was switched off and on), the token is dropped,
 ``Authenticate`` runs again and the call is sent once more; a stream that
 ends with that answer drops the token, so the next stream or call
-authenticates again. A refused password raises ``UNAUTHENTICATED`` naming the
-user and etcd's reason. Cost: one extra round trip per token, none per call.
+authenticates again. While etcd has authentication off (``Authenticate``
+answers "authentication is not enabled") calls go without a token; when it
+is turned on, the first call refused ("user name is empty", or "permission
+denied" for the client certificate's name, which etcd takes for the user of
+a call without a token) authenticates and is sent once more, the same way. A refused password
+raises ``UNAUTHENTICATED`` naming the user and etcd's reason. Cost: one extra round trip per token, none per call.
 
 Endpoints (:class:`Endpoints`): the channel goes to one endpoint at a time;
 :meth:`Endpoints.rotate` moves to the next one (the store calls it after a
@@ -45,6 +49,9 @@ from ferry.tls import TLSConfig
 
 PASSWORD_ENV = "FERRY_ETCD_PASSWORD"
 INVALID_TOKEN = "invalid auth token"
+NO_TOKEN = "user name is empty"  # etcd's answer to a call without a token while authentication is on
+AUTH_OFF = "authentication is not enabled"  # its answer to Authenticate while it is off
+NO_AUTH = "\x00auth-off"  # the token state "etcd has authentication off: send none"
 AUTHENTICATE = "/etcdserverpb.Auth/Authenticate"
 MAX_ENDPOINTS = 16
 
@@ -129,6 +136,15 @@ class Endpoints:
         return True
 
 
+def _refused_for_token(details: str, token: str) -> bool:
+    """Whether etcd refused a call for its token: expired or invalidated, or none sent (``NO_AUTH``) while
+    authentication is on again (refused as no user, or as the client certificate's name, which etcd takes
+    for the user when a call has no token)."""
+    if token == NO_AUTH:
+        return NO_TOKEN in details or "permission denied" in details
+    return INVALID_TOKEN in details
+
+
 def _method(details: grpc.aio.ClientCallDetails) -> str:
     method = details.method
     return method.decode() if isinstance(method, bytes) else str(method)
@@ -164,6 +180,9 @@ class TokenAuth:
             try:
                 response = await etcd.AuthStub(self.channel).Authenticate(request, timeout=self._timeout)
             except grpc.aio.AioRpcError as exc:
+                if AUTH_OFF in (exc.details() or ""):
+                    self.token = NO_AUTH
+                    return self.token
                 if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
                                   grpc.StatusCode.FAILED_PRECONDITION):
                     raise grpc.aio.AioRpcError(
@@ -176,13 +195,14 @@ class TokenAuth:
 
     def _with(self, details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*[(k, v) for k, v in (details.metadata or ()) if k != "token"])
-        metadata.add("token", token)
+        if token != NO_AUTH:
+            metadata.add("token", token)
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
                                           details.wait_for_ready)
 
     async def unary(self, continuation: Callable[..., Awaitable[Any]],
                     client_call_details: grpc.aio.ClientCallDetails, request: Any) -> Any:
-        """Send with the token; on "invalid auth token", authenticate again and send once more."""
+        """Send with the token; refused for it (:func:`_refused_for_token`), authenticate again, send once more."""
         if _method(client_call_details) == AUTHENTICATE:
             return await continuation(client_call_details, request)
         token = await self._token()
@@ -190,7 +210,7 @@ class TokenAuth:
         try:
             await call
         except grpc.aio.AioRpcError as exc:
-            if INVALID_TOKEN not in (exc.details() or ""):
+            if not _refused_for_token(exc.details() or "", token):
                 return call
             token = await self._token(stale=token)
             return await continuation(self._with(client_call_details, token), request)
@@ -211,7 +231,7 @@ class TokenAuth:
             code, details = await call.code(), await call.details()
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             return
-        if code == grpc.StatusCode.UNAUTHENTICATED and INVALID_TOKEN in (details or "") and self.token == token:
+        if code != grpc.StatusCode.OK and _refused_for_token(details or "", token) and self.token == token:
             self.token = ""
 
 

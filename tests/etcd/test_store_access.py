@@ -162,6 +162,39 @@ async def test_the_token_is_renewed_when_etcd_invalidates_it(tmp_path: Path, sec
         await store.close()
 
 
+async def test_a_user_works_while_etcd_has_authentication_off_and_after_it_is_turned_on(
+        tmp_path: Path, secure_etcd: LocalEtcd) -> None:
+    secure_etcd.disable_auth(ROOT_PASSWORD)
+    store = EtcdStore(secure_etcd.endpoint, timeout=2.0, access=access(tmp_path))
+    try:
+        await store.put("/ferry/t/a", b"1")  # Authenticate: "not enabled"; sent without a token
+        lease = await store.grant_lease(30)
+        await store.refresh_lease(lease)
+        secure_etcd.reenable_auth()
+        await store.put("/ferry/t/a", b"2")  # refused for no token, authenticated, sent once more
+        item = await store.get("/ferry/t/a")
+        assert item is not None and item.value == b"2"
+        with pytest.raises(Unavailable, match="permission denied"):
+            await store.put("/elsewhere", b"x")  # as the user, not unauthenticated
+        assert store.health().error.count("permission denied") == 1
+    finally:
+        await store.close()
+
+
+async def test_a_user_against_an_etcd_without_authentication_sends_no_token(etcd: LocalEtcd) -> None:
+    store = EtcdStore(etcd.endpoint, timeout=2.0, access=EtcdAccess(user=USER, password=PASSWORD))
+    try:
+        watch = await store.watch("/ferry/t/")
+        await store.put("/ferry/t/a", b"1")
+        async for event in watch:
+            assert event.key == "/ferry/t/a"
+            break
+        await watch.close()
+        assert store.health().ok
+    finally:
+        await store.close()
+
+
 async def test_a_dead_endpoint_listed_first_fails_over_to_the_next(etcd: LocalEtcd) -> None:
     dead = f"127.0.0.1:{free_port()}"
     store = EtcdStore(f"etcd://{dead},{etcd.endpoint}", timeout=2.0)

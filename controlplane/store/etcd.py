@@ -19,8 +19,16 @@ feeds watches through unbounded queues. Here:
   (:mod:`controlplane.store.etcdstreams`);
 - TTLs are whole seconds in etcd: a TTL is rounded up (at least 1 s).
 
+Access (:mod:`controlplane.store.etcdaccess`): ``endpoint`` may list
+several ``host:port`` joined by commas; the channel goes to one, and a call
+that fails for connectivity moves the next call to the next one. Client TLS
+and a user's token ride on every channel the store and its keeper make
+(``access``, one helper for both).
+
 Errors: an unreachable or silent etcd raises ``Unavailable`` naming the
-endpoint; "lease not found" raises ``LeaseNotFound``; etcd's space quota or a
+endpoint; a refused user or key (``UNAUTHENTICATED``, ``PERMISSION_DENIED``)
+raises ``Unavailable`` saying so, and both mark the store unhealthy; a TLS
+handshake etcd refuses is named as such; "lease not found" raises ``LeaseNotFound``; etcd's space quota or a
 request over its size limit raises ``Overloaded``. :meth:`EtcdStore.health`
 reports the last outcome without I/O, from either thread. A busy process is
 not a silent etcd: a call that ran out of time while the caller's loop was
@@ -122,9 +130,10 @@ class EtcdStore:
             ("grpc.keepalive_time_ms", 10_000),  # etcd refuses pings more often than every 5 s
             ("grpc.keepalive_timeout_ms", 5_000),
         ]
-        self.keeper = LeaseKeeper(self._open, lambda: self.endpoints.current, where=self._where, timeout=timeout,
-                                  owner=self.loop_clock, on_outcome=self._outcome, stand_in_seconds=stand_in_seconds,
-                                  clock=clock)
+        # the keeper's errors name every endpoint: its channel follows the store's at its next failure
+        self.keeper = LeaseKeeper(self._open, lambda: self.endpoints.current, where=f"etcd at {self.endpoint}",
+                                  timeout=timeout, owner=self.loop_clock, on_outcome=self._outcome,
+                                  stand_in_seconds=stand_in_seconds, clock=clock)
 
     @property
     def _where(self) -> str:

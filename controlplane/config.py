@@ -10,9 +10,12 @@ fields, checked once here so that a bad value fails at load time naming its key.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Mapping
 
 from controlplane.allocation.gang import Policy
 from controlplane.regions.weights import parse_rtt
+from controlplane.store.etcdaccess import EtcdAccess, load_access
 from ferry.errors import ConfigError
 from ferry.readiness import DrainTimes
 
@@ -73,6 +76,13 @@ class ControlPlaneSettings:
     # Stopping on SIGTERM (ferry.readiness): NOT_SERVING, serve this long more, then give calls in flight the grace.
     drain_delay_seconds: float = 0.0
     drain_grace_seconds: float = 60.0
+    # etcd client access (controlplane.store.etcdaccess): TLS files (all three or none), and a user whose
+    # password is read from store_password_file or the environment variable FERRY_ETCD_PASSWORD.
+    store_tls_ca: str = ""
+    store_tls_cert: str = ""
+    store_tls_key: str = ""
+    store_user: str = ""
+    store_password_file: str = ""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -104,6 +114,16 @@ class ControlPlaneSettings:
             raise ConfigError("controlplane.spill_headroom", "need 0 < spill_headroom <= 1, spill_budget_ms > 0, "
                               "spill_service_ms >= 0")
         self.drain()
+        tls = {"store_tls_ca": self.store_tls_ca, "store_tls_cert": self.store_tls_cert,
+               "store_tls_key": self.store_tls_key}
+        if any(tls.values()) and not all(tls.values()):
+            missing = min(key for key, path in tls.items() if not path)
+            raise ConfigError(f"controlplane.{missing}", "store_tls_ca, store_tls_cert and store_tls_key go together")
+
+    def store_access(self, env: Mapping[str, str] = os.environ) -> EtcdAccess:
+        """etcd's client TLS and user from the ``store_*`` keys (files read now; ConfigError naming the key)."""
+        return load_access(tls_ca=self.store_tls_ca, tls_cert=self.store_tls_cert, tls_key=self.store_tls_key,
+                           user=self.store_user, password_file=self.store_password_file, env=env)
 
     def drain(self) -> DrainTimes:
         """How the control plane stops on SIGTERM (ConfigError naming ``controlplane.drain_*``)."""

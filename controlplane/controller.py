@@ -159,6 +159,7 @@ class Controller:
         self.fleet_service.drain_changed(replica_id, drained)
 
     def _before_pass(self) -> None:
+        self.metrics.store_up.set(1 if self.writer.store.health().ok else 0)  # StoreHealth: no I/O
         self.fleet_service.forget_expired()
         self.peers.forget_expired()
         self.peers.transition()

@@ -118,14 +118,15 @@ def check_store_url(url: str) -> None:
             raise ValueError(url)
         parse_endpoint(url)
     except ValueError as exc:
-        raise ConfigError("--store", f"{url!r}: expected memory:// or etcd://host:port") from exc
+        raise ConfigError("--store", f"{url!r}: expected memory:// or etcd://host:port[,host:port...] ({exc})") from exc
 
 
 def open_store(url: str, settings: ControlPlaneSettings) -> EtcdStore | None:
-    """The store named by ``--store``: None for ``memory://`` (the control plane makes its own)."""
+    """The store named by ``--store``: None for ``memory://`` (the control plane makes its own); etcd with the
+    ``store_*`` keys' TLS and user (ConfigError naming the key)."""
     if url in MEMORY:
         return None
-    return EtcdStore(url, timeout=settings.store_timeout_seconds)
+    return EtcdStore(url, timeout=settings.store_timeout_seconds, access=settings.store_access())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.id is not None:
             settings = dataclasses.replace(settings, id=args.id)
         check_store_url(args.store)
+        if args.store not in MEMORY:
+            settings.store_access()  # the store_* keys' files and password, refused here naming the key
         admin_auth = adminauth.load(settings.admin_token_sha256, args.admin_token_file)
         transport = tls.from_args(args)
         joining = admission.load(settings.join_token_sha256, args.join_token_file, mutual_tls=transport is not None)

@@ -20,6 +20,7 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_telemetry_messages_total`` | counter | |
 | ``ferry_controlplane_table_compute_seconds`` | histogram: one recomputation (compute, version, offer) | |
 | ``ferry_controlplane_leader`` | gauge: 1 while this control plane computes the tables | |
+| ``ferry_controlplane_store_up`` | gauge: 1 while the store's last calls succeeded, 0 while unreachable | |
 | ``ferry_controlplane_rejected_messages_total`` | counter: messages or entries refused or ignored | reason |
 | ``ferry_controlplane_kv_utilisation`` | gauge: used / total KV blocks of routable replicas | region, model |
 | ``ferry_controlplane_gpu_utilisation`` | gauge: mean GPU utilisation of routable replicas | region, model |
@@ -125,6 +126,8 @@ class Metrics:
         )
         self.leader = Gauge(name("controlplane_leader"), "1 while this control plane computes the tables.",
                             registry=registry)
+        self.store_up = Gauge(name("controlplane_store_up"),
+                              "1 while the store's last calls succeeded, 0 while it is unreachable.", registry=registry)
         self.rejected = Counter(
             name("controlplane_rejected_messages"), "Messages or entries refused or ignored, by reason.", ["reason"],
             registry=registry,

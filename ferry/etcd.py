@@ -11,6 +11,17 @@ bring it back on the same data dir and port. Readiness is ``GET /health``
 answering ``"health": "true"``, polled every 20 ms up to a deadline; never a
 sleep.
 
+With ``tls_dir`` (a directory :func:`ferry.tlsgen.generate` filled with the
+names ``etcd`` and ``client``), etcd serves https with ``etcd.pem`` and
+requires a client certificate signed by ``ca.pem`` (``--client-cert-auth``);
+its own readiness check and admin calls show ``client.pem``.
+:meth:`LocalEtcd.enable_auth` turns etcd's authentication on through its gRPC
+Auth API: a ``root`` user (role ``root``) and a user with a role allowed to
+read and write one key prefix, then ``AuthEnable``;
+:meth:`LocalEtcd.reset_tokens` switches authentication off and on again
+(:meth:`LocalEtcd.disable_auth`, :meth:`LocalEtcd.reenable_auth`), which
+invalidates every token etcd handed out.
+
 The child gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, through
 :func:`ferry.procs.dying_with_parent`), so an interrupted test or
 ``ferry up`` leaves no etcd behind.
@@ -27,6 +38,7 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import tempfile
 import time
 import urllib.error
@@ -34,6 +46,9 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+import grpc
+from aetcd import rpc
 
 from ferry.procs import Child, ChildFailed, dying_with_parent
 
@@ -75,6 +90,7 @@ class LocalEtcd(Child):
         log_path: str | Path | None = None,
         compaction_retention: str = "5m",
         binary: str | None = None,
+        tls_dir: str | Path | None = None,
     ) -> None:
         self.binary = binary or etcd_binary() or ""
         self._own_dir = data_dir is None
@@ -83,6 +99,7 @@ class LocalEtcd(Child):
         self.peer_port = peer_port or free_port()
         self.member = name
         self.compaction_retention = compaction_retention
+        self.tls_dir = Path(tls_dir) if tls_dir is not None else None
         log = Path(log_path) if log_path is not None else self.data_dir.parent / f"{self.data_dir.name}.log"
         super().__init__("etcd", [], self.data_dir, log_path=log)
 
@@ -93,7 +110,66 @@ class LocalEtcd(Child):
 
     @property
     def url(self) -> str:
-        return f"http://{self.endpoint}"
+        return f"{'https' if self.tls_dir is not None else 'http'}://{self.endpoint}"
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        d = self.tls_dir
+        return ["--cert-file", str(d / "etcd.pem"), "--key-file", str(d / "etcd.key"),
+                "--trusted-ca-file", str(d / "ca.pem"), "--client-cert-auth"]
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """The client side of :meth:`healthy` (``client.pem``), None without TLS."""
+        if self.tls_dir is None:
+            return None
+        context = ssl.create_default_context(cafile=str(self.tls_dir / "ca.pem"))
+        context.load_cert_chain(str(self.tls_dir / "client.pem"), str(self.tls_dir / "client.key"))
+        return context
+
+    def _channel(self) -> grpc.Channel:
+        """A blocking gRPC channel for admin calls (with ``client.pem`` under TLS)."""
+        if self.tls_dir is None:
+            return grpc.insecure_channel(self.endpoint)
+        d = self.tls_dir
+        credentials = grpc.ssl_channel_credentials((d / "ca.pem").read_bytes(), (d / "client.key").read_bytes(),
+                                                   (d / "client.pem").read_bytes())
+        return grpc.secure_channel(self.endpoint, credentials)
+
+    def enable_auth(self, user: str, password: str, *, root_password: str, prefix: str = "/ferry/",
+                    timeout: float = 5.0) -> None:
+        """Users ``root`` and ``user`` (read and write on keys under ``prefix``), then authentication on."""
+        role = f"{user}-rw"
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        with self._channel() as channel:
+            auth = rpc.AuthStub(channel)
+            auth.RoleAdd(rpc.AuthRoleAddRequest(name="root"), timeout=timeout)
+            auth.UserAdd(rpc.AuthUserAddRequest(name="root", password=root_password), timeout=timeout)
+            auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"), timeout=timeout)
+            auth.RoleAdd(rpc.AuthRoleAddRequest(name=role), timeout=timeout)
+            permission = rpc.Permission(permType=rpc.Permission.READWRITE, key=prefix.encode(), range_end=end.encode())
+            auth.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(name=role, perm=permission), timeout=timeout)
+            auth.UserAdd(rpc.AuthUserAddRequest(name=user, password=password), timeout=timeout)
+            auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=user, role=role), timeout=timeout)
+            auth.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
+
+    def disable_auth(self, root_password: str, timeout: float = 5.0) -> None:
+        """Authentication off (as ``root``): every token handed out so far is invalid."""
+        with self._channel() as channel:
+            auth = rpc.AuthStub(channel)
+            token = auth.Authenticate(rpc.AuthenticateRequest(name="root", password=root_password),
+                                      timeout=timeout).token
+            auth.AuthDisable(rpc.AuthDisableRequest(), timeout=timeout, metadata=(("token", token),))
+
+    def reenable_auth(self, timeout: float = 5.0) -> None:
+        """Authentication on again, with the users and roles :meth:`enable_auth` made."""
+        with self._channel() as channel:
+            rpc.AuthStub(channel).AuthEnable(rpc.AuthEnableRequest(), timeout=timeout)
+
+    def reset_tokens(self, root_password: str, timeout: float = 5.0) -> None:
+        """Authentication off and on again: every token handed out so far is invalid."""
+        self.disable_auth(root_password, timeout)
+        self.reenable_auth(timeout)
 
     def command(self) -> list[str]:
         """etcd's argv (through the shim that ties it to this process) for a single-member cluster."""
@@ -105,7 +181,7 @@ class LocalEtcd(Child):
             "--initial-cluster", f"{self.member}={peer}", "--initial-cluster-state", "new",
             "--heartbeat-interval", "10", "--election-timeout", "100",
             "--auto-compaction-mode", "periodic", "--auto-compaction-retention", self.compaction_retention,
-            "--log-level", "error", "--logger", "zap",
+            "--log-level", "error", "--logger", "zap", *self._tls_flags(),
         ])
 
     def check_ready(self) -> dict[str, Any] | None:
@@ -129,7 +205,7 @@ class LocalEtcd(Child):
     def healthy(self, timeout: float = 1.0) -> bool:
         """Whether ``GET /health`` answers ``"health": "true"`` now."""
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as response:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout, context=self._ssl_context()) as response:
                 return bool(json.loads(response.read()).get("health") == "true")
         except (OSError, ValueError, urllib.error.URLError):
             return False

@@ -19,8 +19,16 @@ feeds watches through unbounded queues. Here:
   (:mod:`controlplane.store.etcdstreams`);
 - TTLs are whole seconds in etcd: a TTL is rounded up (at least 1 s).
 
+Access (:mod:`controlplane.store.etcdaccess`): ``endpoint`` may list
+several ``host:port`` joined by commas; the channel goes to one, and a call
+that fails for connectivity moves the next call to the next one. Client TLS
+and a user's token ride on every channel the store and its keeper make
+(``access``, one helper for both).
+
 Errors: an unreachable or silent etcd raises ``Unavailable`` naming the
-endpoint; "lease not found" raises ``LeaseNotFound``; etcd's space quota or a
+endpoint; a refused user or key (``UNAUTHENTICATED``, ``PERMISSION_DENIED``)
+raises ``Unavailable`` saying so, and both mark the store unhealthy; a TLS
+handshake etcd refuses is named as such; "lease not found" raises ``LeaseNotFound``; etcd's space quota or a
 request over its size limit raises ``Overloaded``. :meth:`EtcdStore.health`
 reports the last outcome without I/O, from either thread. A busy process is
 not a silent etcd: a call that ran out of time while the caller's loop was
@@ -37,6 +45,7 @@ thread); no call holds a lock but the verdict's own, for its update.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
@@ -48,14 +57,24 @@ from aetcd import rpc as etcd
 from aetcd.utils import prefix_range_end
 
 from controlplane.store.base import KeyValue, LeaseNotFound, Listing, StoreHealth, check_writes
+from controlplane.store.etcdaccess import Endpoints, EtcdAccess, open_channel, parse_endpoints
 from controlplane.store.etcdkeeper import LeaseKeeper
 from controlplane.store.etcdstreams import EtcdWatch
 from controlplane.store.loopclock import LoopClock
 from ferry.errors import FerryError, Overloaded, Unavailable
-from ferry.grpcutil import split_address
 
 _CONNECTIVITY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                  grpc.StatusCode.UNKNOWN)
+
+
+def _explain(details: str, access: EtcdAccess) -> str:
+    """gRPC's failure details, with what a TLS handshake failure means for the store's settings."""
+    lowered = details.lower()
+    # under TLS 1.3 a client certificate etcd refuses shows as the first read failing ("Unwrap failed (TSI_...)")
+    if access.tls is not None and any(word in lowered for word in ("ssl", "handshake", "certificate", "tsi_")):
+        return (f"TLS handshake failed (check controlplane.store_tls_ca, store_tls_cert, store_tls_key "
+                f"against etcd's certificates): {details}")
+    return details
 
 
 class LoopLate(Unavailable):
@@ -63,14 +82,14 @@ class LoopLate(Unavailable):
 
 
 def parse_endpoint(url: str) -> str:
-    """``etcd://host:port`` (or ``host:port``) to ``host:port``; ValueError naming the URL otherwise."""
-    address = url.removeprefix("etcd://").rstrip("/")
-    split_address(address)
-    return address
+    """``etcd://h1:p1[,h2:p2...]`` (or without the scheme) to ``h1:p1,h2:p2``; ValueError naming a bad one."""
+    return ",".join(parse_endpoints(url))
 
 
 class EtcdStore:
-    """The store in etcd at ``endpoint`` (``host:port``); the channel opens on the first call."""
+    """The store in etcd at ``endpoint`` (``host:port``, or several joined by commas), reached with ``access``
+    (client TLS, user: :mod:`controlplane.store.etcdaccess`); the channel opens on the first call and moves to
+    the next endpoint after a connectivity failure."""
 
     def __init__(
         self,
@@ -83,14 +102,16 @@ class EtcdStore:
         reconnect_max_seconds: float = 1.0,
         stand_in_seconds: float = 10.0,
         late_share: float = 0.2,
+        access: EtcdAccess | None = None,
     ) -> None:
         self.endpoint = parse_endpoint(endpoint)
+        self.endpoints = Endpoints(parse_endpoints(endpoint))
+        self.access = access or EtcdAccess()
         self.timeout = timeout
         self._clock = clock
         self._max_watches = max_watches
         self._watch_queue = watch_queue
         self._reconnect_ms = int(reconnect_max_seconds * 1000)
-        self._where = f"etcd at {self.endpoint}"
         self._channel: grpc.aio.Channel | None = None
         self._kv: Any = None
         self._lease: Any = None
@@ -98,6 +119,7 @@ class EtcdStore:
         self._late_share = late_share
         self._health_lock = threading.Lock()  # the keeper reports from its thread
         self._watches: list[EtcdWatch] = []
+        self._closing: set[asyncio.Task[None]] = set()  # channels of endpoints left behind, being closed
         self._health = StoreHealth("etcd", self.endpoint, ok=True)
         self.loop_clock = LoopClock(clock=clock)  # the caller's loop, started with the channel
         self._options: list[tuple[str, Any]] = [
@@ -108,14 +130,33 @@ class EtcdStore:
             ("grpc.keepalive_time_ms", 10_000),  # etcd refuses pings more often than every 5 s
             ("grpc.keepalive_timeout_ms", 5_000),
         ]
-        self.keeper = LeaseKeeper(self.endpoint, options=self._options, where=self._where, timeout=timeout,
-                                  owner=self.loop_clock, on_outcome=self._outcome, stand_in_seconds=stand_in_seconds,
-                                  clock=clock)
+        # the keeper's errors name every endpoint: its channel follows the store's at its next failure
+        self.keeper = LeaseKeeper(self._open, lambda: self.endpoints.current, where=f"etcd at {self.endpoint}",
+                                  timeout=timeout, owner=self.loop_clock, on_outcome=self._outcome,
+                                  stand_in_seconds=stand_in_seconds, clock=clock)
+
+    @property
+    def _where(self) -> str:
+        return f"etcd at {self.endpoints.current}"
+
+    def _open(self) -> grpc.aio.Channel:
+        """A new channel to the current endpoint (this store's and, on its thread, the keeper's)."""
+        return open_channel(self.endpoints.current, self.access, self._options, timeout=self.timeout)
+
+    def _rotate(self, channel: grpc.aio.Channel | None) -> None:
+        """After a connectivity failure on ``channel``: the next call goes to the next endpoint (when there is
+        one). A failure on a channel already left behind (a call cancelled by its closing) moves nothing."""
+        if channel is None or channel is not self._channel or not self.endpoints.rotate():
+            return
+        old, self._channel = self._channel, None
+        closing = asyncio.get_running_loop().create_task(old.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _stubs(self) -> tuple[Any, Any, Any]:
         if self._channel is None:
             self.loop_clock.start()
-            self._channel = grpc.aio.insecure_channel(self.endpoint, options=self._options)
+            self._channel = self._open()
             self._kv = etcd.KVStub(self._channel)
             self._lease = etcd.LeaseStub(self._channel)
             self._watch_stub = etcd.WatchStub(self._channel)
@@ -143,7 +184,8 @@ class EtcdStore:
     def lease_confirmed(self, lease: int) -> float:
         return self.keeper.confirmed_at(lease)
 
-    def _failed(self, exc: grpc.aio.AioRpcError, what: str, started: tuple[float, float]) -> FerryError:
+    def _failed(self, exc: grpc.aio.AioRpcError, what: str, started: tuple[float, float],
+                channel: grpc.aio.Channel | None) -> FerryError:
         code, details = exc.code(), exc.details() or ""
         late = self.loop_clock.late_between(*started)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and late > self.timeout * self._late_share:
@@ -155,19 +197,25 @@ class EtcdStore:
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED or "too large" in details or "space exceeded" in details:
             self._ok()
             return Overloaded(f"{self._where} refused {what}: {details}", retry_after=1.0)
-        error = Unavailable(f"{self._where} unreachable ({what}: {code.name} {details})")
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            error = Unavailable(f"{self._where} refused {what}: {details}")
+            self._unreachable(str(error))
+            return error
+        error = Unavailable(f"{self._where} unreachable ({what}: {code.name} {_explain(details, self.access)})")
         if code in _CONNECTIVITY:
             self._unreachable(str(error))
+            self._rotate(channel)
         return error
 
     async def _unary(self, what: str, method: Any, request: Any, *, read: bool = False) -> Any:
+        channel = self._channel  # the stub's (the caller just took it from _stubs)
         for again in (False, True):
             started = self.loop_clock.mark()
             try:
                 response = await method(request, timeout=self.timeout)
                 break
             except grpc.aio.AioRpcError as exc:
-                error = self._failed(exc, what, started)
+                error = self._failed(exc, what, started, channel)
                 if not read or again or not isinstance(error, LoopLate):
                     raise error from exc  # a read that ran out of time only because this loop was late: once more
         self._ok()
@@ -256,7 +304,7 @@ class EtcdStore:
     async def watch(self, prefix: str) -> EtcdWatch:
         if len(self._watches) >= self._max_watches:
             raise Overloaded(f"{self._max_watches} watches are open on {self._where}", retry_after=1.0)
-        stub = self._stubs()[2]
+        stub, channel = self._stubs()[2], self._channel
         watch = EtcdWatch(stub, prefix, where=self._where, limit=self._watch_queue, on_close=self._forget)
         self._watches.append(watch)
         try:
@@ -264,6 +312,7 @@ class EtcdStore:
         except Unavailable as exc:
             self._forget(watch)
             self._unreachable(str(exc))
+            self._rotate(channel)
             raise
         self._ok()
         return watch
@@ -276,6 +325,8 @@ class EtcdStore:
         for watch in list(self._watches):
             await watch.close()
         await self.keeper.close()
+        for closing in list(self._closing):
+            await closing
         if self._channel is not None:
             await self._channel.close()
             self._channel = None

@@ -8,7 +8,9 @@ were refused while etcd was fine, and a loop blocked for longer than a TTL
 lost its leases. :class:`LeaseKeeper` moves them off it:
 
 - **Own thread, own loop, own channel.** The keeper runs an event loop in a
-  daemon thread with its own ``grpc.aio`` channel to etcd and one shared
+  daemon thread with its own ``grpc.aio`` channel to etcd (made by the
+  store's one helper, so with its TLS and token; after a failed refresh the
+  channel is made again, to the endpoint the store now uses) and one shared
   ``LeaseKeepAlive`` stream (:class:`controlplane.store.etcdstreams.KeepAlives`).
   :meth:`LeaseKeeper.refresh`, called on the owner's loop, runs the refresh
   there and returns its answer. A thread, not a task priority: asyncio has no
@@ -99,7 +101,9 @@ def stand_ins(held: Mapping[int, Held], *, now: float, stalled: float, stall_sec
 class LeaseKeeper:
     """Lease refreshes of one store client on a thread of their own (see the module docstring).
 
-    Parameters: ``endpoint`` (host:port), ``options`` (the gRPC channel's), ``where`` (names etcd in
+    Parameters: ``open_channel`` (makes a channel to the store's current endpoint, with its TLS and token:
+    :func:`controlplane.store.etcdaccess.open_channel`; called on the keeper's thread), ``endpoint`` (the store's
+    current endpoint: after a failed refresh the channel is made again when it differs), ``where`` (names etcd in
     errors), ``timeout`` (counted seconds a refresh waits), ``owner`` (the owner loop's clock),
     ``on_outcome`` (called on the keeper's thread with "" after an answer, else the error),
     ``stall_seconds``, ``stand_in_seconds``, ``tick``, ``max_pending``, ``clock``.
@@ -107,9 +111,9 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        endpoint: str,
+        open_channel: Callable[[], grpc.aio.Channel],
+        endpoint: Callable[[], str],
         *,
-        options: list[tuple[str, Any]],
         where: str,
         timeout: float,
         owner: LoopClock,
@@ -120,8 +124,9 @@ class LeaseKeeper:
         max_pending: int = 4096,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._open_channel = open_channel
         self._endpoint = endpoint
-        self._options = options
+        self._target = ""  # the endpoint the keeper's channel goes to
         self._where = where
         self._timeout = timeout
         self._owner = owner
@@ -138,6 +143,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._channel: grpc.aio.Channel | None = None
         self._keepalives: KeepAlives | None = None
+        self._stub: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.clock = LoopClock(clock=clock)  # the keeper loop's own counted time
         self.stood_in = 0  # refreshes sent in the owner's stead
@@ -205,9 +211,10 @@ class LeaseKeeper:
 
     def _begin(self) -> None:
         self.clock.start()
-        self._channel = grpc.aio.insecure_channel(self._endpoint, options=self._options)
-        stub = etcd.LeaseStub(self._channel)
-        self._keepalives = KeepAlives(lambda: stub, where=self._where, timeout=self._timeout,
+        self._target = self._endpoint()
+        self._channel = self._open_channel()  # the store's helper: its endpoint, TLS and token
+        self._stub = etcd.LeaseStub(self._channel)
+        self._keepalives = KeepAlives(lambda: self._stub, where=self._where, timeout=self._timeout,
                                       max_pending=self._max_pending, wait=self.clock.wait)
         self._spawn(self._stand_in_loop())
 
@@ -230,12 +237,23 @@ class LeaseKeeper:
             raise
         except Unavailable as exc:
             self._on_outcome(str(exc))
+            await self._reopen()
             raise
         finally:
             held.pending = False
         held.ttl, held.sent = float(ttl), max(held.sent, sent)
         self._on_outcome("")
         return ttl
+
+    async def _reopen(self) -> None:
+        """A new channel when the store has moved to another endpoint; the next stream opens on it."""
+        if self._endpoint() == self._target:
+            return
+        self._target = self._endpoint()
+        old, self._channel = self._channel, self._open_channel()
+        self._stub = etcd.LeaseStub(self._channel)
+        if old is not None:
+            await old.close()
 
     async def _stand_in_loop(self) -> None:
         while True:

@@ -272,13 +272,21 @@ class Agent:
                 hello.register.standby = n.standby
                 await call.write(hello)
                 reader = asyncio.create_task(self._read(call))
-                await self._send(call, reader)
+                try:
+                    await self._send(call, reader)
+                except asyncio.InvalidStateError:  # the call ended under a write: the reader knows why
+                    await asyncio.wait({reader}, timeout=1.0)
+                    error = reader.exception() if reader.done() and not reader.cancelled() else None
+                    raise error or StreamLost("the control plane ended the stream") from None
             finally:
+                call.cancel()
                 if reader is not None:
                     reader.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, StreamLost):
-                        await reader
-                call.cancel()
+                    # Waited, not awaited: a stop() cancelling this task while it waits must not be swallowed
+                    # (suppressing CancelledError here kept the agent reconnecting after stop()).
+                    await asyncio.wait({reader})
+                    if not reader.cancelled():
+                        reader.exception()  # retrieved; why the stream ended is raised above or by _send
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:

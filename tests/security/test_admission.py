@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -275,3 +277,17 @@ def test_the_address_index_follows_registrations_telemetry_and_expiry() -> None:
     clock.advance(400)
     fleet.forget_expired()
     assert fleet.serving("127.0.0.1:7002") == set()  # n2 too was silent past forget_after
+
+
+async def test_an_agent_stops_whenever_stop_comes_while_it_is_being_refused(guarded: Harness) -> None:
+    """stop() cancels the connection loop at any point, also while a refused session cleans up."""
+    address = f"127.0.0.1:{guarded.cp.port}"
+    rng = random.Random(11)
+    for _ in range(30):
+        agent = Agent(node=NodeInfo(node="n-stop", region="local", gpus=1), control_planes=[address], endpoints=[],
+                      settings=AgentSettings(backoff_initial_seconds=0.001, backoff_max_seconds=0.002),
+                      metrics=AgentMetrics(CollectorRegistry()), join_token="fjt_wrong")
+        await agent.start()
+        await asyncio.sleep(rng.uniform(0.0, 0.03))
+        await asyncio.wait_for(agent.stop(), 2)  # a swallowed cancellation kept it reconnecting: this hung
+        assert not agent.connected

@@ -187,8 +187,21 @@ def _workspace_for(rundir: Path) -> Path:
     return workspace
 
 
+def _kill_stragglers(workspace: Path) -> None:
+    """SIGKILL any process still running from ``workspace`` (a Python backend stub its server left behind)."""
+    mark = str(workspace).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if mark in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
 def _remove_leftovers(pid: int, workspace: Path) -> None:
-    """Shared-memory regions named after ``pid`` (the Python backend's), the workspace and its scratch folder."""
+    """Processes left running from the workspace (:func:`_kill_stragglers`), shared-memory regions named after
+    ``pid`` (the Python backend's), the workspace and its scratch folder."""
+    _kill_stragglers(workspace)
     with contextlib.suppress(OSError):
         for region in SHM_DIR.glob(f"pytrtion{pid}-*"):
             region.unlink(missing_ok=True)

@@ -15,8 +15,13 @@ it reads the process's RSS (``/proc/self/statm``), and when it grew by
 ``memory_trim_growth_mib`` (``[proxy]``, default 32; 0: off) since the last
 trim (or the start), it runs ``gc.collect()`` and then ``malloc_trim(0)`` in
 a worker thread (ctypes releases the GIL; the event loop keeps serving) and
-takes the RSS after it as the new baseline. So it trims at most once a second, and only after growth;
-a steady proxy never trims. Without glibc (no ``malloc_trim``) or
+takes the RSS after it as the new baseline. A trim during a burst finds the
+burst's buffers still in use, so after a growth trim it is *settling*: while
+RSS stays ``memory_trim_growth_mib`` above the lowest RSS seen (the floor), it
+trims again each second, and stops settling once a trim gives back less than a
+quarter of that (nothing more to give) or RSS is back near the floor. So it
+trims at most once a second, only after growth and while trims still give
+memory back; a steady proxy never trims. Without glibc (no ``malloc_trim``) or
 ``/proc``, it does nothing.
 
 Cost: one small file read a second; a trim walks the allocator's arenas
@@ -74,6 +79,8 @@ class MemoryTrim:
         self._rss = rss
         self._trim = trim if trim is not None else glibc_trim()
         self.baseline = rss() or 0
+        self.floor = self.baseline  # the lowest RSS seen: where a burst's memory should go back to
+        self.settling = False  # after a growth trim: trim again while it gives memory back
         self.trims = 0
 
     @property
@@ -82,10 +89,17 @@ class MemoryTrim:
         return self.growth_bytes > 0 and self._trim is not None and self.baseline > 0
 
     async def check(self) -> bool:
-        """Trim when RSS grew past the baseline by ``growth_bytes``; returns whether it trimmed."""
+        """Trim when RSS grew past the baseline by ``growth_bytes``, or while settling (module doc); whether it
+        trimmed."""
         now = self._rss()
-        if now is None or self._trim is None or now - self.baseline < self.growth_bytes:
-            if now is not None and now < self.baseline:
+        if now is None or self._trim is None:
+            return False
+        grew = now - self.baseline >= self.growth_bytes
+        settle = self.settling and now - self.floor >= self.growth_bytes
+        if not grew and not settle:
+            self.settling = self.settling and now - self.floor >= self.growth_bytes
+            self.floor = min(self.floor, now)
+            if now < self.baseline:
                 self.baseline = now  # memory went back by itself: grow from there
             return False
         gc.collect()  # request bodies held by reference cycles (an exception's frames) wait for the cyclic GC
@@ -94,6 +108,8 @@ class MemoryTrim:
         self.trims += 1
         event(log, "memory_trimmed", rss_before_mib=round(now / MIB, 1), rss_after_mib=round(after / MIB, 1))
         self.baseline = after
+        self.floor = min(self.floor, after)
+        self.settling = grew or now - after >= self.growth_bytes / 4  # settle on while trims give memory back
         return True
 
     async def run(self, stop: asyncio.Event) -> None:

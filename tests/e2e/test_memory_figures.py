@@ -55,9 +55,11 @@ def test_oversize_prompts_leave_no_memory_behind(make_fleet) -> None:
             with ThreadPoolExecutor(8) as pool:
                 assert set(pool.map(one, range(16))) == {"INVALID_ARGUMENT"}
             rounds.append(rss_mib(pid))
-        # the proxy checks its RSS every second and trims after growth: wait for it, bounded
-        idle = wait_for(lambda: (now := rss_mib(pid)) - before < 48 and now, 10,
-                        f"the proxy's RSS back within 48 MiB of {before:.1f} MiB (rounds {rounds})")
+        # The proxy checks its RSS every second and trims after growth: wait for it, bounded. After these
+        # 80 refused 6 MiB prompts (480 MiB) it settles 25-50 MiB above where it started (measured: 95-121 MiB
+        # from 72); without the trims it stayed at 300-560 MiB.
+        idle = wait_for(lambda: (now := rss_mib(pid)) - before < 64 and now, 10,
+                        f"the proxy's RSS back within 64 MiB of {before:.1f} MiB (rounds {rounds})")
     print(f"\noversize: before {before:.1f} MiB, rounds {[round(r, 1) for r in rounds]} MiB, idle {idle:.1f} MiB")
 
 

@@ -50,7 +50,7 @@ from typing import Any, Self
 import grpc
 from aetcd import rpc
 
-from ferry.procs import Child, ChildFailed, dying_with_parent
+from ferry.procs import Child, ChildFailed, dying_with_parent, stat_fields
 
 
 class EtcdFailed(ChildFailed):
@@ -64,10 +64,8 @@ def etcd_binary() -> str | None:
 
 def process_state(pid: int) -> str:
     """The state letter of ``pid`` in ``/proc/PID/stat`` (``R``, ``S``, ``T``…), "" once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return ""
+    fields = stat_fields(pid)
+    return fields[0] if fields else ""
 
 
 def free_port() -> int:

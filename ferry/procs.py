@@ -29,6 +29,8 @@ from typing import Any, Self
 
 from ferry.process import log_tail, read_ready_file
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
 _SHIM = (
     "import ctypes, os, sys\n"
     "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
@@ -40,6 +42,22 @@ _SHIM = (
 def dying_with_parent(argv: list[str]) -> list[str]:
     """``argv`` run so that it gets SIGKILL when this process dies (a program that is not a Ferry component)."""
     return [sys.executable, "-c", _SHIM, str(os.getpid()), *argv]
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after ``pid (comm)`` (``[0]`` is the state letter, ``[11]``/``[12]``
+    utime/stime in clock ticks); None once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()  # the command name may hold spaces and parentheses
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid`` so far, every thread included; None once it is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 class ChildFailed(RuntimeError):

@@ -51,9 +51,8 @@ from typing import Any
 import grpc
 
 from ferry.cli.ctl.main import AdminClient
-from ferry.procs import Child
+from ferry.procs import Child, cpu_seconds
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, inference_pb2, inference_pb2_grpc
-from tools.bench.overhead import cpu_seconds
 
 TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),
          ("standard", common_pb2.TIER_STANDARD, "paid-1"),
@@ -339,7 +338,7 @@ def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: floa
     pids = ready["pids"]
 
     def cpu(names: Callable[[str], bool]) -> float:
-        return sum(cpu_seconds(pid) for name, pid in pids.items() if names(name))
+        return sum(cpu_seconds(pid) or 0.0 for name, pid in pids.items() if names(name))
 
     groups: dict[str, Callable[[str], bool]] = {"proxy": lambda n: n == "proxy",
                                                 "nodes": lambda n: n.startswith("node")}

@@ -64,6 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ferry.procs import cpu_seconds
 from tools.fetch_traces import trace_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +72,6 @@ DEFAULT_TRACE = ROOT / "tools" / "data" / "mooncake_conversation_first2min.jsonl
 ROLES = {"proxy": "proxy", "controlplane": "controlplane", "agent": "node"}  # --profile -> ferry subcommand
 HOOK_ENV = "FERRY_CPU_PROFILE_ROLE"
 HOOK_OUT_ENV = "FERRY_CPU_PROFILE_OUT"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 # The cProfile hook: imported at start-up by every child (PYTHONPATH), active only in the
 # process whose command line is ``-m ferry ROLE``; SIGUSR2 switches profiling on, then off and dumps.
@@ -137,16 +137,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 # -- /proc ------------------------------------------------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of ``pid`` (every thread), in seconds; None when the process is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is field 3 (state)
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def children_of(pid: int) -> list[int]:

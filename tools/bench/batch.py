@@ -64,7 +64,7 @@ from agent.batch.server import FAULT_MODEL
 from agent.promtext import Samples, parse
 from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
-from ferry.procs import Child, stop_all
+from ferry.procs import Child, cpu_seconds, stop_all
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tools.report import percentile
 
@@ -73,12 +73,6 @@ MODEL = "batchstring"
 MAX_SEND_LAG_S = 0.02
 PER_GPU_RATE = 1000.0  # the reference contract: 100 inputs per 100 ms batch
 MIN_ANSWER_SHARE = 0.97
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scrape(address: str) -> Samples:
@@ -197,10 +191,10 @@ async def run_one(stubs: list[Any], keys: list[str], rate: float, args: argparse
     """A run with the runtime's counters and every process's CPU before and after."""
     before = batch_counts(scrape(fleet["metrics"]))
     pids = {name: pid for name, pid in fleet["pids"].items()} | {"load_generator": os.getpid()}
-    cpu0, wall0, load0 = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic(), os.getloadavg()[0]
+    cpu0, wall0, load0 = {n: cpu_seconds(p) or 0.0 for n, p in pids.items()}, time.monotonic(), os.getloadavg()[0]
     result = await offer(stubs, keys, rate, args, tag, args.seconds / 2 if kill else None, fleet["address"])
     wall = time.monotonic() - wall0
-    result["cpu_cores"] = {n: round((cpu_seconds(p) - cpu0[n]) / wall, 2) for n, p in pids.items()}
+    result["cpu_cores"] = {n: round(((cpu_seconds(p) or 0.0) - cpu0[n]) / wall, 2) for n, p in pids.items()}
     result["machine_loadavg_1m"] = {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)}
     after = batch_counts(scrape(fleet["metrics"]))
     delta = {k: after[k] - before[k] for k in after}

@@ -11,7 +11,7 @@ the region, apply every version and ack it.
 
 Measured on the control plane's process alone, from ``/proc/{pid}/stat``
 (user + system CPU seconds over wall seconds: 1.0 is one core;
-:func:`tools.profile_cpu.cpu_seconds`) and ``/proc/{pid}/status`` (``VmRSS``,
+:func:`ferry.procs.cpu_seconds`) and ``/proc/{pid}/status`` (``VmRSS``,
 :func:`tools.drills.rss_bytes`, sampled every 0.1 s: the last and the peak):
 
 1. **steady**: ``--steady-seconds`` (20) of telemetry and table pushes;
@@ -55,11 +55,10 @@ from ferry.backoff import Backoff
 from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.etcd import LocalEtcd
-from ferry.procs import Child, stop_all
+from ferry.procs import Child, cpu_seconds, stop_all
 from ferry.v1 import admin_pb2, fleet_pb2, fleet_pb2_grpc
 from tools.bench.store import Proxies, loads, ms, registration, routed
 from tools.drills import rss_bytes
-from tools.profile_cpu import cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK = 0.5

@@ -42,6 +42,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from ferry.procs import cpu_seconds
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tools.bench.rig import PROMPT, ROOT, Fleet, compare, difference, one_replica_fleet, print_rows
 
@@ -95,12 +96,6 @@ async def bench(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds a process has used (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def served(metrics: str) -> float:
     """Requests one proxy (or worker) answered OK, from its ``/metrics``."""
     with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as response:
@@ -132,7 +127,7 @@ async def bench_workers(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
 
     pids = {"one_worker": [fleet.proxy["pid"]], f"{args.workers}_workers": [w["pid"] for w in many["workers"]],
             "replica_node": [fleet.node_pid], "load_generator": [os.getpid()]}
-    cpu_before = {name: sum(cpu_seconds(p) for p in ps) for name, ps in pids.items()}
+    cpu_before = {name: sum(cpu_seconds(p) or 0.0 for p in ps) for name, ps in pids.items()}
     ok_before = {"one_worker": served(fleet.proxy["metrics"])}
     before = [served(w["metrics"]) for w in many["workers"]]
     try:
@@ -144,7 +139,7 @@ async def bench_workers(fleet: Fleet, args: argparse.Namespace) -> dict[str, Any
     counts = [served(w["metrics"]) - b for w, b in zip(many["workers"], before, strict=True)]
     requests = {"one_worker": served(fleet.proxy["metrics"]) - ok_before["one_worker"],
                 f"{args.workers}_workers": sum(counts)}
-    used = {name: sum(cpu_seconds(p) for p in ps) - cpu_before[name] for name, ps in pids.items()}
+    used = {name: sum(cpu_seconds(p) or 0.0 for p in ps) - cpu_before[name] for name, ps in pids.items()}
     everything = sum(requests.values())
     # CPU milliseconds per request: each proxy over its own requests; the replica and the generator over all.
     out["cpu_ms_per_request"] = {name: round(1000 * used[name] / max(1.0, requests.get(name, everything)), 3)

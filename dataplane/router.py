@@ -410,10 +410,10 @@ class Router:
         if state.cold_wait and outcome is None:
             await self._warm_up(state)
         ticket = state.ticket
+        if outcome is None and ticket is None:
+            outcome = await self._infer(state)
         while outcome is None:
-            if ticket is None:
-                outcome = await self._infer(state)
-                break
+            assert ticket is not None
             await self.admission.acquire(state.model_label, ticket)
             try:
                 outcome = await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))

@@ -43,7 +43,7 @@ from agent.states import Command, Observed, State, command, observe
 from agent.triton import TritonEndpoint
 from ferry import __version__
 from ferry.backoff import Backoff
-from ferry.grpcutil import channel_options
+from ferry.grpcutil import StreamWriter, channel_options
 from ferry.metrics import name
 from ferry.tls import TLSConfig
 from ferry.tls import channel as tls_channel
@@ -263,30 +263,31 @@ class Agent:
     async def _session(self, address: str) -> None:
         async with tls_channel(address, self._tls, options=channel_options()) as channel:
             call = fleet_pb2_grpc.FleetStub(channel).Connect()
-            reader: asyncio.Task[None] | None = None
+            reader = asyncio.create_task(self._read(call))
             try:
                 n = self.node
                 self._outbox.clear()  # results of an earlier stream mean nothing to this one
                 hello = self.inventory.register(node=n.node, region=n.region, gpus=n.gpus, agent_version=__version__)
                 hello.register.join_token = self._join_token
                 hello.register.standby = n.standby
-                await call.write(hello)
-                reader = asyncio.create_task(self._read(call))
+                writer = StreamWriter(call, reader)
                 try:
-                    await self._send(call, reader)
+                    if await writer.write(hello):
+                        await self._send(writer, reader)
                 except asyncio.InvalidStateError:  # the call ended under a write: the reader knows why
-                    await asyncio.wait({reader}, timeout=1.0)
-                    error = reader.exception() if reader.done() and not reader.cancelled() else None
-                    raise error or StreamLost("the control plane ended the stream") from None
+                    pass
+                # The call ended under a write (or before one): the reader says why.
+                await asyncio.wait({reader}, timeout=1.0)
+                error = reader.exception() if reader.done() and not reader.cancelled() else None
+                raise error or StreamLost("the control plane ended the stream")
             finally:
                 call.cancel()
-                if reader is not None:
-                    reader.cancel()
-                    # Waited, not awaited: a stop() cancelling this task while it waits must not be swallowed
-                    # (suppressing CancelledError here kept the agent reconnecting after stop()).
-                    await asyncio.wait({reader})
-                    if not reader.cancelled():
-                        reader.exception()  # retrieved; why the stream ended is raised above or by _send
+                reader.cancel()
+                # Waited, not awaited: a stop() cancelling this task while it waits must not be swallowed
+                # (suppressing CancelledError here kept the agent reconnecting after stop()).
+                await asyncio.wait({reader})
+                if not reader.cancelled():
+                    reader.exception()  # retrieved; why the stream ended is raised above
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -305,7 +306,8 @@ class Agent:
                 self._outbox.append(self.execute(message.command))
                 self._send_now.set()
 
-    async def _send(self, call: grpc.aio.StreamStreamCall, reader: asyncio.Task[None]) -> None:
+    async def _send(self, writer: StreamWriter, reader: asyncio.Task[None]) -> None:
+        """Telemetry every interval and command results as they come, until a write finds the call ended."""
         loop = asyncio.get_running_loop()
         due = loop.time()
         while True:
@@ -314,12 +316,13 @@ class Agent:
                                return_when=asyncio.FIRST_COMPLETED)
             wake.cancel()
             if reader.done():
-                reader.result()  # raises why the stream ended
-                raise StreamLost("the reader stopped")
+                return
             self._send_now.clear()
             while self._outbox:
-                await call.write(fleet_pb2.AgentMessage(result=self._outbox.popleft()))
-            await call.write(self.inventory.telemetry())
+                if not await writer.write(fleet_pb2.AgentMessage(result=self._outbox.popleft())):
+                    return
+            if not await writer.write(self.inventory.telemetry()):
+                return
             self.telemetry_sent += 1
             self.metrics.telemetry.inc()
             due = loop.time() + self.interval

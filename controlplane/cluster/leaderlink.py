@@ -28,7 +28,7 @@ import grpc
 
 from controlplane.cluster.election import PlaneInfo
 from ferry.backoff import Backoff
-from ferry.grpcutil import channel_options
+from ferry.grpcutil import StreamWriter, channel_options
 from ferry.tls import TLSConfig
 from ferry.tls import channel as tls_channel
 from ferry.v1 import admin_pb2, admin_pb2_grpc, tables_pb2
@@ -106,9 +106,12 @@ class LeaderLink:
         async with tls_channel(target.address, self._tls, options=options) as channel:
             call = admin_pb2_grpc.AdminStub(channel).Follow(metadata=self._metadata)
             reader = asyncio.ensure_future(self._read(call))
+            writer = StreamWriter(call, reader)
             try:
                 while self._target() == target and not reader.done():
-                    await call.write(self._report())
+                    if not await writer.write(self._report()):
+                        await asyncio.wait({reader}, timeout=1.0)  # the call ended: its reader says why
+                        break
                     self.following = target
                     self._wake.clear()
                     waker = asyncio.ensure_future(self._wake.wait())
@@ -118,8 +121,9 @@ class LeaderLink:
                     reader.result()  # the stream's error, if any
             finally:
                 reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                    await reader
+                await asyncio.wait({reader})  # waited, not awaited: this task's own cancellation is not swallowed
+                if not reader.cancelled():
+                    reader.exception()  # retrieved; raised above when it ended the stream
                 call.cancel()
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:

@@ -34,7 +34,7 @@ import grpc
 from dataplane.metrics import ProxyMetrics
 from dataplane.table.local import TableHolder, TableRejected
 from ferry.backoff import Backoff
-from ferry.grpcutil import channel_options
+from ferry.grpcutil import StreamWriter, channel_options
 from ferry.logs import event
 from ferry.tls import TLSConfig
 from ferry.tls import channel as tls_channel
@@ -115,10 +115,11 @@ class TableWatcher:
                 subscribe = tables_pb2.Subscribe(
                     proxy_id=self._proxy_id, region=self._region, have_version=self._holder.version, deltas=True
                 )
-                await call.write(tables_pb2.WatchRequest(subscribe=subscribe))
+                writer = StreamWriter(call, stopper)  # a write the call's end abandons: the next read says why
+                await writer.write(tables_pb2.WatchRequest(subscribe=subscribe))
                 lock = asyncio.Lock()  # one write at a time: acks here, usage reports from the reporter
                 if self._usage is not None:
-                    reporter = asyncio.ensure_future(self._report(call, lock))
+                    reporter = asyncio.ensure_future(self._report(writer, lock))
                 while True:
                     reader = asyncio.ensure_future(call.read())
                     done, _ = await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -132,15 +133,14 @@ class TableWatcher:
                     self._backoff.reset()
                     self.connected.set()
                     async with lock:
-                        await call.write(tables_pb2.WatchRequest(ack=self._apply(snapshot)))
+                        await writer.write(tables_pb2.WatchRequest(ack=self._apply(snapshot)))
             finally:
                 stopper.cancel()
                 if reporter is not None:
                     reporter.cancel()
                 call.cancel()
 
-    async def _report(self, call: grpc.aio.StreamStreamCall[tables_pb2.WatchRequest, tables_pb2.TableSnapshot],
-                      lock: asyncio.Lock) -> None:
+    async def _report(self, writer: StreamWriter, lock: asyncio.Lock) -> None:
         """Send a usage report every ``usage_seconds`` until the stream ends (its reader sees why)."""
         assert self._usage is not None
         try:
@@ -148,7 +148,8 @@ class TableWatcher:
                 await asyncio.sleep(self._usage_seconds)
                 report = self._usage()
                 async with lock:
-                    await call.write(tables_pb2.WatchRequest(report=report))
+                    if not await writer.write(tables_pb2.WatchRequest(report=report)):
+                        return
         except (grpc.aio.AioRpcError, grpc.aio.UsageError):
             return  # the stream ended
         except Exception:  # a bug: no more reports on this stream; the table keeps flowing

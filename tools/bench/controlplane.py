@@ -51,13 +51,12 @@ from tomli_w import dumps
 
 from controlplane.fleet.view import FleetView
 from controlplane.tables.compute import RouteRows, compute_tables
-from ferry.backoff import Backoff
 from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.etcd import LocalEtcd
 from ferry.procs import Child, cpu_seconds, stop_all
-from ferry.v1 import admin_pb2, fleet_pb2, fleet_pb2_grpc
-from tools.bench.store import Proxies, loads, ms, registration, routed
+from ferry.v1 import admin_pb2, fleet_pb2
+from tools.bench.store import Agents, Proxies, loads, ms, registration, routed
 from tools.drills import rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,67 +113,6 @@ class Window:
         return result
 
 
-class Nodes:
-    """One ``Fleet.Connect`` stream per node, telemetry of all its replicas every ``interval`` (loads varying).
-
-    A stream that ends (a registration refused while the store is slow to take its claims) is opened
-    again after a jittered backoff (:class:`ferry.backoff.Backoff`), as an agent does.
-    """
-
-    def __init__(self, address: str, replicas: int, per_node: int, interval: float) -> None:
-        self.channel = grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
-        self.regs = [registration(n, per_node) for n in range(replicas // per_node)]
-        self.interval = interval
-        self.sent = 0
-        self.registered: set[int] = set()
-        self.retries = 0
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._node(n, reg)) for n, reg in enumerate(self.regs)]
-
-    async def _node(self, n: int, reg: fleet_pb2.Register) -> None:
-        rng = random.Random(n)
-        backoff = Backoff(0.2, 5.0, rng=rng)
-        while True:
-            call = fleet_pb2_grpc.FleetStub(self.channel).Connect()
-            sender: asyncio.Task[None] | None = None
-            try:
-                await call.write(fleet_pb2.AgentMessage(register=reg))
-                while (message := await call.read()) is not grpc.aio.EOF:
-                    if message.HasField("registered") and sender is None:
-                        self.registered.add(n)
-                        backoff.reset()
-                        sender = asyncio.create_task(self._telemetry(call, reg, rng))
-            except grpc.aio.AioRpcError:
-                pass
-            finally:
-                if sender is not None:
-                    sender.cancel()
-                    await asyncio.gather(sender, return_exceptions=True)
-                call.cancel()
-            self.registered.discard(n)
-            self.retries += 1
-            await asyncio.sleep(backoff.next_delay())
-
-    async def _telemetry(self, call: Any, reg: fleet_pb2.Register, rng: random.Random) -> None:
-        await asyncio.sleep(rng.random() * self.interval)  # spread over the interval
-        seq = 0
-        with contextlib.suppress(grpc.aio.AioRpcError):
-            while True:
-                seq += 1
-                body = fleet_pb2.Telemetry(seq=seq, replicas=loads(reg, rng))
-                await call.write(fleet_pb2.AgentMessage(telemetry=body))
-                self.sent += 1
-                await asyncio.sleep(self.interval)
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.channel.close()
-
-
 def bench_rows(replicas: int, per_node: int, rounds: int) -> dict[str, Any]:
     """One computation after one drain: every row built, against the last computation's rows reused."""
     fleet = FleetView(clock=time.monotonic, grace_seconds=3600)
@@ -228,7 +166,7 @@ async def bench_process(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path
         cp.wait_ready(30)
         address = cp.ready["grpc"]
         idle = round(rss_bytes(cp.pid) / MIB, 1)
-        nodes = Nodes(address, args.replicas, args.per_node, args.interval)
+        nodes = Agents([address], args.replicas, args.per_node, interval=args.interval, varying=True)
         proxies = Proxies([address], args.proxies)
         channel = grpc.aio.insecure_channel(address)
         admin = AdminClient(channel, token)
@@ -242,7 +180,8 @@ async def bench_process(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path
                 most = max((len(routed(t)) for t in proxies.latest if t is not None), default=0)
                 raise SystemExit(f"only {len(seen)} of {args.proxies} proxies got the full table in "
                                  f"{args.register_seconds:g} s ({len(nodes.registered)} of {len(nodes.regs)} nodes "
-                                 f"registered, {nodes.retries} registrations retried; at most {most} replicas routed)")
+                                 f"registered, {nodes.reconnects} registrations retried; at most {most} replicas "
+                                 "routed)")
             registered_in = round(time.monotonic() - t0, 1)
             await asyncio.sleep(3.0)  # settle into the steady state
             sent0, window = nodes.sent, Window(cp.pid).start()
@@ -255,7 +194,7 @@ async def bench_process(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path
             during = await window.close()
             during.update(calls)
             return {"idle_rss_mib": idle, "registered_in_seconds": registered_in,
-                    "registrations_retried": nodes.retries, "steady": steady, "burst": during}
+                    "registrations_retried": nodes.reconnects, "steady": steady, "burst": during}
         finally:
             await proxies.stop()
             await nodes.stop()

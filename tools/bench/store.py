@@ -78,6 +78,7 @@ from ferry.backoff import Backoff
 from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.etcd import LocalEtcd
+from ferry.grpcutil import StreamWriter
 from ferry.procs import Child, stop_all
 from ferry.tabledelta import DeltaMismatch, apply_delta
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2
@@ -200,17 +201,23 @@ def fan_out(snapshot: tables_pb2.TableSnapshot, proxies: int, rounds: int) -> di
 
 
 class Agents:
-    """One Fleet.Connect stream per node; commands are read and dropped; telemetry every second. A stream that
-    ends is opened again after a backoff with the node registered again, as an agent does."""
+    """One Fleet.Connect stream per node, spread over ``addresses``; commands are read and dropped; telemetry
+    of all the node's replicas every ``interval`` (loads constant until ``varying``). A stream that ends is
+    opened again after a jittered backoff (:class:`ferry.backoff.Backoff`) with the node registered again,
+    and each write gives up at the call's end (:class:`ferry.grpcutil.StreamWriter`), as an agent does."""
 
-    def __init__(self, addresses: list[str], replicas: int, per_node: int) -> None:
+    def __init__(self, addresses: list[str], replicas: int, per_node: int, *, interval: float = 1.0,
+                 varying: bool = False) -> None:
         self.channels = [grpc.aio.insecure_channel(a, options=OPTIONS) for a in addresses]
         self.regs = [registration(n, per_node) for n in range(replicas // per_node)]
-        self.varying = False
+        self.interval = interval
+        self.varying = varying
+        self.sent = 0  # telemetry messages written
         self.reconnects = 0
         self.errors: dict[str, str] = {}  # node -> why its last stream ended
         self.registered: set[str] = set()  # nodes whose stream is open and was answered `registered`
         self._tasks: list[asyncio.Task[None]] = []
+        self.abandoned = 0  # writes given up because the stream had ended (StreamWriter)
 
     async def start(self) -> None:
         for n, reg in enumerate(self.regs):
@@ -221,25 +228,29 @@ class Agents:
         backoff = Backoff(0.1, 5.0, rng=rng)  # an agent's defaults (agent.config), reset once registered
         while True:
             call = fleet_pb2_grpc.FleetStub(self.channels[n % len(self.channels)]).Connect()
+            commands = asyncio.ensure_future(self._read(call, backoff, reg.node))
+            writer = StreamWriter(call, commands)  # as the agent writes: never past the call's end
             try:
-                await call.write(fleet_pb2.AgentMessage(register=reg))
-                commands = asyncio.ensure_future(self._read(call, backoff, reg.node))
-                try:
-                    await asyncio.sleep(rng.random())  # spread the agents over the second
-                    seq = 0
-                    while not commands.done():
-                        seq += 1
-                        body = fleet_pb2.Telemetry(seq=seq, replicas=loads(reg, rng if self.varying else None))
-                        await call.write(fleet_pb2.AgentMessage(telemetry=body))
-                        await asyncio.sleep(1.0)
-                    self.errors[reg.node] = commands.result()
-                finally:
-                    commands.cancel()
+                sent = await writer.write(fleet_pb2.AgentMessage(register=reg))
+                await asyncio.sleep(rng.random() * self.interval)  # spread the agents over the interval
+                seq = 0
+                while sent:
+                    seq += 1
+                    body = fleet_pb2.Telemetry(seq=seq, replicas=loads(reg, rng if self.varying else None))
+                    sent = await writer.write(fleet_pb2.AgentMessage(telemetry=body))
+                    if sent:
+                        self.sent += 1
+                        await asyncio.wait({commands}, timeout=self.interval)
+                        sent = not commands.done()
+                await asyncio.wait({commands}, timeout=5.0)
+                self.errors[reg.node] = commands.result() if commands.done() else "the call ended, its reader did not"
             except grpc.aio.AioRpcError as exc:
                 self.errors[reg.node] = f"{exc.code().name}: {exc.details()}"
-            except grpc.aio.UsageError as exc:
-                self.errors[reg.node] = f"stream closed: {exc}"
+            except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+                self.errors[reg.node] = f"stream closed: {exc!r}"
             finally:
+                self.abandoned += writer.abandoned
+                commands.cancel()
                 call.cancel()
                 self.registered.discard(reg.node)
             self.reconnects += 1
@@ -308,13 +319,14 @@ class Proxies:
                 held = self.latest[i]
                 sub = tables_pb2.Subscribe(proxy_id=f"bench-proxy-{i:02d}", region="local",
                                            have_version=held.version if held is not None else 0, deltas=True)
-                await call.write(tables_pb2.WatchRequest(subscribe=sub))
+                writer = StreamWriter(call)  # a write the call's end abandons: the next read says why
+                await writer.write(tables_pb2.WatchRequest(subscribe=sub))
                 while True:
                     raw = await call.read()
                     if raw is grpc.aio.EOF:
                         self.errors[i] = "stream ended"
                         break
-                    await call.write(tables_pb2.WatchRequest(ack=self._apply(i, raw)))
+                    await writer.write(tables_pb2.WatchRequest(ack=self._apply(i, raw)))
                     backoff.reset()
             except grpc.aio.AioRpcError as exc:
                 self.errors[i] = f"{exc.code().name}: {exc.details()}"
@@ -510,8 +522,8 @@ async def bench_fleet(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path, 
                              "wire": wire(window, table_bytes, args.proxies),
                              "one_write_per_replica_per_tick_per_s": bound,
                              "fraction_of_that_bound": round(writes / bound, 6)}
-        results["reconnects"] = {"agents": agents.reconnects, "proxies": sum(proxies.reconnects),
-                                 "proxy_resyncs": proxies.resyncs}
+        results["reconnects"] = {"agents": agents.reconnects, "agent_writes_abandoned": agents.abandoned,
+                                 "proxies": sum(proxies.reconnects), "proxy_resyncs": proxies.resyncs}
     finally:
         await proxies.stop()
         await agents.stop()

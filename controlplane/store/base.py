@@ -82,7 +82,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ferry.errors import Unavailable
+from ferry.errors import FerryError, Unavailable
 
 PREFIX = "/ferry/"
 MEMBERS_PREFIX = PREFIX + "members/"
@@ -257,6 +257,12 @@ class Store(Protocol):
 
     async def refresh_lease(self, lease: int) -> None:
         """Push the lease's expiry back by its TTL; raises LeaseNotFound when it is gone."""
+        ...
+
+    async def refresh_leases(self, leases: Sequence[int]) -> Sequence[FerryError | None]:
+        """Refresh every one of ``leases`` at once; for each, None or its error (``LeaseNotFound``,
+        ``Unavailable``), in order. One call for many: a backend that refreshes on a thread of its own
+        hands them over once, not once per lease."""
         ...
 
     async def revoke_lease(self, lease: int) -> None:

@@ -292,6 +292,10 @@ class EtcdStore:
         self._stubs()  # the caller's loop clock runs: the keeper stands in while it stalls
         await self.keeper.refresh(lease)  # the keeper reports the verdict
 
+    async def refresh_leases(self, leases: Sequence[int]) -> Sequence[FerryError | None]:
+        self._stubs()
+        return await self.keeper.refresh_all(leases)  # one hand-off to the keeper's thread for all of them
+
     async def revoke_lease(self, lease: int) -> None:
         stub = self._stubs()[1]
         try:

@@ -52,7 +52,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ from aetcd import rpc as etcd
 from controlplane.store.base import LeaseNotFound
 from controlplane.store.etcdstreams import KeepAlives
 from controlplane.store.loopclock import LoopClock
-from ferry.errors import Unavailable
+from ferry.errors import FerryError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,14 @@ class LeaseKeeper:
         asked = self._clock()
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._refresh(lease, asked), loop))
 
+    async def refresh_all(self, leases: Sequence[int]) -> list[FerryError | None]:
+        """Refresh every one of ``leases`` on the keeper's thread, handed over once; each one's error or None."""
+        if not leases:
+            return []
+        loop = self._start()
+        asked = self._clock()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._refresh_all(leases, asked), loop))
+
     def granted(self, lease: int, ttl: float, sent: float) -> None:
         """``lease`` (TTL ``ttl``) was granted by a call sent at ``sent``: known, as if just refreshed."""
         loop = self._start()
@@ -244,6 +252,18 @@ class LeaseKeeper:
         held.ttl, held.sent = float(ttl), max(held.sent, sent)
         self._on_outcome("")
         return ttl
+
+    async def _refresh_all(self, leases: Sequence[int], asked: float) -> list[FerryError | None]:
+        outcomes = await asyncio.gather(*(self._refresh(lease, asked) for lease in leases), return_exceptions=True)
+        out: list[FerryError | None] = []
+        for outcome in outcomes:
+            if isinstance(outcome, FerryError):
+                out.append(outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome  # a bug or a cancellation: not a lease's answer
+            else:
+                out.append(None)
+        return out
 
     async def _reopen(self) -> None:
         """A new channel when the store has moved to another endpoint; the next stream opens on it."""

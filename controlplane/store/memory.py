@@ -39,7 +39,7 @@ from controlplane.store.base import (
     WatchLost,
     check_writes,
 )
-from ferry.errors import Overloaded
+from ferry.errors import FerryError, Overloaded
 
 
 @dataclass
@@ -175,6 +175,16 @@ class MemoryStore:
         if held is None:
             raise LeaseNotFound(lease)
         held.deadline = self._clock() + held.ttl
+
+    async def refresh_leases(self, leases: Sequence[int]) -> Sequence[FerryError | None]:
+        outcomes: list[FerryError | None] = []
+        for lease in leases:
+            try:
+                await self.refresh_lease(lease)
+                outcomes.append(None)
+            except FerryError as exc:
+                outcomes.append(exc)
+        return outcomes
 
     def lease_confirmed(self, lease: int) -> float:
         held = self._leases.get(lease)

@@ -189,6 +189,24 @@ async def test_lease_expiry(backend: Backend, after: float, refresh: bool, kept:
             await store.put_if(MEMBERS + "n3", b"x", revision=0, lease=lease)
 
 
+async def test_refresh_leases_answers_each_lease_in_order(backend: Backend) -> None:
+    """Many leases in one call (etcd: one hand-off to the keeper, spread over its streams): each kept alive,
+    a gone one answered LeaseNotFound in its place, the others unaffected."""
+    store = backend.store()
+    leases = [await store.grant_lease(1.0) for _ in range(40)]
+    for i, lease in enumerate(leases):
+        await store.put(f"{MEMBERS}n{i}", b"x", lease=lease)
+    await store.revoke_lease(leases[7])
+    await backend.advance(0.6)
+    outcomes = await store.refresh_leases(leases)
+    assert [type(o) for o in outcomes] == [LeaseNotFound if i == 7 else type(None) for i in range(len(leases))]
+    await backend.advance(0.6)  # 1.2 s after the grants: only the refresh kept them
+    kept = [await store.get(f"{MEMBERS}n{i}") is not None for i in range(len(leases)) if i != 7]
+    assert all(kept)
+    assert await store.get(f"{MEMBERS}n7") is None
+    assert await store.refresh_leases([]) == []
+
+
 async def test_revoke_deletes_the_keys_and_watches_see_it(backend: Backend) -> None:
     store = backend.store()
     watch = await store.watch(MEMBERS)

@@ -91,13 +91,41 @@ class MemberLeases:
         self._records.pop(node, None)
 
     async def sync(self, members: Iterable[Member]) -> None:
-        """Write or refresh every connected member that is stale or due."""
-        due = self._clock() - self._ttl / 3
+        """Write or refresh every connected member that is stale or due.
+
+        The leases that only need a refresh go to the store in one call (:meth:`Store.refresh_leases`); the
+        members to write (changed, or their lease lost) are written ``batch`` at a time.
+        """
+        sent = self._clock()
+        due = sent - self._ttl / 3
+        refresh: list[tuple[_Record, Member, int]] = []
         todo = []
         for member in list(members):
             record = self._records.setdefault(member.node, _Record())
-            if member.connected and (record.dirty or record.refreshed_at <= due):
+            if not member.connected or not (record.dirty or record.refreshed_at <= due):
+                continue
+            if not record.dirty and record.lease and not record.lock.locked():
+                refresh.append((record, member, record.lease))
+            else:
                 todo.append(member)
+        if refresh:
+            outcomes = await self._store.refresh_leases([lease for _, _, lease in refresh])
+            errors = []
+            for (record, member, lease), outcome in zip(refresh, outcomes, strict=True):
+                if record.lease != lease:  # a claim took a new lease meanwhile
+                    continue
+                if outcome is None:
+                    record.refreshed_at = sent
+                elif isinstance(outcome, LeaseNotFound):  # ran out: written again under a new lease below
+                    record.lease = 0
+                    record.dirty = True
+                    todo.append(member)
+                else:
+                    errors.append(f"member {member.node}: {outcome}")
+            if errors:
+                log.warning("store: %d of %d member leases not refreshed (will retry): %s", len(errors),
+                            len(refresh), errors[0])
+                return  # the store is away: the writes wait for the next pass
         for start in range(0, len(todo), self._batch):
             errors = [e for e in await asyncio.gather(*(self._write(m) for m in todo[start:start + self._batch])) if e]
             if errors:
@@ -118,7 +146,9 @@ class MemberLeases:
                 record.claimed.clear()  # none is trusted that another control plane took meanwhile
             for last in (False, True):
                 if not record.lease:
+                    granted = self._clock()
                     record.lease = await self._store.grant_lease(self._ttl)
+                    record.refreshed_at = granted  # its TTL runs from here: the next refresh is due from it
                     record.claimed.clear()
                     record.dirty = True  # the member's value and other claims go under the new lease
                 try:
@@ -193,17 +223,21 @@ class MemberLeases:
 
     async def _write_locked(self, record: _Record, member: Member) -> str:
         try:
-            if not record.dirty and record.lease:
-                try:
+            sent = self._clock()
+            if record.lease and (not record.dirty or record.refreshed_at <= sent - self._ttl / 3):
+                try:  # a changed member's lease is refreshed too when due: a put does not extend it
                     await self._store.refresh_lease(record.lease)
-                    record.refreshed_at = self._clock()
-                    return ""
+                    record.refreshed_at = sent
+                    if not record.dirty:
+                        return ""
                 except LeaseNotFound:
                     record.lease = 0
             value = member.registration().SerializeToString()
             for last in (False, True):  # a lease that ran out while the node was away: take a new one, once
                 if not record.lease:
+                    granted = self._clock()
                     record.lease = await self._store.grant_lease(self._ttl)
+                    record.refreshed_at = granted
                     record.claimed.clear()
                 try:
                     await self._store.put(member_key(member.node), value, lease=record.lease)
@@ -213,8 +247,7 @@ class MemberLeases:
                     if last:
                         raise
             await self._reconcile(record, member)
-            record.dirty = False
-            record.refreshed_at = self._clock()
+            record.dirty = False  # refreshed_at stays the lease's grant or last refresh: a put does not extend it
             return ""
         except FerryError as exc:
             record.dirty = True

@@ -103,3 +103,68 @@ async def test_a_member_written_again_takes_its_claims_and_names_the_one_held_el
 
 def claims_of_reg(reg: Any) -> tuple[Any, frozenset[str]]:
     return register_claims(reg), frozenset(host_of(info.address) for info in reg.replicas)
+
+
+class CountingStore:
+    """The embedded store, counting lease refresh calls: one call for many leases, or one per lease."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inner = MemoryStore(clock=clock)
+        self.batch_calls: list[int] = []
+        self.single_calls = 0
+
+    async def refresh_leases(self, leases: Any) -> Any:
+        self.batch_calls.append(len(leases))
+        return await self.inner.refresh_leases(leases)
+
+    async def refresh_lease(self, lease: int) -> None:
+        self.single_calls += 1
+        await self.inner.refresh_lease(lease)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def registered(leases: MemberLeases, fleet: FleetView, node: str) -> Any:
+    claims, hosts = claims_of(node)
+    await leases.claim(node, claims, hosts)
+    reg = register(node, *(replica(f"{node}/r{i}") for i in range(4)))
+    return fleet.register(reg)
+
+
+async def test_a_lease_is_due_from_its_grant_not_from_the_members_write() -> None:
+    """Registrations that waited: the member written 2.5 s after its claim took the lease (TTL 3 s). A put
+    does not extend a lease, so the write refreshes it too (before, the next refresh was due a third of a
+    TTL after the write, and the lease ran out first, then the member was written again, and again)."""
+    clock = FakeClock()
+    store = CountingStore(clock)
+    leases = MemberLeases(store, clock=clock, ttl_seconds=3.0)  # type: ignore[arg-type]
+    fleet = FleetView(clock=clock)
+    member = await registered(leases, fleet, "n1")
+    clock.advance(2.5)
+    await leases.sync([member])  # the member's first write
+    clock.advance(0.6)  # 3.1 s after the grant
+    assert await store.inner.get("/ferry/members/n1") is not None
+    await leases.sync([member])  # due a third of a TTL after that refresh: not yet
+    assert store.batch_calls == []
+    clock.advance(0.5)
+    await leases.sync([member])
+    assert store.batch_calls == [1]
+
+
+async def test_due_refreshes_go_to_the_store_in_one_call() -> None:
+    clock = FakeClock()
+    store = CountingStore(clock)
+    leases = MemberLeases(store, clock=clock, ttl_seconds=3.0)  # type: ignore[arg-type]
+    fleet = FleetView(clock=clock)
+    members = [await registered(leases, fleet, f"n{i}") for i in range(30)]
+    await leases.sync(members)  # written
+    clock.advance(1.0)
+    await leases.sync(members)
+    assert store.batch_calls == [30] and store.single_calls == 0
+    await store.inner.revoke_lease(leases._records["n3"].lease)  # lost: written again under a new lease
+    clock.advance(1.0)
+    await leases.sync(members)
+    assert store.batch_calls == [30, 30]
+    assert await store.inner.get("/ferry/members/n3") is not None
+    assert all(leases._records[m.node].lease for m in members)

@@ -60,8 +60,10 @@ class Cluster:
         adopt: Callable[[tables_pb2.TableSnapshot], None],
         metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
+        held: Callable[[str], bool] = lambda node: False,
     ) -> None:
         self._store = store
+        self._held = held  # whether a node's agent stream is here: its own view wins, its key changes nothing
         self.id = settings.id
         self._wall = wall
         self._on_change = on_change
@@ -134,4 +136,5 @@ class Cluster:
             except ValueError as exc:  # protobuf's DecodeError is a ValueError
                 log.warning("member %s in the store is unreadable: %s", node, exc)
                 return
-        self._on_change()
+        if not self._held(node):  # a key of a node whose stream is here changes nothing: the local view wins
+            self._on_change()

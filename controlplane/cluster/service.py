@@ -103,7 +103,7 @@ class PeerService:
             return
         self.cluster = Cluster(self._store, self.settings, address=address, clock=self._clock, wall=self._wall,
                                on_change=self._notify, report=self.follower_report, adopt=adopt,
-                               metadata=self._admin_metadata, tls=self._tls)
+                               metadata=self._admin_metadata, tls=self._tls, held=self._held)
         await self.cluster.start(self.settings.store_timeout_seconds)
         self.transition()
 
@@ -137,6 +137,10 @@ class PeerService:
             return local
         remote = self.cluster.remote.members(own={m.node for m in local})
         return merge(local, remote, now=self._clock(), grace=self.settings.grace_seconds)
+
+    def _held(self, node: str) -> bool:
+        member = self._fleet.member(node)
+        return member is not None and member.connected
 
     def held_here(self) -> set[str]:
         """The nodes whose agent stream this control plane holds (their telemetry is measured here)."""

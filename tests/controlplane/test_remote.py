@@ -89,3 +89,25 @@ def test_merge_prefers_the_connected_copy_and_gives_each_replica_one_node() -> N
     assert by_node["a"] is here  # connected here beats the store's copy of it
     assert by_node["b"] is not stale and by_node["b"].connected  # reported connected elsewhere beats stale here
     assert list(by_node["c"].replicas) == ["c/r0"]  # a/r0 stays with the node connected here
+
+
+def test_a_key_of_a_node_held_here_does_not_ask_for_a_recomputation() -> None:
+    """The store's echo of this control plane's own member writes (a burst of them when leases are written
+    again) changed nothing in the merged view, yet each asked for a table pass; now only other nodes' do."""
+    from controlplane.cluster.coordination import Cluster
+    from controlplane.config import ControlPlaneSettings
+    from controlplane.store.base import MEMBERS_PREFIX, KeyValue
+    from controlplane.store.memory import MemoryStore
+
+    clock = FakeClock()
+    asked: list[int] = []
+    cluster = Cluster(MemoryStore(clock=clock), ControlPlaneSettings(), address="127.0.0.1:1", clock=clock,
+                      wall=clock, on_change=lambda: asked.append(1), report=admin_pb2.FollowerReport,
+                      adopt=lambda snapshot: None, held=lambda node: node == "here")
+    for node in ("here", "there"):
+        value = register(node, replica(f"{node}/r0")).SerializeToString()
+        cluster._member_key(MEMBERS_PREFIX + node, KeyValue(MEMBERS_PREFIX + node, value, 1))
+    assert len(asked) == 1  # "there" only
+    assert set(cluster.remote.entries) == {"here", "there"}  # both still known to the merge
+    cluster._member_key(MEMBERS_PREFIX + "there", None)
+    assert len(asked) == 2

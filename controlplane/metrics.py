@@ -16,7 +16,7 @@ proxy ids (at most ``max_proxies``; a forgotten proxy's series are removed).
 | ``ferry_controlplane_proxy_lag_versions`` | gauge | proxy |
 | ``ferry_controlplane_proxy_behind_seconds`` | gauge: seconds not connected and in sync (0: fine) | proxy |
 | ``ferry_controlplane_proxies_disconnected`` | gauge: proxies remembered whose stream is gone | region |
-| ``ferry_controlplane_telemetry_age_seconds`` | histogram: age of each routable replica's load at each computation | |
+| ``ferry_controlplane_telemetry_age_seconds`` | histogram: each routable replica's load age, once a second | |
 | ``ferry_controlplane_telemetry_messages_total`` | counter | |
 | ``ferry_controlplane_table_compute_seconds`` | histogram: one recomputation (compute, version, offer) | |
 | ``ferry_controlplane_leader`` | gauge: 1 while this control plane computes the tables | |
@@ -287,6 +287,20 @@ class Metrics:
         for (region, state), count in counts.items():
             self.replicas.labels(region=region, state=state).set(count)
 
+    def observe_proxy(self, status: ProxyStatus, tables: TableVersions, *, now: float) -> None:
+        """One proxy's applied version, lag and time behind (an ack: the others did not change)."""
+        current = tables.get(status.region)
+        lag = status.lag(current.version) if current is not None else 0
+        self.proxy_applied_version.labels(proxy=status.proxy_id).set(status.applied_version)
+        self.proxy_lag_versions.labels(proxy=status.proxy_id).set(lag)
+        if not status.connected:
+            behind = now - status.last_seen
+        elif lag:
+            behind = now - (status.subscribed_at if status.last_ack_at is None else status.last_ack_at)
+        else:
+            behind = 0.0
+        self.proxy_behind.labels(proxy=status.proxy_id).set(max(0.0, behind))
+
     def observe_proxies(self, statuses: Iterable[ProxyStatus], tables: TableVersions, *, now: float) -> None:
         """Applied version, lag and time behind of every proxy remembered; forgotten ones lose their series.
 
@@ -297,19 +311,8 @@ class Metrics:
         disconnected: Tally[str] = Tally()
         for status in statuses:
             seen.add(status.proxy_id)
-            current = tables.get(status.region)
-            lag = status.lag(current.version) if current is not None else 0
-            self.proxy_applied_version.labels(proxy=status.proxy_id).set(status.applied_version)
-            self.proxy_lag_versions.labels(proxy=status.proxy_id).set(lag)
-            if not status.connected:
-                disconnected[status.region] += 1
-                behind = now - status.last_seen
-            elif lag:
-                behind = now - (status.subscribed_at if status.last_ack_at is None else status.last_ack_at)
-            else:
-                behind = 0.0
-            self.proxy_behind.labels(proxy=status.proxy_id).set(max(0.0, behind))
-            disconnected[status.region] += 0
+            self.observe_proxy(status, tables, now=now)
+            disconnected[status.region] += not status.connected
         for proxy in self._proxies - seen:
             self.proxy_applied_version.remove(proxy)
             self.proxy_lag_versions.remove(proxy)

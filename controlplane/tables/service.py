@@ -22,12 +22,20 @@ offers the region's current table at once (computing it on the leader, asking
 the leader on a follower); :meth:`TableService.ack` records what the proxy
 applied or why it rejected a version (a stale or malformed ack is ignored and
 counted; a resync sends the current table in full); :meth:`TableService.proxy_report` keeps the proxy's last usage
-report (:mod:`controlplane.tables.usage`). O(1) per message plus the metrics of the
-proxies, O(proxies).
+report (:mod:`controlplane.tables.usage`). O(1) per message, the acking proxy's
+metrics included; a subscription observes every proxy's, O(proxies).
+
+The fleet's metrics (members, replicas by state, utilisation, GPUs, load ages:
+:meth:`controlplane.metrics.Metrics.observe_fleet` and the rest) cost about 35
+ms for 5,000 replicas, so a pass for loads alone (the tick) observes them only
+when ``OBSERVE_SECONDS`` (1 s) have passed since the last observation, rather
+than twice a second: a scrape every 15 s or more reads loads at most a second
+old. A pass after any other change observes them at once.
 
 :meth:`TableService.reflect` is how an operator write waits for the tables
-(:mod:`controlplane.store.writer`): recomputed at once on the leader, then,
-leader or follower alike, until the tables held here satisfy a predicate.
+(:mod:`controlplane.store.writer`): recomputed after the debounce on the
+leader (the writes waiting together share that pass), then, leader or
+follower alike, until the tables held here satisfy a predicate.
 
 State: the table versions, the proxies' watchers and usage, the spill
 planner, the pending recomputation. Dependencies: the settings, the catalog,
@@ -67,6 +75,8 @@ from ferry.v1 import admin_pb2, tables_pb2
 
 log = logging.getLogger(__name__)
 
+OBSERVE_SECONDS = 1.0
+
 
 class TableService:
     """Computes, versions and serves the tables.
@@ -105,6 +115,7 @@ class TableService:
         self._wall = wall
         self._before_pass = before_pass
         self._rows = RouteRows()  # each replica's row, rebuilt only when its registration or load changed
+        self._observed_at = float("-inf")  # the last pass that observed the fleet's metrics
         self._dirty = asyncio.Event()
         self._changed = asyncio.Event()  # pulsed whenever a table is published or adopted here
         self.stopping = False
@@ -129,14 +140,15 @@ class TableService:
                 await asyncio.sleep(self.settings.debounce_seconds)
             except TimeoutError:
                 pass
+            changed = self._dirty.is_set()  # else the tick: loads alone
             self._dirty.clear()
             try:
                 self._before_pass()
                 if self._peers.leading:
-                    self.recompute()
+                    self.recompute(changed=changed)
                 else:
                     self._reabsorb()
-                    self._observe(self._clock(), self._peers.members())
+                    self._observe(self._clock(), self._peers.members(), due_only=not changed)
             except Exception:  # the loop must outlive a bug in one pass
                 log.exception("table computation failed")
 
@@ -148,8 +160,11 @@ class TableService:
             if published is not None:
                 self._peers.absorbed(published.snapshot)
 
-    def recompute(self) -> list[Published]:
-        """Compute every region's table; offer each new version to its watchers and followers at once."""
+    def recompute(self, *, changed: bool = True) -> list[Published]:
+        """Compute every region's table; offer each new version to its watchers and followers at once.
+
+        ``changed``: something other than loads may have changed (the fleet's metrics are observed now,
+        not only when due)."""
         started = time.perf_counter()
         now = self._clock()
         members = self._peers.members()
@@ -170,18 +185,18 @@ class TableService:
         for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
             self._metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))
         before = set(self.versions.regions())
-        changed = self.versions.publish(tables, self._wall())
+        published = self.versions.publish(tables, self._wall())
         for region in before - set(tables):
             self._metrics.table_version.remove(region)
             self.watchers.feed.drop(region)
-        for published in changed:
-            self._offer(published)
-            self._peers.published(published)
-        if changed:
+        for new in published:
+            self._offer(new)
+            self._peers.published(new)
+        if published:
             self._pulse()
         self._metrics.table_compute.observe(time.perf_counter() - started)
-        self._observe(now, members)
-        return changed
+        self._observe(now, members, due_only=not changed)
+        return published
 
     def adopt(self, snapshot: tables_pb2.TableSnapshot) -> None:
         """A table the leader published: serve it here (ignored while this control plane leads)."""
@@ -196,10 +211,12 @@ class TableService:
     async def reflect(self, reflected: Callable[[], bool], seconds: float) -> bool:
         """Until the leader's tables, as held here, satisfy ``reflected`` (at most ``seconds``; False then).
 
-        Leading, the tables are recomputed first; following, they come from the leader.
+        Leading, the tables are recomputed after the debounce (writes that wait together share one pass: a
+        burst of drains does not compute the fleet's tables once per drain); following, they come from the
+        leader.
         """
         if self._peers.leading:
-            self.recompute()
+            self.notify()  # one pass after the debounce for every write waiting now, not one per write
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         while not reflected():
@@ -222,21 +239,26 @@ class TableService:
         for watcher in self.watchers.of_region(published.snapshot.region):
             watcher.offer(push)
 
-    def _observe(self, now: float, members: list[Member]) -> None:
-        """The metrics of one pass; a follower measures telemetry ages of the nodes it holds only."""
+    def _observe(self, now: float, members: list[Member], *, due_only: bool = False) -> None:
+        """The metrics of one pass. Those of the whole fleet (O(replicas)) only once ``OBSERVE_SECONDS`` have
+        passed since the last, when ``due_only`` (a pass for loads alone); a follower measures telemetry ages
+        of the nodes it holds only. The proxies' and the leader's own, O(proxies), at every pass."""
         metrics, intent, leading = self._metrics, self._intent, self._peers.leading
+        metrics.leader.set(1 if leading else 0)
+        metrics.observe_region_usage(self.proxy_usage.figures() if leading else {})
+        self._observe_proxies()
+        if due_only and now - self._observed_at < OBSERVE_SECONDS:
+            return
+        self._observed_at = now
         held = None if leading else self._peers.held_here()
         metrics.observe_fleet(members, self.versions, now=now, grace=self.settings.grace_seconds, aged=held)
         rows = usage_rows(members, self.versions, now=now)
         aged = None if held is None else usage_rows([m for m in members if m.node in held], self.versions, now=now)
         metrics.observe_usage(rows, aged)
-        metrics.observe_region_usage(self.proxy_usage.figures() if leading else {})
         wall = self._wall()
         nodes = [node_view(m, intent.allocations.get(m.node), now=now, grace=self.settings.grace_seconds,
                            cordoned=m.node in intent.cordons, control_plane="") for m in members]
         metrics.observe_nodes(nodes, [wall - r.requested_at for r in intent.pending.values()])
-        metrics.leader.set(1 if leading else 0)
-        self._observe_proxies()
 
     # -- views
 
@@ -297,7 +319,7 @@ class TableService:
         elif not ack.applied:
             event(log, "table_rejected_by_proxy", logging.WARNING, proxy_id=watcher.status.proxy_id,
                   version=ack.version, reason=ack.error)
-        self._observe_proxies()
+        self._metrics.observe_proxy(watcher.status, self.versions, now=self._clock())
 
     def pushed(self, watcher: Watcher) -> None:
         self._metrics.table_pushes.labels(region=watcher.region).inc()

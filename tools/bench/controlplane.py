@@ -56,7 +56,7 @@ from ferry.config import ModelConfig
 from ferry.etcd import LocalEtcd
 from ferry.procs import Child, cpu_seconds, stop_all
 from ferry.v1 import admin_pb2, fleet_pb2
-from tools.bench.store import Agents, Proxies, loads, ms, registration, routed
+from tools.bench.store import Agents, Proxies, etcd_counters, loads, ms, registration, routed
 from tools.drills import rss_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,9 +184,13 @@ async def bench_process(args: argparse.Namespace, etcd: LocalEtcd, workdir: Path
                                  "routed)")
             registered_in = round(time.monotonic() - t0, 1)
             await asyncio.sleep(3.0)  # settle into the steady state
-            sent0, window = nodes.sent, Window(cp.pid).start()
+            sent0, window, before = nodes.sent, Window(cp.pid).start(), etcd_counters(etcd)
             await asyncio.sleep(args.steady_seconds)
             steady = await window.close()
+            after = etcd_counters(etcd)
+            steady["etcd_per_s"] = {k: round((after[k] - before[k]) / steady["wall_seconds"], 1)
+                                    for k in ("puts", "txns", "deletes", "lease_grants", "lease_revokes",
+                                              "lease_renewals")}
             steady["telemetry_messages_per_s"] = round((nodes.sent - sent0) / steady["wall_seconds"], 1)
             ids = [reg.replicas[1].replica_id for reg in nodes.regs][: args.drains]
             window = Window(cp.pid, admin).start()
@@ -230,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     s, b = fleet["steady"], fleet["burst"]
     print(f"steady, {args.replicas} replicas on {args.replicas // args.per_node} nodes every {args.interval:g} s "
           f"({s['telemetry_messages_per_s']} messages/s), {args.proxies} proxies: {s['cores']} cores, "
-          f"RSS {s['rss_mib']} MiB (peak {s['peak_rss_mib']}; {fleet['idle_rss_mib']} MiB before the fleet)")
+          f"RSS {s['rss_mib']} MiB (peak {s['peak_rss_mib']}; {fleet['idle_rss_mib']} MiB before the fleet); "
+          f"etcd per second: {s['etcd_per_s']}")
     print(f"burst of {args.drains} drains + undrains ({args.concurrency} at a time) in {b['wall_seconds']} s: "
           f"{b['cores']} cores, RSS {b['rss_mib']} MiB (peak {b['peak_rss_mib']} MiB); call p50 "
           f"{b['calls'].get('p50_ms')} ms p99 {b['calls'].get('p99_ms')} ms; refused {b['refused']}; "

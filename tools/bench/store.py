@@ -102,6 +102,7 @@ COUNTERS = {
     "raft_proposals": "etcd_server_proposals_committed_total",
     "wal_fsyncs": "etcd_disk_wal_fsync_duration_seconds_count",
     "lease_renewals": "etcd_debugging_lease_renewed_total",
+    "lease_grants": "etcd_debugging_lease_granted_total", "lease_revokes": "etcd_debugging_lease_revoked_total",
 }
 
 

@@ -77,9 +77,9 @@ class StreamWriter:
     """The writes of one client stream (``grpc.aio`` stream-stream call), none of which outlives the call.
 
     grpcio's asyncio ``write`` can stay pending for ever after its call has ended: with 625 agent streams
-    registering against busy control planes, about 1 in 150 of the streams the server ended (UNAVAILABLE,
-    the store late) left the client's next telemetry write pending with the call's status already read,
-    so that agent never reconnected. Each :meth:`write` therefore races the message against the call's end
+    registering against busy control planes, 1 to 10 of the 250 to 300 streams the server ended in a run
+    (UNAVAILABLE, the store late) left the client's next telemetry write pending with the call's status
+    already read, so that agent never reconnected. Each :meth:`write` therefore races the message against the call's end
     (one done callback per call, not one per write) and against ``until`` (the caller's reader or stop
     event), and cancels the write when one of those comes first.
     """

@@ -1,21 +1,15 @@
 """The two long-lived etcd streams behind :class:`controlplane.store.etcd.EtcdStore`: keep-alives and watches.
 
 :class:`KeepAlives` multiplexes every lease refresh of a control plane onto
-``streams`` (8) ``Lease.LeaseKeepAlive`` streams, a lease always on the same
-one (its id modulo ``streams``; aetcd opens a new stream per refresh):
+one ``Lease.LeaseKeepAlive`` stream (aetcd opens a new stream per refresh):
 :meth:`KeepAlives.refresh` queues a request and waits for the answer naming
 that lease; etcd answers requests in order, and a TTL of 0 means the lease is
-gone. Several streams, because a stream writes one message at a time: each
-write waits for its completion to come back through gRPC's poller thread,
-and with the control plane's loop holding the GIL that is a few milliseconds
-a message, about 110 refreshes a second on one stream, short of 625 members
-refreshed every second at 5,000 replicas (their leases ran out and were
-written again, which cost more). At most ``max_pending`` (4,096) refreshes wait at once (a further one
+gone. At most ``max_pending`` (4,096) refreshes wait at once (a further one
 raises ``Overloaded``); each waits at most ``timeout`` seconds (then
 ``Unavailable``), measured by ``wait``: the lease keeper
 (:mod:`controlplane.store.etcdkeeper`) passes its loop's
 :meth:`controlplane.store.loopclock.LoopClock.wait`, so that its own loop
-being late is not counted as etcd's silence. When a stream breaks, every refresh waiting on it fails with
+being late is not counted as etcd's silence. When the stream breaks, every waiting refresh fails with
 ``Unavailable`` and the next one opens a new stream. Cost: one small message
 each way per refresh; no raft write on etcd 3.4 (renewal is leader-local).
 
@@ -54,20 +48,18 @@ Wait = Callable[[asyncio.Future[Any], float], Awaitable[Any]]
 
 
 class KeepAlives:
-    """Lease refreshes over ``streams`` shared ``LeaseKeepAlive`` streams, a lease always on the same one."""
+    """Lease refreshes over one shared ``LeaseKeepAlive`` stream."""
 
     def __init__(self, stub: Callable[[], Any], *, where: str, timeout: float, max_pending: int = 4096,
-                 wait: Wait = plain_wait, streams: int = 8) -> None:
-        if streams < 1:
-            raise ValueError("streams must be >= 1")
+                 wait: Wait = plain_wait) -> None:
         self._stub = stub
         self._wait = wait
         self._where = where
         self._timeout = timeout
         self._max_pending = max_pending
-        self._requests: list[asyncio.Queue[Any] | None] = [None] * streams
-        self._readers: list[asyncio.Task[None] | None] = [None] * streams
-        self._calls: list[Any] = [None] * streams
+        self._requests: asyncio.Queue[Any] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._call: Any = None
         self._waiting: dict[int, deque[asyncio.Future[int]]] = {}
         self._pending = 0
 
@@ -75,12 +67,13 @@ class KeepAlives:
         """Refresh ``lease``; its TTL in seconds as etcd answered; LeaseNotFound when etcd no longer has it."""
         if self._pending >= self._max_pending:
             raise Overloaded(f"{self._max_pending} lease refreshes are waiting on {self._where}", retry_after=1.0)
-        requests = self._open(lease % len(self._calls))
+        self._open()
+        assert self._requests is not None
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(lease, deque()).append(future)
         self._pending += 1
         try:
-            requests.put_nowait(etcd.LeaseKeepAliveRequest(ID=lease))
+            self._requests.put_nowait(etcd.LeaseKeepAliveRequest(ID=lease))
             ttl = await self._wait(future, self._timeout)
         except TimeoutError as exc:
             raise Unavailable(f"{self._where}: no keep-alive answer within {self._timeout:g} s") from exc
@@ -95,22 +88,19 @@ class KeepAlives:
             raise LeaseNotFound(lease)
         return int(ttl)
 
-    def _open(self, i: int) -> asyncio.Queue[Any]:
-        """Stream ``i``'s request queue, the stream opened first when it is not running."""
-        reader, requests = self._readers[i], self._requests[i]
-        if reader is not None and not reader.done() and requests is not None:
-            return requests
-        self._requests[i] = requests = asyncio.Queue[Any]()
+    def _open(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            return
+        self._requests = requests = asyncio.Queue[Any]()
 
         async def send() -> AsyncIterator[Any]:
             while True:
                 yield await requests.get()
 
-        self._calls[i] = call = self._stub().LeaseKeepAlive(send())
-        self._readers[i] = asyncio.ensure_future(self._read(call, i))
-        return requests
+        self._call = self._stub().LeaseKeepAlive(send())
+        self._reader = asyncio.ensure_future(self._read(self._call))
 
-    async def _read(self, call: Any, i: int) -> None:
+    async def _read(self, call: Any) -> None:
         error: BaseException = Unavailable(f"{self._where}: keep-alive stream ended")
         try:
             async for response in call:
@@ -126,24 +116,19 @@ class KeepAlives:
             error = Unavailable(f"{self._where}: keep-alive stream closed")
             raise
         finally:
-            streams = len(self._calls)
-            for lease, queue in self._waiting.items():
-                if lease % streams != i:
-                    continue  # another stream's: it goes on
+            for queue in self._waiting.values():
                 for future in queue:
                     if not future.done():
                         future.set_exception(error)
 
     async def close(self) -> None:
-        for call in self._calls:
-            if call is not None:
-                call.cancel()
-        for reader in self._readers:
-            if reader is not None:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await reader
-        self._readers = [None] * len(self._calls)
+        if self._call is not None:
+            self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+        self._reader = None
 
 
 class EtcdWatch:

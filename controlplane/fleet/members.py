@@ -91,47 +91,56 @@ class MemberLeases:
         self._records.pop(node, None)
 
     async def sync(self, members: Iterable[Member]) -> None:
-        """Write or refresh every connected member that is stale or due.
+        """Refresh the due leases of the connected members, then write the stale ones ``batch`` at a time,
+        refreshing the leases that fell due after each batch (a long pass of writes, as after a burst of
+        registrations, does not leave the others' leases to run out)."""
+        connected = [m for m in members if m.connected]
+        todo, error = await self._refresh_due(connected)
+        queued = {m.node for m in todo}
+        while todo and not error:
+            batch, todo = todo[:self._batch], todo[self._batch:]
+            errors = [e for e in await asyncio.gather(*(self._write(m) for m in batch)) if e]
+            if errors:
+                log.warning("store: %d of %d members not written (will retry): %s", len(errors) + len(todo),
+                            len(queued), errors[0])
+                return  # the store is away: the rest waits for the next pass
+            more, error = await self._refresh_due(connected)
+            todo += [m for m in more if m.node not in queued]
+            queued.update(m.node for m in more)
+        if error:
+            log.warning("store: member leases not refreshed (will retry): %s", error)
 
-        The leases that only need a refresh go to the store in one call (:meth:`Store.refresh_leases`); the
-        members to write (changed, or their lease lost) are written ``batch`` at a time.
-        """
+    async def _refresh_due(self, members: list[Member]) -> tuple[list[Member], str]:
+        """Refresh, in one store call (:meth:`Store.refresh_leases`), every lease due (a third of the TTL
+        since its grant or last answered refresh) whose record no write holds; the members to write (changed,
+        or their lease lost) and the first store error ("" when none)."""
         sent = self._clock()
         due = sent - self._ttl / 3
         refresh: list[tuple[_Record, Member, int]] = []
         todo = []
-        for member in list(members):
+        for member in members:
             record = self._records.setdefault(member.node, _Record())
-            if not member.connected or not (record.dirty or record.refreshed_at <= due):
-                continue
-            if not record.dirty and record.lease and not record.lock.locked():
+            if record.lease and record.refreshed_at <= due and not record.lock.locked():
                 refresh.append((record, member, record.lease))
-            else:
+            if record.dirty or not record.lease:
                 todo.append(member)
-        if refresh:
-            outcomes = await self._store.refresh_leases([lease for _, _, lease in refresh])
-            errors = []
-            for (record, member, lease), outcome in zip(refresh, outcomes, strict=True):
-                if record.lease != lease:  # a claim took a new lease meanwhile
-                    continue
-                if outcome is None:
-                    record.refreshed_at = sent
-                elif isinstance(outcome, LeaseNotFound):  # ran out: written again under a new lease below
-                    record.lease = 0
+        if not refresh:
+            return todo, ""
+        outcomes = await self._store.refresh_leases([lease for _, _, lease in refresh])
+        error = ""
+        for (record, member, lease), outcome in zip(refresh, outcomes, strict=True):
+            if record.lease != lease:  # a claim took a new lease meanwhile
+                continue
+            if outcome is None:
+                record.refreshed_at = sent
+            elif isinstance(outcome, LeaseNotFound):  # ran out: written again under a new lease
+                record.lease = 0
+                if not record.dirty:  # not yet to be written
                     record.dirty = True
                     todo.append(member)
-                else:
-                    errors.append(f"member {member.node}: {outcome}")
-            if errors:
-                log.warning("store: %d of %d member leases not refreshed (will retry): %s", len(errors),
-                            len(refresh), errors[0])
-                return  # the store is away: the writes wait for the next pass
-        for start in range(0, len(todo), self._batch):
-            errors = [e for e in await asyncio.gather(*(self._write(m) for m in todo[start:start + self._batch])) if e]
-            if errors:
-                log.warning("store: %d of %d members not written (will retry): %s", len(todo) - start,
-                            len(todo), errors[0])
-                return  # the store is away: the rest waits for the next pass
+            else:
+                error = error or f"member {member.node}: {outcome}"
+        return todo, error
 
     async def claim(self, node: str, claims: Sequence[Claim], hosts: frozenset[str]) -> None:
         """Take ``claims`` for ``node`` under its lease, or raise AlreadyExists naming the first one held.

@@ -4,6 +4,7 @@ in one transaction and names the one held elsewhere."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -125,10 +126,15 @@ class CountingStore:
         return getattr(self.inner, name)
 
 
-async def registered(leases: MemberLeases, fleet: FleetView, node: str) -> Any:
-    claims, hosts = claims_of(node)
-    await leases.claim(node, claims, hosts)
-    reg = register(node, *(replica(f"{node}/r{i}") for i in range(4)))
+HOSTS = itertools.count(1)  # one host per registered node
+
+
+async def registered(leases: MemberLeases, fleet: FleetView, node: str, replicas: int = 4) -> Any:
+    """``node`` claimed and in the view, with ``replicas`` replicas on addresses of its own."""
+    n = next(HOSTS)
+    reg = register(node, *(replica(f"{node}/r{i}", address=f"10.{n // 250 % 250}.{n % 250}.1:{9000 + i}")
+                           for i in range(replicas)))
+    await leases.claim(node, register_claims(reg), frozenset(host_of(info.address) for info in reg.replicas))
     return fleet.register(reg)
 
 
@@ -142,14 +148,47 @@ async def test_a_lease_is_due_from_its_grant_not_from_the_members_write() -> Non
     fleet = FleetView(clock=clock)
     member = await registered(leases, fleet, "n1")
     clock.advance(2.5)
-    await leases.sync([member])  # the member's first write
+    await leases.sync([member])  # the member's first write; its lease, due, refreshed with it
+    assert store.batch_calls == [1]
     clock.advance(0.6)  # 3.1 s after the grant
     assert await store.inner.get("/ferry/members/n1") is not None
     await leases.sync([member])  # due a third of a TTL after that refresh: not yet
-    assert store.batch_calls == []
+    assert store.batch_calls == [1]
     clock.advance(0.5)
     await leases.sync([member])
-    assert store.batch_calls == [1]
+    assert store.batch_calls == [1, 1]
+
+
+class SlowWrites(CountingStore):
+    """Member writes that take time (a burst of registrations): each put advances the clock."""
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        super().__init__(clock)
+        self.clock = clock
+        self.seconds = seconds
+
+    async def put(self, *args: Any, **kwargs: Any) -> int:
+        self.clock.advance(self.seconds)
+        return await self.inner.put(*args, **kwargs)
+
+
+async def test_leases_are_refreshed_between_batches_of_a_long_pass_of_writes() -> None:
+    """200 members to write at 0.03 s each (6 s, twice the TTL) while 64 others only need refreshing: the
+    others' leases are refreshed between the batches, not after the whole pass (they ran out before)."""
+    clock = FakeClock()
+    store = SlowWrites(clock, 0.0)
+    leases = MemberLeases(store, clock=clock, ttl_seconds=3.0, batch=64)  # type: ignore[arg-type]
+    fleet = FleetView(clock=clock)
+    steady = [await registered(leases, fleet, f"s{i}", 1) for i in range(64)]
+    await leases.sync(steady)
+    clock.advance(1.0)
+    burst = [await registered(leases, fleet, f"b{i}", 1) for i in range(200)]
+    store.seconds = 0.03
+    await leases.sync([*steady, *burst])
+    store.seconds = 0.0
+    stored = [await store.inner.get(f"/ferry/members/{m.node}") for m in [*steady, *burst]]
+    assert all(kv is not None for kv in stored)
+    assert len(store.batch_calls) >= 3  # refreshed again between the batches
 
 
 async def test_due_refreshes_go_to_the_store_in_one_call() -> None:

@@ -13,7 +13,8 @@ lost its leases. :class:`LeaseKeeper` moves them off it:
   channel is made again, to the endpoint the store now uses) and one shared
   ``LeaseKeepAlive`` stream (:class:`controlplane.store.etcdstreams.KeepAlives`).
   :meth:`LeaseKeeper.refresh`, called on the owner's loop, runs the refresh
-  there and returns its answer. A thread, not a task priority: asyncio has no
+  there and returns its answer; :meth:`LeaseKeeper.refresh_all` runs many
+  (the members due in one pass) for one hand-off. A thread, not a task priority: asyncio has no
   priorities, and a task on a loop that one computation holds waits for it
   whatever its rank. Python's GIL still switches to the keeper's thread
   every few milliseconds while the owner computes.

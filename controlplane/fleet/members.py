@@ -110,17 +110,20 @@ class MemberLeases:
         if error:
             log.warning("store: member leases not refreshed (will retry): %s", error)
 
+    def _due(self, record: _Record, now: float) -> bool:
+        """Whether the record's lease wants a refresh: a third of the TTL since its grant or last refresh."""
+        return record.refreshed_at <= now - self._ttl / 3
+
     async def _refresh_due(self, members: list[Member]) -> tuple[list[Member], str]:
         """Refresh, in one store call (:meth:`Store.refresh_leases`), every lease due (a third of the TTL
         since its grant or last answered refresh) whose record no write holds; the members to write (changed,
         or their lease lost) and the first store error ("" when none)."""
         sent = self._clock()
-        due = sent - self._ttl / 3
         refresh: list[tuple[_Record, Member, int]] = []
         todo = []
         for member in members:
             record = self._records.setdefault(member.node, _Record())
-            if record.lease and record.refreshed_at <= due and not record.lock.locked():
+            if record.lease and self._due(record, sent) and not record.lock.locked():
                 refresh.append((record, member, record.lease))
             if record.dirty or not record.lease:
                 todo.append(member)
@@ -224,7 +227,8 @@ class MemberLeases:
                 event(log, "claim_lost", logging.WARNING, node=member.node, field=exc.field, detail=exc.reason)
 
     async def _write(self, member: Member) -> str:
-        """Refresh the member's lease, or (re)write it and its claims when stale or lost; the error or ""."""
+        """(Re)write the member and its claims (changed, or its lease lost), its lease refreshed first when due;
+        the error or ""."""
 
         record = self._records.setdefault(member.node, _Record())
         async with record.lock:
@@ -233,12 +237,10 @@ class MemberLeases:
     async def _write_locked(self, record: _Record, member: Member) -> str:
         try:
             sent = self._clock()
-            if record.lease and (not record.dirty or record.refreshed_at <= sent - self._ttl / 3):
-                try:  # a changed member's lease is refreshed too when due: a put does not extend it
+            if record.lease and self._due(record, sent):  # a put does not extend the lease: refreshed first
+                try:
                     await self._store.refresh_lease(record.lease)
                     record.refreshed_at = sent
-                    if not record.dirty:
-                        return ""
                 except LeaseNotFound:
                     record.lease = 0
             value = member.registration().SerializeToString()

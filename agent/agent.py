@@ -6,9 +6,10 @@ states), :mod:`ferry.backoff` (reconnection delays) and
 
 - **poller**: every telemetry interval (or at once after a command, or
   when :meth:`Agent.poll_now` is called) polls
-  each endpoint through :class:`agent.triton.TritonEndpoint`, feeds the
+  each endpoint through :class:`agent.triton.TritonEndpoint` (KServe v2) or
+  :class:`agent.openai.OpenAIEndpoint` (an engine's own OpenAI HTTP), feeds the
   observations to the state machine and, when a state changed, wakes the
-  sender. Endpoints adopted whole (a real Triton) are listed again every
+  sender. Endpoints adopted whole (a real Triton, an OpenAI-HTTP engine) are listed again every
   ``discovery_interval_seconds``.
 - **connection**: opens ``ferry.v1.Fleet/Connect`` to a control plane (the
   next address of the list after each failure), sends ``Register``, then
@@ -38,7 +39,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from tritonclient.utils import InferenceServerException
 
 from agent.config import AgentSettings, clamp_interval
+from agent.httptext import HttpError
 from agent.inventory import Inventory, ReplicaSpec, merge_discovered
+from agent.openai import OpenAIEndpoint
 from agent.states import Command, Observed, State, command, observe
 from agent.triton import TritonEndpoint
 from ferry import __version__
@@ -73,14 +76,22 @@ class NodeInfo:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Endpoint:
-    """A KServe v2 endpoint of the node: its fixed replicas, or (``adopt``) every LLM model it serves."""
+    """An endpoint of the node: its fixed replicas, or (``adopt``) every LLM model it serves.
 
-    address: str
+    A KServe v2 endpoint at ``address``; or, with ``openai_url``, an engine serving OpenAI HTTP itself
+    (:mod:`agent.openai`, ``engine`` one of its ``ENGINES``, ``address`` unused), whose models (``openai_models``,
+    else its ``/v1/models``) are adopted as replicas reached over HTTP only.
+    """
+
+    address: str = ""
     metrics_url: str | None = None
     replicas: tuple[ReplicaSpec, ...] = ()
     adopt: bool = False
     gpus: int = 1
     tls: bool = False  # the endpoint serves mutual TLS with the node's certificate
+    openai_url: str | None = None  # http://host:port of an engine's OpenAI API
+    engine: str = ""  # that engine: vllm | sglang | trtllm
+    openai_models: tuple[str, ...] = ()  # the model names it serves (empty: read from its /v1/models)
 
 
 class AgentMetrics:
@@ -115,8 +126,7 @@ class Agent:
         self._sources = list(endpoints)
         self._tls = tls  # mutual TLS to the control planes and to endpoints with ``tls``
         self._join_token = join_token
-        self._clients = [TritonEndpoint(e.address, e.metrics_url, timeout_seconds=self.settings.probe_timeout_seconds,
-                                        tls=tls if e.tls else None) for e in endpoints]
+        self._clients = [self._client(e) for e in endpoints]
         for i, source in enumerate(self._sources):
             for spec in source.replicas:
                 if not self.inventory.upsert(dataclasses.replace(spec, endpoint=i)):
@@ -126,6 +136,13 @@ class Agent:
         self._send_now = asyncio.Event()
         self._poll_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _client(self, e: Endpoint) -> TritonEndpoint | OpenAIEndpoint:
+        timeout = self.settings.probe_timeout_seconds
+        if e.openai_url:
+            return OpenAIEndpoint(e.openai_url, e.metrics_url, engine=e.engine, timeout_seconds=timeout,
+                                  models=e.openai_models)
+        return TritonEndpoint(e.address, e.metrics_url, timeout_seconds=timeout, tls=self._tls if e.tls else None)
 
     def states(self) -> dict[str, State]:
         """Each replica's current state."""
@@ -178,12 +195,18 @@ class Agent:
                 continue
             try:
                 entries = await client.discover()
-            except InferenceServerException as exc:
-                log.info("endpoint %s not listed: %s", source.address, exc)
+            except (InferenceServerException, HttpError) as exc:
+                log.info("endpoint %s not listed: %s", source.openai_url or source.address, exc)
                 continue
-            refused = merge_discovered(self.inventory, node=self.node.node, endpoint=i, address=source.address,
-                                       gpus=source.gpus, entries=entries,
-                                       default_max_concurrency=self.settings.default_max_concurrency)
+            if isinstance(client, OpenAIEndpoint):  # reached over OpenAI HTTP only: no KServe address
+                refused = merge_discovered(self.inventory, node=self.node.node, endpoint=i, address="",
+                                           gpus=source.gpus, entries=entries, http_address=client.address,
+                                           engine=client.engine, tag=f"-o{i}",
+                                           default_max_concurrency=self.settings.default_max_concurrency)
+            else:
+                refused = merge_discovered(self.inventory, node=self.node.node, endpoint=i, address=source.address,
+                                           gpus=source.gpus, entries=entries,
+                                           default_max_concurrency=self.settings.default_max_concurrency)
             if refused:
                 log.warning("replicas %s ignored: at most %d per agent", refused, self.settings.max_replicas)
 

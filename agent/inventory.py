@@ -47,6 +47,8 @@ class ReplicaSpec:
     max_context_tokens: int = 0
     discovered: bool = False
     inputs: tuple[str, ...] = ()  # the input tensors the model declares: its accepted sampling parameters
+    http_address: str = ""  # host:port of its OpenAI-compatible HTTP endpoint ("": KServe v2 only)
+    engine: str = ""  # simulated | triton | vllm | sglang | trtllm ("": unknown)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -58,7 +60,8 @@ class ReplicaSpec:
             replica_id=self.replica_id, model=self.model, version=self.version, address=self.address,
             kserve_model=self.kserve_model or self.model, gpus=self.gpus, max_concurrency=self.max_concurrency,
             kv_block_tokens=self.kv_block_tokens, max_context_tokens=self.max_context_tokens,
-            state=PROTO_STATE[state], inputs=sampling.bounded(self.inputs))
+            state=PROTO_STATE[state], inputs=sampling.bounded(self.inputs), http_address=self.http_address,
+            engine=self.engine)
 
 
 @dataclasses.dataclass
@@ -145,16 +148,19 @@ def discovered_id(node: str, name: str, version: str) -> str:
 
 
 def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address: str, gpus: int,
-                     entries: Iterable[ModelEntry], default_max_concurrency: int = 16) -> list[str]:
+                     entries: Iterable[ModelEntry], default_max_concurrency: int = 16, http_address: str = "",
+                     engine: str = "triton", tag: str = "") -> list[str]:
     """Make the inventory's replicas of ``endpoint`` match the models it lists now; the ids that did not fit.
 
     A model whose config states no batch size (``max_batch_size`` 0, as decoupled and
     non-batching models have) gets ``default_max_concurrency`` as its concurrency target.
+    An OpenAI-HTTP endpoint passes its ``http_address`` (``address`` empty), its ``engine`` and a ``tag`` that
+    keeps the ids of several such endpoints of one node apart.
     """
     seen: set[str] = set()
     refused: list[str] = []
     for entry in entries:
-        rid = discovered_id(node, entry.name, entry.version)
+        rid = discovered_id(f"{node}{tag}", entry.name, entry.version)
         seen.add(rid)
         old = inventory.replicas.get(rid)
         kv_tokens = entry.kv_block_tokens or (old.spec.kv_block_tokens if old else 0)
@@ -162,7 +168,8 @@ def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address:
             replica_id=rid, model=entry.name, version=entry.version, address=address, endpoint=endpoint,
             kserve_model=entry.name, gpus=gpus, max_concurrency=entry.max_batch_size or default_max_concurrency,
             kv_block_tokens=kv_tokens,
-            max_context_tokens=entry.max_context_tokens, discovered=True, inputs=entry.inputs)
+            max_context_tokens=entry.max_context_tokens, discovered=True, inputs=entry.inputs,
+            http_address=http_address, engine=engine)
         if not inventory.upsert(spec):
             refused.append(rid)
     for rid, tracked in list(inventory.replicas.items()):

@@ -14,15 +14,28 @@ replica over gRPC, as it would on a real node, and connects to the control
 planes; a GPU killed or restored in the runtime makes it poll at once, so a
 gang model that lost a GPU leaves the table within one telemetry round trip.
 Once everything serves, the ready file gets
-``{"node", "pid", "metrics", "replicas": [{"replica_id", "model", "version", "address", "metrics"}]}``
+``{"node", "pid", "metrics", "replicas": [{"replica_id", "model", "version", "address", "metrics", "http"}]}``
+(``http``: the HTTP face's ``host:port``, when it serves one)
 and, with the batch runtime, ``"batch_runtime": {"address", "metrics", "models"}``.
 SIGUSR1 toggles a tenfold slowdown of every simulated replica of the node
 (fault injection for the outlier tests: each engine step takes 10x longer).
+Every simulated replica also serves its HTTP face (:mod:`agent.replica.httpface`:
+OpenAI ``/v1/completions`` and ``/v1/chat/completions``, SGLang ``/generate``)
+and registers its ``host:port`` as ``http_address`` (engine ``simulated``), so a
+proxy in front of HTTP can forward OpenAI requests to it untouched; ``--no-http``
+turns the faces off, and so does mutual TLS (the face serves plain text only).
+``--openai URL`` (repeatable) registers an engine that serves OpenAI HTTP
+itself (:mod:`agent.openai`): ``--engine`` ``vllm``, ``sglang`` or ``trtllm``,
+``--metrics URL`` its Prometheus endpoint, ``--openai-model NAME`` the model
+it serves (else read from its ``/v1/models``); each of the three is given once
+for every ``--openai`` or once per ``--openai`` in the same order. Its replicas
+(id ``{node}-o{i}-{model}-v1``) have the URL's ``host:port`` as
+``http_address`` and no KServe ``address``; ``/health`` says whether they are ready.
 ``--join-token`` (env ``FERRY_JOIN_TOKEN``) is presented on registration.
 ``--standby`` registers the node with no replica and ``Register.standby``
 set: warm hardware in the region's warm pool, never routed to (no table lists
 a node without replicas), counted by the control plane's scaling plan
-(:mod:`controlplane.scaling`); it excludes ``--replica``, ``--triton`` and
+(:mod:`controlplane.scaling`); it excludes ``--replica``, ``--triton``, ``--openai`` and
 ``--batch-runtime`` (the warm pool is hardware, not weights).
 ``--tls-ca``/``--tls-cert``/``--tls-key`` give mutual TLS to the control
 planes, and the replicas and batch runtime serve mutual TLS with the same
@@ -48,6 +61,7 @@ from agent.batch.host import HostedRuntime, RuntimeSpec, add_arguments, spec_fro
 from agent.batch.runtime import BATCHES_IN_FLIGHT
 from agent.config import AgentSettings
 from agent.inventory import ReplicaSpec
+from agent.openai import ENGINES, http_address
 from agent.replica.engine import EngineParams
 from agent.replica.server import SimulatedReplica
 from agent.replica.tensors import DECLARED
@@ -81,6 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="simulated replicas load their model this long before they are ready (default 0)")
     parser.add_argument("--triton", metavar="ADDRESS", help="also adopt the LLM models of this KServe v2 endpoint")
     parser.add_argument("--triton-metrics", metavar="URL", help="that endpoint's Prometheus URL (optional)")
+    parser.add_argument("--no-http", action="store_true",
+                        help="do not serve the simulated replicas' OpenAI/SGLang HTTP faces")
+    openai = parser.add_argument_group("OpenAI-HTTP engines", "engines that serve OpenAI HTTP themselves")
+    openai.add_argument("--openai", action="append", default=[], metavar="URL",
+                        help="register the models of the engine at this http://HOST:PORT; repeatable")
+    openai.add_argument("--metrics", "--openai-metrics", dest="openai_metrics", action="append", default=[],
+                        metavar="URL", help="its Prometheus metrics URL (once, or once per --openai)")
+    openai.add_argument("--engine", action="append", default=[], choices=ENGINES,
+                        help="its engine (once, or once per --openai)")
+    openai.add_argument("--openai-model", action="append", default=[], metavar="NAME",
+                        help="the model it serves (once, or once per --openai; default: its /v1/models)")
     parser.add_argument("--config", metavar="PATH", help="TOML config file (sections [agent] and [replica])")
     logs.add_argument(parser)
     parser.add_argument("--listen-host", default="127.0.0.1", help="host the replicas bind (default 127.0.0.1)")
@@ -105,6 +130,38 @@ def parse_replica(text: str) -> tuple[str, str]:
     return model.strip(), version.strip() or "v1"
 
 
+def _per_endpoint(values: list[str], count: int, flag: str) -> list[str]:
+    """One value per ``--openai``: given once for all, or once each."""
+    if len(values) == 1:
+        return values * count
+    if len(values) != count:
+        raise ValueError(f"{flag}: give it once, or once per --openai ({count}), not {len(values)} times")
+    return values
+
+
+def openai_endpoints(args: argparse.Namespace) -> list[Endpoint]:
+    """The ``--openai`` engines as agent endpoints; raises ValueError for flags that do not fit."""
+    urls = list(args.openai)
+    if not urls:
+        if args.openai_metrics or args.engine or args.openai_model:
+            raise ValueError("--metrics, --engine and --openai-model go with --openai")
+        return []
+    if not args.engine:
+        raise ValueError(f"--openai needs --engine ({', '.join(ENGINES)})")
+    engines = _per_endpoint(args.engine, len(urls), "--engine")
+    metrics: list[str | None] = [*_per_endpoint(args.openai_metrics, len(urls), "--metrics")] \
+        if args.openai_metrics else [None] * len(urls)
+    models = _per_endpoint(args.openai_model, len(urls), "--openai-model") if args.openai_model else [""] * len(urls)
+    endpoints = []
+    for url, engine, metrics_url, model in zip(urls, engines, metrics, models, strict=True):
+        http_address(url)  # raises ValueError for a URL that is not http://HOST[:PORT]
+        if metrics_url is not None and not metrics_url.startswith("http://"):
+            raise ValueError(f"--metrics {metrics_url!r}: expected an http:// URL")
+        endpoints.append(Endpoint(openai_url=url.rstrip("/"), metrics_url=metrics_url, engine=engine, adopt=True,
+                                  gpus=args.gpus, openai_models=(model,) if model else ()))
+    return endpoints
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -119,9 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         replicas = [parse_replica(r) for r in args.replica]
         if args.gpus < 1:
             raise ValueError("--gpus must be >= 1")
-        if args.standby and (replicas or args.triton or args.batch_runtime):
-            raise ValueError("--standby: a standby node loads no weights; it excludes --replica, --triton and "
-                             "--batch-runtime")
+        args.openai_endpoints = openai_endpoints(args)
+        if args.standby and (replicas or args.triton or args.batch_runtime or args.openai):
+            raise ValueError("--standby: a standby node loads no weights; it excludes --replica, --triton, "
+                             "--openai and --batch-runtime")
         if not 0 <= args.warmup_seconds <= 3600:
             raise ValueError("--warmup-seconds must be in [0, 3600]")
         cfg = load_file(args.config)
@@ -176,6 +234,8 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
     agent: Agent | None = None
     hosted: HostedRuntime | None = None
     gpus_each = max(1, args.gpus // max(1, len(models)))
+    # The HTTP face serves plain text only: with mutual TLS it stays off (its requests would bypass the certificate).
+    http = not getattr(args, "no_http", False) and args.transport is None
 
     def batch_changed() -> None:
         if agent is not None:
@@ -188,14 +248,15 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
         for i, (model, version) in enumerate(models):
             replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
                                        replica_id=f"{args.node}-r{i}", tls=args.transport,
-                                       warmup_seconds=args.warmup_seconds,
+                                       warmup_seconds=args.warmup_seconds, http=http,
                                        tokenizer=getattr(args, "tokenizers", Tokenizers()).get(model))
             replicas.append(replica)
             await replica.start()
         endpoints = [Endpoint(address=r.address, metrics_url=r.metrics_url, gpus=gpus_each, replicas=(ReplicaSpec(
             replica_id=r.replica_id, model=r.model, version=r.version, address=r.address, kserve_model=r.model,
             gpus=gpus_each, max_concurrency=params.max_running, kv_block_tokens=params.kv_block_tokens,
-            max_context_tokens=params.max_context_tokens, inputs=tuple(DECLARED)),), tls=r.tls is not None)
+            max_context_tokens=params.max_context_tokens, inputs=tuple(DECLARED), engine="simulated",
+            http_address=f"{r.host}:{r.http_port}" if r.http else ""),), tls=r.tls is not None)
             for r in replicas]
         batch_replicas: tuple[ReplicaSpec, ...] = ()
         if hosted is not None and batch is not None:
@@ -204,6 +265,7 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
             batch_replicas = endpoints[-1].replicas
         if args.triton:
             endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus))
+        endpoints += getattr(args, "openai_endpoints", [])
         metrics_host, _ = split_address(args.metrics_listen)
         metrics_port = start_metrics_server(args.metrics_listen)
         agent = Agent(node=NodeInfo(node=args.node, region=args.region, gpus=args.gpus, standby=args.standby),
@@ -211,7 +273,8 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
                       tls=args.transport, join_token=args.join_token)
         await agent.start()
         listed = [{"replica_id": r.replica_id, "model": r.model, "version": r.version,
-                   "address": r.address, "metrics": r.metrics_address} for r in replicas]
+                   "address": r.address, "metrics": r.metrics_address,
+                   **({"http": f"{r.host}:{r.http_port}"} if r.http else {})} for r in replicas]
         ready: dict[str, object] = {"node": args.node, "pid": os.getpid(), "metrics": f"{metrics_host}:{metrics_port}"}
         if hosted is not None:
             listed += [{"replica_id": r.replica_id, "model": r.model, "version": r.version, "address": r.address,

@@ -20,7 +20,9 @@ belongs to the narrow frozen part of the component that reads it, and
 - ``http`` (:class:`HttpSettings`): the OpenAI-compatible HTTP front door
   (:mod:`dataplane.api.http`), off unless ``http_listen`` is set;
 - ``cache`` (:class:`CacheSettings`): the duplicate measurement and the
-  response cache (:mod:`dataplane.cache`).
+  response cache (:mod:`dataplane.cache`);
+- ``picker`` (:class:`PickerSettings`): the endpoint picker that Envoy asks
+  per request (:mod:`dataplane.epp`): fallbacks (2) and the body buffered.
 
 Read with :func:`load`, or ``ProxySettings.from_section(mapping)`` (each key
 routed to the part with a field of its name, values coerced as
@@ -401,6 +403,19 @@ class HttpSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class PickerSettings:
+    """The endpoint picker's part (:mod:`dataplane.epp`): what it answers a forwarder such as Envoy."""
+
+    picker_fallbacks: int = 2  # endpoints after the chosen one, for the forwarder to try when it is not reached
+    picker_max_body_bytes: int = 8 * 1024 * 1024  # a request body buffered to decide on; larger: 413 naming "body"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.picker_fallbacks <= 8:
+            raise ConfigError("proxy.picker_fallbacks", "must be 0 to 8")
+        _positive({"picker_max_body_bytes": self.picker_max_body_bytes})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CacheSettings:
     """The duplicate measurement and the response cache (:mod:`dataplane.cache`).
 
@@ -468,6 +483,7 @@ class ProxySettings:
     watch: WatchSettings = dataclasses.field(default_factory=WatchSettings)
     http: HttpSettings = dataclasses.field(default_factory=HttpSettings)
     cache: CacheSettings = dataclasses.field(default_factory=CacheSettings)
+    picker: PickerSettings = dataclasses.field(default_factory=PickerSettings)
 
     def __post_init__(self) -> None:
         if not self.region:

@@ -15,6 +15,9 @@ Flags (every address ``host:port``, port 0 for any free one):
 - ``--tls-ca``, ``--tls-cert``, ``--tls-key`` (TLS on the public port, mutual
   TLS to the control planes and replicas; ``--replica-plaintext`` keeps the
   replicas in plain text) or ``--insecure``: one of them is required;
+- ``--picker``: also serve Envoy's ``ExternalProcessor`` on the same port, the
+  endpoint picker Envoy asks per request (:mod:`dataplane.epp`); the ready
+  file then adds ``"picker"``;
 - ``--workers N`` (default: the cores this process may use, within a
   container's CPU quota): N proxy processes on the
   same ports, each with its own table watch and id ``{id}-{k}``, supervised
@@ -69,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=workers.default_workers(),
                    help="proxy processes sharing the ports with SO_REUSEPORT (dataplane.workers; "
                         "default: the cores usable, within the CPU quota: %(default)s here)")
+    p.add_argument("--picker", action="store_true",
+                   help="also serve Envoy's ExternalProcessor on the --listen port: the endpoint picker "
+                        "(dataplane.epp; `ferry picker` is this flag with one worker)")
     p.add_argument("--replica-plaintext", action="store_true",
                    help="with TLS, still reach the replicas in plain text (replicas that serve no TLS)")
     tls.add_arguments(p)
@@ -92,7 +98,7 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
         tls=transport, replica_tls=not args.replica_plaintext, tokenizers=tokenizers, models=config.models,
         guardrails=config.guardrails,
     )
-    port = await proxy.start(args.listen)
+    port = await proxy.start(args.listen, picker=args.picker)
     http_listen = args.http_listen if args.http_listen is not None else config.settings.http.http_listen
     http_port = await proxy.start_http(http_listen) if http_listen else 0
     metrics_port = start_metrics_server(args.metrics_listen)
@@ -107,6 +113,7 @@ async def serve(config: ProxyConfig, args: argparse.Namespace, control_planes: t
         "pid": os.getpid(),
         "proxy_id": settings.proxy_id,
         "region": settings.region,
+        **({"picker": f"{host}:{port}"} if args.picker else {}),
     })
     log.info("proxy %s serving region %s on %s:%d", settings.proxy_id, settings.region, host, port)
     if not control_planes:

@@ -114,6 +114,17 @@ class RequestState:
     cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.admission.coldstart)
     encoded: Encoded | None = None  # the prompt's tokens, when encoded before begin (Router.encode)
     guard: Subject | None = None  # what the guardrail hooks are told, and their time (dataplane.guard.hooks)
+    exclude: frozenset[str] = frozenset()  # replicas it may not go to (handed off: no endpoint for its wire, or
+    # outside the gateway's subset hint); the decision takes them as tried
+
+
+@dataclasses.dataclass(slots=True)
+class Handoff:
+    """A request handed to an external forwarder: the replicas to try in order, and the attempt in flight."""
+
+    replicas: tuple[Replica, ...]  # the decision's replica first, then the fallbacks
+    attempt: Attempt  # the attempt of the replica serving (moved by Router.served)
+    closed: bool = False  # Router.handed_back ran
 
 
 class Router:
@@ -176,6 +187,11 @@ class Router:
         self.cache.apply_table(table)  # -- response cache: answers of versions gone are dropped
 
     @property
+    def table(self) -> Table | None:
+        """The table applied last (None before the first)."""
+        return self._holder.table
+
+    @property
     def local_load(self) -> LocalLoad:
         """This proxy's in-flight requests per replica."""
         return self.picker.local
@@ -226,6 +242,7 @@ class Router:
         if table is None:
             raise Unavailable("no routing table yet: the proxy has not heard from a control plane")
         state.table = table
+        state.exclude = table.http_only  # the relay speaks KServe v2: not to replicas reached over HTTP only
         state.routing = self.picker.prepare(table, tenant=state.tenant.name, model=valid.model,
                                             version=valid.version, prompt_tokens=valid.prompt_tokens,
                                             max_tokens=valid.max_tokens, prefix_key=valid.prefix_key,
@@ -307,7 +324,7 @@ class Router:
         assert state.routing is not None
         model = state.model_label
         return Ask(routing=state.routing, tier=state.tier_label, model=model,
-                   tried=frozenset(r.replica_id for r in failed),
+                   tried=frozenset(r.replica_id for r in failed) | state.exclude,
                    tried_nodes=frozenset(r.node for r in failed if r.node),
                    avoid=(self.admission.avoid(model, state.ticket, self.picker.local) if state.ticket is not None
                           else frozenset()))
@@ -398,6 +415,85 @@ class Router:
             self.admission.placed(state.model_label, state.ticket, replica.replica_id,  # makes room there
                                   self.picker.local.get(replica.replica_id), replica.max_concurrency)
         return replica, attempt
+
+    # -- handed off: an external forwarder (Envoy, asked through the endpoint picker of dataplane.epp) carries
+    # the request's bytes; the same admission, decision and records as infer() and stream(), without the relay.
+
+    async def hand_off(self, state: RequestState, *, fallbacks: int) -> Handoff:
+        """Wait for a ready version and a tier-queue slot, then decide where an external forwarder sends the request.
+
+        The attempt's replica first, then up to ``fallbacks`` others in the order the same decision ranks them
+        (each decided with those before it, and their nodes, as tried), for the forwarder to go down when a
+        replica never starts answering. The attempt is recorded as sent to the first; :meth:`served`,
+        :meth:`first_byte` and :meth:`handed_back` close it. Raises FerryError (no replica, deadline, shed from
+        the queue). A handed-off stream is not preempted: its bytes do not pass here, so it cannot be parked.
+        """
+        if state.cold_wait:
+            await self._warm_up(state)
+        if state.ticket is not None:
+            await self.admission.acquire(state.model_label, state.ticket)
+        self._remaining(state)
+        replica, attempt = self._next(state, [], None, streamed=True)
+        order = [replica]
+        assert state.table is not None
+        view = self.picker.view_of(state.table)
+        while len(order) <= fallbacks:
+            try:
+                decision = self.picker.decide(view, self._ask(state, order), self._clock(),
+                                              queue=functools.partial(self.admission.local_queue, state.model_label))
+            except FerryError:
+                break
+            if decision.replica is None or decision.branch is Branch.TOO_LONG:
+                break
+            order.append(decision.replica)
+        return Handoff(replicas=tuple(order), attempt=attempt)
+
+    def served(self, state: RequestState, handoff: Handoff, replica_id: str) -> None:
+        """The forwarder says ``replica_id`` answered: when it is not the attempt's, the replicas before it in the
+        order never answered (taken off the pick as unreachable) and the attempt moves to it."""
+        if replica_id == handoff.attempt.replica_id or handoff.closed:
+            return
+        now = self._clock()
+        moved = next((r for r in handoff.replicas if r.replica_id == replica_id), None)
+        if moved is None:
+            return
+        for replica in handoff.replicas:
+            if replica.replica_id == replica_id:
+                break
+            if replica.replica_id == handoff.attempt.replica_id:
+                self.picker.failed(handoff.attempt, now=now, unreached=True)
+                self.picker.done(handoff.attempt)
+            self._metrics.retries.labels(state.model_label, "unreached").inc()
+        assert state.routing is not None
+        state.attempts += 1
+        state.replica_id = replica_id
+        state.forwarded_at = now
+        handoff.attempt = self.picker.sent(replica_id, state.routing, Branch.FALLBACK, now, streamed=True,
+                                           queued=moved.queued)
+
+    def first_byte(self, handoff: Handoff) -> None:
+        """The forwarder got the first byte of the answer: the attempt's prefill is done (a prefill sample)."""
+        if not handoff.closed:
+            self.picker.first(handoff.attempt, self._clock())
+
+    def handed_back(self, state: RequestState, handoff: Handoff, *, ok: bool, completion_tokens: int,
+                    failed: bool = False) -> None:
+        """The forwarded request ended: its result fed to the outlier detector, its in-flight load given back.
+
+        ``ok``: the replica answered in full; ``completion_tokens``: what it generated (as far as known);
+        ``failed``: the replica answered with a server error (neither: the client left first). Idempotent."""
+        if handoff.closed:
+            return
+        handoff.closed = True
+        attempt, now = handoff.attempt, self._clock()
+        if ok:
+            state.outcome.completion_tokens = completion_tokens
+            self.picker.answered(attempt, now=now, completion_tokens=completion_tokens)
+            if not state.region:
+                self.picker.local.observe(now - state.forwarded_at)
+        elif failed:
+            self.picker.failed(attempt, now=now)
+        self.picker.done(attempt)
 
     async def infer(self, state: RequestState) -> Outcome:
         """Check the prompt, wait in the tier queue, forward (a preempted batch request waits again), check the

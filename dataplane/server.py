@@ -39,8 +39,10 @@ import random
 import ssl
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from prometheus_client import CollectorRegistry
 
 from dataplane.api.auth import Authenticator
@@ -49,6 +51,8 @@ from dataplane.api.http import HttpFront
 from dataplane.api.service import InferenceServicer
 from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
+from dataplane.epp.servicer import LIVENESS, READINESS, PickerServicer
+from dataplane.epp.servicer import SERVICE_NAME as PICKER_SERVICE
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
 from dataplane.guard.hooks import Guards
@@ -124,6 +128,7 @@ class Proxy:
             {m.name: load_template(m.chat_template, f"models.{m.name}.chat_template") for m in models},
             max_bytes=self.limits.max_prompt_bytes)
         self.http: HttpFront | None = None
+        self.picker: PickerServicer | None = None  # the endpoint picker, when start(picker=True)
         self.http_port = 0
         self.watcher: TableWatcher | None = None
         if self.control_planes:
@@ -168,10 +173,24 @@ class Proxy:
         report.cache.extend(self.router.cache.samples())  # -- response cache: the duplicate measurement
         return report
 
-    async def start(self, listen: str = "127.0.0.1:0") -> int:
-        """Serve on ``listen`` (port 0: any free port) and start watching; returns the bound port."""
+    async def start(self, listen: str = "127.0.0.1:0", *, picker: bool = False) -> int:
+        """Serve on ``listen`` (port 0: any free port) and start watching; returns the bound port.
+
+        ``picker``: also serve Envoy's ``ExternalProcessor`` (:mod:`dataplane.epp`: the endpoint picker on the
+        same router), with the health services the endpoint-picker protocol names (``liveness``: SERVING while
+        the process answers; ``readiness`` and the processor's name: SERVING once a table is applied)."""
+        services: list[tuple[Callable[[Any, grpc.aio.Server], None], Any, str]] = [
+            (inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer, SERVICE_NAME)]
+        if picker:
+            self.picker = PickerServicer(self.router, self.servicer, self.authenticator, self.templates,
+                                         self.settings.picker,
+                                         default_deadline=self.settings.server.default_deadline_seconds,
+                                         clock=self._clock, serving=lambda: self.readiness.status == SERVING)
+            services.append((ext_grpc.add_ExternalProcessorServicer_to_server, self.picker, PICKER_SERVICE))
+            self.readiness.add_names([READINESS])
+            self.readiness.add_names([LIVENESS], live=True)
         self._server, self.port = await start_server(
-            [(inference_pb2_grpc.add_InferenceServicer_to_server, self.servicer, SERVICE_NAME)],
+            services,
             listen,
             max_message_bytes=self.limits.max_message_bytes,
             max_streams=self.limits.max_streams_per_connection,

@@ -56,7 +56,8 @@ from ferry.errors import ConfigError
 
 T = TypeVar("T")
 
-SECTIONS = ("tenants", "models", "guardrails", "limits", "proxy", "controlplane", "scaling", "agent", "replica")
+PLANE_SECTIONS = ("proxy", "controlplane", "scaling", "agent", "replica", "envoy")  # each read by its own plane
+SECTIONS = ("tenants", "models", "guardrails", "limits", *PLANE_SECTIONS)
 GUARD_STAGES = ("prompt", "output")
 GUARD_ON_ERROR = ("closed", "open")
 MAX_GUARDRAILS = 16  # hooks in one config; each costs a call per request it applies to
@@ -206,7 +207,7 @@ def parse(data: Mapping[str, Any]) -> FileConfig:
     if len({g.name for g in guardrails}) != len(guardrails):
         raise ConfigError("guardrails", "hook names must be unique")
     limits = from_mapping(Limits, data.get("limits", {}), "limits")
-    other = {k: v for k, v in data.items() if k in ("proxy", "controlplane", "scaling", "agent", "replica")}
+    other = {k: v for k, v in data.items() if k in PLANE_SECTIONS}
     return FileConfig(tenants=tenants, models=models, guardrails=guardrails, limits=limits, sections=other)
 
 

@@ -64,15 +64,21 @@ class Readiness(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
 
     def __init__(self, *, ready: bool = True, names: Sequence[str] = ()) -> None:
         self.names = frozenset(("", *names))
+        self.live: frozenset[str] = frozenset()  # names that say only that the process answers: always SERVING
         self.serving = ready
         self.draining = False
         self._changed = asyncio.Event()  # set, and replaced, at each change
         self._version = 0  # counts changes, so a watcher misses none
         self._watchers = 0
 
-    def add_names(self, names: Sequence[str]) -> None:
-        """Answer for these services too (the server's, known once they are registered)."""
+    def add_names(self, names: Sequence[str], *, live: bool = False) -> None:
+        """Answer for these services too (the server's, known once they are registered).
+
+        ``live``: liveness names (the endpoint-picker protocol's ``liveness``), SERVING while the process
+        answers at all, whatever the readiness."""
         self.names = self.names | frozenset(names)
+        if live:
+            self.live = self.live | frozenset(names)
 
     @property
     def status(self) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
@@ -101,7 +107,7 @@ class Readiness(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
     async def Check(self, request: health_pb2.HealthCheckRequest, context: Any) -> health_pb2.HealthCheckResponse:
         if request.service not in self.names:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"service: unknown service {request.service[:128]!r}")
-        return health_pb2.HealthCheckResponse(status=self.status)
+        return health_pb2.HealthCheckResponse(status=SERVING if request.service in self.live else self.status)
 
     async def Watch(self, request: health_pb2.HealthCheckRequest,
                     context: Any) -> AsyncIterator[health_pb2.HealthCheckResponse]:
@@ -114,7 +120,8 @@ class Readiness(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             last = None
             while True:
                 seen = self._version
-                status = self.status if known else health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+                status = (health_pb2.HealthCheckResponse.SERVICE_UNKNOWN if not known
+                          else SERVING if request.service in self.live else self.status)
                 if status != last:
                     yield health_pb2.HealthCheckResponse(status=status)
                     last = status

@@ -1,4 +1,4 @@
-"""The HTTP face of a simulated replica: SGLang's native API and OpenAI completions on the gRPC face's engine.
+"""The HTTP face of a simulated replica: SGLang's native API and OpenAI completions and chat on the gRPC face's engine.
 
 :class:`HttpFace` serves one :class:`agent.replica.runner.EngineRunner` (the very
 runner behind the replica's KServe v2 gRPC face) over HTTP/1.1 on asyncio
@@ -34,6 +34,18 @@ Routes (``model`` is the replica's model name):
   delta with the new text, the last with ``finish_reason`` "length", then,
   when ``include_usage``, a chunk with empty ``choices`` and the usage, then
   ``data: [DONE]``. ``model``, when given, must be the replica's.
+- ``POST /v1/chat/completions`` (OpenAI chat): ``{"model": str, "messages":
+  [{"role", "content": str | [{"type": "text", "text": str}]}],
+  "max_completion_tokens" | "max_tokens": int = 16, "stream": bool = false,
+  "stream_options": {"include_usage": bool}}``; the prompt is the messages'
+  text contents joined by newlines (no chat template). Answers a
+  ``chat.completion`` whose ``message`` is ``{"role": "assistant",
+  "content"}``, with ``usage``. Streamed: ``chat.completion.chunk`` events,
+  the first with ``delta`` ``{"role": "assistant", "content": ""}``, then one
+  per engine delta with the new ``content``, then one with an empty
+  ``delta`` and ``finish_reason`` "length"; with ``include_usage`` every
+  chunk carries ``"usage": null`` and one more chunk with empty ``choices``
+  carries the usage (OpenAI's semantics); then ``data: [DONE]``.
 - ``POST /v1/completions/render`` (vLLM's renderer, which vllm-router's
   cache_aware policy calls on every worker before it routes a completion):
   the completion request -> ``[{"request_id", "model", "token_ids",
@@ -379,7 +391,7 @@ class HttpFace:
             "/model_info": self._model_info, "/get_model_info": self._model_info, "/v1/models": self._models,
         }
         self._post: dict[str, Callable[[_Conn, _Request], Awaitable[None]]] = {
-            "/generate": self._generate, "/v1/completions": self._completions,
+            "/generate": self._generate, "/v1/completions": self._completions, "/v1/chat/completions": self._chat,
             "/v1/completions/render": self._render, "/tokenize": self._tokenize,
         }
 
@@ -615,6 +627,82 @@ class HttpFace:
         if usage_too:
             await conn.event(json.dumps({**head, "choices": [], "usage": usage(f)}).encode())
         await conn.end_events()
+
+
+    async def _chat(self, conn: _Conn, request: _Request) -> None:
+        body = _json_body(request.body)
+        model = _typed(body, "model", str, self.model)
+        if model != self.model:
+            raise NotFound("model", model)
+        prompt = _chat_prompt(body.get("messages"))
+        field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = _typed(body, field, int, COMPLETION_DEFAULT_TOKENS)
+        if max_tokens < 1:
+            raise InvalidArgument(field, f"must be >= 1, got {max_tokens}")
+        if _typed(body, "n", int, 1) != 1:
+            raise InvalidArgument("n", "only 1 completion per request is served")
+        stream = _typed(body, "stream", bool, False)
+        usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
+        ticket, prompt_tokens = self._admit(prompt, max_tokens, field)
+        head: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+                                "model": self.model}
+
+        def usage(f: Finished) -> dict[str, Any]:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": f.completion_tokens,
+                    "total_tokens": prompt_tokens + f.completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
+
+        if not stream:
+            f = await self._follow(conn, ticket)
+            message = {"role": "assistant", "content": tensors.generated_text(0, f.completion_tokens)}
+            answer = {**head, "object": "chat.completion",
+                      "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}],
+                      "usage": usage(f)}
+            await conn.send_json(200, answer, keep_alive=request.keep_alive)
+            return
+        chunk_head = {**head, "object": "chat.completion.chunk"}
+        tail: dict[str, Any] = {"usage": None} if usage_too else {}  # OpenAI: null in every chunk but the last
+
+        async def chunk(delta: dict[str, str], finish: str | None) -> None:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            await conn.event(json.dumps({**chunk_head, "choices": [choice], **tail}).encode())
+
+        sent = 0
+
+        async def on_delta(count: int, finished: Finished | None) -> None:
+            nonlocal sent
+            if count:
+                text, sent = tensors.generated_text(sent, count), sent + count
+                await chunk({"content": text}, None)
+
+        conn.start_events(request.keep_alive)
+        await chunk({"role": "assistant", "content": ""}, None)
+        f = await self._follow(conn, ticket, on_delta)
+        await chunk({}, "length")
+        if usage_too:
+            await conn.event(json.dumps({**chunk_head, "choices": [], "usage": usage(f)}).encode())
+        await conn.end_events()
+
+
+def _chat_prompt(messages: object) -> str:
+    """The prompt of a chat request: the messages' text contents joined by newlines."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidArgument("messages", "required: a non-empty list of messages")
+    texts: list[str] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidArgument(f"messages[{i}]", "must be an object")
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise InvalidArgument(f"messages[{i}].content[{j}]", "only text parts are served")
+                texts.append(part["text"])
+        elif content is not None:
+            raise InvalidArgument(f"messages[{i}].content", "must be a string or a list of text parts")
+    return _prompt("\n".join(t for t in texts if t), "messages")
 
 
 def _rejection(exc: FerryError) -> HttpReject:

@@ -1,8 +1,11 @@
-"""The Prometheus text of one simulated replica, under Triton's and TensorRT-LLM's metric names.
+"""The Prometheus text of one simulated replica, under Triton's, TensorRT-LLM's, vLLM's and SGLang's metric names.
 
 So that the agent reads a simulated replica and a real Triton server the same
 way, the names and label sets are those of Triton (``model``, ``version``)
-and of its TensorRT-LLM backend (``request_type``, ``kv_cache_block_type``):
+and of its TensorRT-LLM backend (``request_type``, ``kv_cache_block_type``);
+and so that the agent's OpenAI-HTTP adapter (:mod:`agent.openai`) reads it as
+it reads a vLLM or SGLang server, the same values are also exported under
+their names (label ``model_name``):
 
 - ``nv_inference_request_success``, ``nv_inference_request_failure{reason}``
   (``REJECTED``, ``CANCELED``), ``nv_inference_count``,
@@ -13,9 +16,15 @@ and of its TensorRT-LLM backend (``request_type``, ``kv_cache_block_type``):
 - ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=max|free|used|tokens_per|fraction}``;
 - ``nv_gpu_utilization{gpu_uuid}``: the share of the last second in steps;
 - ferry's own counters ``ferry_replica_prefix_hit_blocks_total`` and
-  ``ferry_replica_prefix_lookup_blocks_total``.
+  ``ferry_replica_prefix_lookup_blocks_total``;
+- vLLM's ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+  ``vllm:kv_cache_usage_perc`` (used blocks / blocks, 0..1),
+  ``vllm:cache_config_info{block_size, num_gpu_blocks}`` (1) and
+  ``vllm:request_success_total{finished_reason="length"}``;
+- SGLang's ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``,
+  ``sglang:token_usage`` (the same fraction) and ``sglang:num_requests_total``.
 
-Cost: O(1) per render (a few dozen lines).
+Cost: O(1) per render (about fifty lines).
 """
 
 from __future__ import annotations
@@ -37,6 +46,15 @@ _HELP = {
     "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0)"),
     "ferry_replica_prefix_hit_blocks_total": ("counter", "Prompt blocks served from the prefix cache"),
     "ferry_replica_prefix_lookup_blocks_total": ("counter", "Prompt blocks looked up in the prefix cache"),
+    "vllm:num_requests_running": ("gauge", "Number of requests in model execution batches."),
+    "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+    "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
+    "vllm:cache_config_info": ("gauge", "Information of the LLMEngine CacheConfig"),
+    "vllm:request_success_total": ("counter", "Count of successfully processed requests."),
+    "sglang:num_running_reqs": ("gauge", "The number of running requests."),
+    "sglang:num_queue_reqs": ("gauge", "The number of requests in the waiting queue."),
+    "sglang:token_usage": ("gauge", "The token usage."),
+    "sglang:num_requests_total": ("counter", "Number of requests processed."),
 }
 
 
@@ -71,6 +89,20 @@ def render(*, model: str, version: str, load: EngineLoad, stats: RunnerStats, ut
         ("nv_gpu_utilization", {"gpu_uuid": gpu_uuid}, utilization),
         ("ferry_replica_prefix_hit_blocks_total", base, load.prefix_hit_blocks),
         ("ferry_replica_prefix_lookup_blocks_total", base, load.prefix_lookup_blocks),
+    ]
+    engine = {"model_name": model}
+    usage = used / load.kv_blocks_total
+    cache = {**engine, "block_size": str(load.kv_block_tokens), "num_gpu_blocks": str(load.kv_blocks_total)}
+    rows += [
+        ("vllm:num_requests_running", engine, load.running),
+        ("vllm:num_requests_waiting", engine, load.queued),
+        ("vllm:kv_cache_usage_perc", engine, usage),
+        ("vllm:cache_config_info", cache, 1),
+        ("vllm:request_success_total", {**engine, "finished_reason": "length"}, stats.success),
+        ("sglang:num_running_reqs", engine, load.running),
+        ("sglang:num_queue_reqs", engine, load.queued),
+        ("sglang:token_usage", engine, usage),
+        ("sglang:num_requests_total", engine, stats.success),
     ]
     lines: list[str] = []
     seen: set[str] = set()

@@ -7,7 +7,9 @@ reads it, e.g. ``register.replicas[2].address`` or ``subscribe.region``.
 - names (node, replica id, model, proxy id): required, at most
   ``max_name_bytes`` (128) UTF-8 bytes, no whitespace or control characters;
 - region: the same with ``max_region_bytes`` (64); version: ``max_version_bytes`` (64);
-- address: ``host:port`` with a port in 1..65535;
+- address: ``host:port`` with a port in 1..65535; a replica's ``address`` may
+  be empty when its ``http_address`` (OpenAI HTTP) is set, which is checked
+  the same way when present; ``engine``: empty or one of :data:`ENGINES`;
 - ``max_concurrency`` > 0; replica ids unique within a registration;
 - at most ``max_replicas_per_node`` (64) replicas in a registration;
 - a follower's report: at most ``max_agents`` nodes and ``max_watchers``
@@ -22,6 +24,8 @@ from controlplane.config import ControlPlaneSettings
 from ferry.errors import InvalidArgument
 from ferry.grpcutil import split_address
 from ferry.v1 import admin_pb2, fleet_pb2, tables_pb2
+
+ENGINES = frozenset({"simulated", "triton", "vllm", "sglang", "trtllm"})  # ReplicaInfo.engine, when set
 
 
 def check_name(value: str, field: str, max_bytes: int) -> None:
@@ -62,7 +66,12 @@ def check_replica(info: fleet_pb2.ReplicaInfo, field: str, settings: ControlPlan
     if known is not None and info.model not in known:
         raise InvalidArgument(f"{field}.model", f"unknown model {info.model!r}: not in the catalog ([[models]])")
     check_name(info.version, f"{field}.version", settings.max_version_bytes)
-    check_address(info.address, f"{field}.address")
+    if info.address or not info.http_address:  # a replica reached over OpenAI HTTP alone has no KServe address
+        check_address(info.address, f"{field}.address")
+    if info.http_address:
+        check_address(info.http_address, f"{field}.http_address")
+    if info.engine and info.engine not in ENGINES:
+        raise InvalidArgument(f"{field}.engine", f"{info.engine!r} is not one of {', '.join(sorted(ENGINES))}")
     check_filter(info.kserve_model, f"{field}.kserve_model", settings.max_name_bytes)
     if info.max_concurrency <= 0:
         raise InvalidArgument(f"{field}.max_concurrency", "must be > 0")

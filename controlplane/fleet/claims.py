@@ -48,6 +48,16 @@ def claim_key(kind: str, name: str) -> str:
     return f"{CLAIMS_PREFIX}{kind}/{quote(name, safe='')}"
 
 
+def served_at(info: fleet_pb2.ReplicaInfo) -> str:
+    """Where a replica is served: its KServe ``address``, else (OpenAI HTTP only) its ``http_address``."""
+    return info.address or info.http_address
+
+
+def served_field(info: fleet_pb2.ReplicaInfo) -> str:
+    """The ReplicaInfo field :func:`served_at` reads, to name it in a refusal."""
+    return "address" if info.address or not info.http_address else "http_address"
+
+
 def host_of(address: str) -> str:
     """The host part of ``host:port``."""
     return address.rpartition(":")[0]
@@ -90,7 +100,8 @@ def register_claims(reg: fleet_pb2.Register) -> list[Claim]:
     out = [Claim("register.node", NODE, claim_key(NODE, reg.node))]
     for i, info in enumerate(reg.replicas):
         out.append(Claim(f"register.replicas[{i}].replica_id", REPLICA, claim_key(REPLICA, info.replica_id)))
-        out.append(Claim(f"register.replicas[{i}].address", ADDRESS, claim_key(ADDRESS, info.address)))
+        out.append(Claim(f"register.replicas[{i}].{served_field(info)}", ADDRESS,
+                         claim_key(ADDRESS, served_at(info))))
     return out
 
 
@@ -99,7 +110,8 @@ def changed_claims(telemetry: fleet_pb2.Telemetry) -> list[Claim]:
     out = []
     for i, info in enumerate(telemetry.changed):
         out.append(Claim(f"telemetry.changed[{i}].replica_id", REPLICA, claim_key(REPLICA, info.replica_id)))
-        out.append(Claim(f"telemetry.changed[{i}].address", ADDRESS, claim_key(ADDRESS, info.address)))
+        out.append(Claim(f"telemetry.changed[{i}].{served_field(info)}", ADDRESS,
+                         claim_key(ADDRESS, served_at(info))))
     return out
 
 

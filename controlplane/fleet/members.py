@@ -46,7 +46,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from controlplane.fleet.claims import NODE, Claim, Holder, host_of, refusal, register_claims
+from controlplane.fleet.claims import NODE, Claim, Holder, host_of, refusal, register_claims, served_at
 from controlplane.fleet.view import Member
 from controlplane.store.base import MAX_TXN_WRITES, LeaseNotFound, Store, member_key
 from ferry.errors import AlreadyExists, FerryError
@@ -209,7 +209,7 @@ class MemberLeases:
             if kv is not None and Holder.decode(kv.value).node == member.node:
                 await self._store.delete(key)
             record.claimed.pop(key, None)
-        hosts = frozenset(host_of(info.address) for info in reg.replicas)
+        hosts = frozenset(host_of(served_at(info)) for info in reg.replicas)
         missing = [c for c in claims if c.key not in record.claimed]
         if not missing:
             return

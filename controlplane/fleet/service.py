@@ -51,7 +51,7 @@ from controlplane.cluster.service import PeerService
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet import telemetry as telemetry_check
 from controlplane.fleet.agents import Agents, AgentSession
-from controlplane.fleet.claims import Claim, changed_claims, host_of, register_claims
+from controlplane.fleet.claims import Claim, changed_claims, host_of, register_claims, served_at, served_field
 from controlplane.fleet.members import MemberLeases
 from controlplane.fleet.view import FleetView, Member, claim_conflict, is_live, replica_state
 from controlplane.fleet.views import model_views, node_view, usage_rows
@@ -137,7 +137,7 @@ class FleetService:
         try:
             validate.check_register(reg, self.settings, self._strict_models)
             claim_conflict(self.fleet, reg)  # this control plane's own view first: no store call to refuse
-            hosts = frozenset(host_of(info.address) for info in reg.replicas)
+            hosts = frozenset(host_of(served_at(info)) for info in reg.replicas)
             await self._claim(reg.node, register_claims(reg), hosts, "register")
             member = self.fleet.register(reg)
         except InvalidArgument:
@@ -181,11 +181,11 @@ class FleetService:
             if holder is not None and holder is not member and self.fleet.live(holder):
                 raise AlreadyExists(f"telemetry.changed[{i}].replica_id",
                                     f"held by node {holder.node!r} on control plane {self.settings.id!r}")
-            for node in sorted(self.fleet.serving(info.address) - {member.node}):
+            for node in sorted(self.fleet.serving(served_at(info)) - {member.node}):
                 other = self.fleet.member(node)
                 if other is not None and self.fleet.live(other):
-                    raise AlreadyExists(f"telemetry.changed[{i}].address",
-                                        f"{info.address!r} is served by node {node!r} on control plane "
+                    raise AlreadyExists(f"telemetry.changed[{i}].{served_field(info)}",
+                                        f"{served_at(info)!r} is served by node {node!r} on control plane "
                                         f"{self.settings.id!r}")
 
     async def telemetry(self, session: AgentSession, telemetry: fleet_pb2.Telemetry) -> None:
@@ -202,11 +202,11 @@ class FleetService:
             raise
         member = session.member
         fresh = [info for info in telemetry.changed
-                 if (old := member.replicas.get(info.replica_id)) is None or old.address != info.address]
+                 if (old := member.replicas.get(info.replica_id)) is None or served_at(old) != served_at(info)]
         if fresh:
             try:
                 self._telemetry_conflict(member, telemetry)
-                hosts = frozenset(host_of(i.address) for i in (*member.replicas.values(), *telemetry.changed))
+                hosts = frozenset(host_of(served_at(i)) for i in (*member.replicas.values(), *telemetry.changed))
                 await self._claim(member.node, changed_claims(telemetry), hosts, "telemetry")
             except AlreadyExists:
                 self._metrics.reject("telemetry_conflict")

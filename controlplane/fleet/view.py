@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from controlplane.fleet.claims import served_at, served_field
 from ferry import sampling
 from ferry.errors import AlreadyExists, Overloaded
 from ferry.v1 import common_pb2, fleet_pb2
@@ -114,15 +115,15 @@ def claim_conflict(view: FleetView, reg: fleet_pb2.Register) -> None:
         if holder is not None and holder.node != reg.node and view.live(holder):
             raise AlreadyExists(
                 f"register.replicas[{i}].replica_id", f"{info.replica_id!r} is held by live node {holder.node!r}")
-        for node in sorted(view.serving(info.address) - {reg.node}):
+        for node in sorted(view.serving(served_at(info)) - {reg.node}):
             other = view.member(node)
             if other is not None and view.live(other):
-                raise AlreadyExists(f"register.replicas[{i}].address",
-                                    f"{info.address!r} is served by live node {node!r}")
+                raise AlreadyExists(f"register.replicas[{i}].{served_field(info)}",
+                                    f"{served_at(info)!r} is served by live node {node!r}")
     same = view.member(reg.node)
     if same is not None and same.connected and view.live(same):
-        before = {info.address.rpartition(":")[0] for info in same.replicas.values()}
-        after = {info.address.rpartition(":")[0] for info in reg.replicas}
+        before = {served_at(info).rpartition(":")[0] for info in same.replicas.values()}
+        after = {served_at(info).rpartition(":")[0] for info in reg.replicas}
         if before and after and not after <= before:
             raise AlreadyExists("register.node", f"{reg.node!r} is held by a live, connected node on other hosts")
 
@@ -243,7 +244,7 @@ class FleetView:
         return gone
 
     def serving(self, address: str) -> set[str]:
-        """The nodes (live or not) with a replica at ``address``."""
+        """The nodes (live or not) with a replica at ``address`` (its KServe address, else its HTTP address)."""
         return set(self._served.get(address, ()))
 
     def _serve(self, address: str, node: str, delta: int) -> None:
@@ -258,7 +259,7 @@ class FleetView:
         member = self._members.pop(node, None)
         if member is not None:
             for replica_id, info in member.replicas.items():
-                self._serve(info.address, node, -1)
+                self._serve(served_at(info), node, -1)
                 if self._owner.get(replica_id) == node:
                     del self._owner[replica_id]
 
@@ -273,13 +274,13 @@ class FleetView:
             stored.inputs.extend(kept)
         old = member.replicas.get(info.replica_id)
         if old is not None:
-            self._serve(old.address, member.node, -1)
+            self._serve(served_at(old), member.node, -1)
         member.replicas[info.replica_id] = stored
-        self._serve(stored.address, member.node, 1)
+        self._serve(served_at(stored), member.node, 1)
         self._owner[info.replica_id] = member.node
 
     def _remove_replica(self, member: Member, replica_id: str) -> None:
-        self._serve(member.replicas[replica_id].address, member.node, -1)
+        self._serve(served_at(member.replicas[replica_id]), member.node, -1)
         del member.replicas[replica_id]
         member.loads.pop(replica_id, None)
         member.load_at.pop(replica_id, None)

@@ -142,6 +142,7 @@ def build_row(member: Member, replica_id: str, info: fleet_pb2.ReplicaInfo, now:
         max_concurrency=info.max_concurrency, kv_block_tokens=info.kv_block_tokens,
         max_context_tokens=info.max_context_tokens, load=load, telemetry_age_seconds=age,
         inputs=info.inputs,  # which sampling parameters the version accepts (ferry.sampling)
+        http_address=info.http_address, engine=info.engine,  # its OpenAI HTTP endpoint, when it serves one
     )
     route.load.replica_id = replica_id
     route.load.state = READY

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from ferry.errors import NotFound
 from ferry.v1 import admin_pb2, tables_pb2
 
-ROUTE_FIELDS = ("version", "address", "node", "kserve_model", "max_concurrency", "kv_block_tokens",
-                "max_context_tokens")
+ROUTE_FIELDS = ("version", "address", "http_address", "node", "kserve_model", "max_concurrency", "kv_block_tokens",
+                "max_context_tokens", "engine")
 LOAD_FIELDS = ("queued", "running", "kv_blocks_free")
 
 

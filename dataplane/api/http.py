@@ -64,7 +64,7 @@ from dataplane.api.service import REQUEST_ID, InferenceServicer
 from dataplane.config import HttpSettings
 from dataplane.router import RequestState, Router
 from dataplane.table.local import TableHolder
-from ferry.errors import FerryError, InvalidArgument
+from ferry.errors import FerryError
 from ferry.grpcutil import status_for
 from ferry.v1 import inference_pb2
 
@@ -213,39 +213,10 @@ class HttpFront:
         return web.Response(status=status, body=_dumps(body), content_type=JSON,
                             headers={"x-request-id": request_id, **(headers or {})})
 
-    def _metadata(self, request: web.Request) -> list[tuple[str, str]]:
-        """The headers the router's authentication reads, as gRPC-style metadata."""
-        out = []
-        for name in ("authorization", "x-api-key"):
-            value = request.headers.get(name)
-            if value is not None:
-                out.append((name, value))
-        return out
-
-    def _tier(self, request: web.Request, metadata: list[tuple[str, str]]) -> str:
-        """The tier asked in ``x-ferry-tier``, else the tenant's default (``standard`` when allowed)."""
-        asked = request.headers.get("x-ferry-tier", "").strip().lower()
-        if asked:
-            return asked
-        tenant = self._auth.authenticate(metadata)
-        return "standard" if "standard" in tenant.tiers or not tenant.tiers else tenant.tiers[0]
-
-    def _timeout(self, request: web.Request) -> float:
-        raw = request.headers.get("x-ferry-timeout")
-        if raw is None:
-            return self._deadline
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = math.nan
-        if not 0 < seconds <= self._deadline:
-            raise InvalidArgument("x-ferry-timeout", f"must be seconds, above 0 and at most {self._deadline:g}")
-        return seconds
-
     async def _models(self, request: web.Request) -> web.StreamResponse:
         request_id = request[REQUEST_ID_KEY]
         try:
-            self._auth.authenticate(self._metadata(request))
+            self._auth.authenticate(openai.key_metadata(request.headers))
             table = self._holder.table
             names = sorted(table.models) if table is not None else []
         except FerryError as error:
@@ -263,15 +234,15 @@ class HttpFront:
     async def _parse(self, request: web.Request, chat: bool) -> tuple[openai.Parsed, inference_pb2.InferRequest,
                                                                        list[tuple[str, str]], float]:
         """Authenticate, read and translate the body; raises FerryError (or aiohttp's 413)."""
-        metadata = self._metadata(request)
-        self._auth.authenticate(metadata)  # 401 before anything about the body
+        metadata = openai.key_metadata(request.headers)
+        tenant = self._auth.authenticate(metadata)  # 401 before anything about the body
         body = await request.read()
         parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
         prompt = self._templates.render(parsed.model, parsed.messages) if chat else parsed.prompt
         idempotency_key = request.headers.get("idempotency-key", "")
-        message = openai.to_request(parsed, prompt, tier=self._tier(request, metadata),
+        message = openai.to_request(parsed, prompt, tier=openai.tier_of(request.headers, tenant),
                                     idempotency_key=idempotency_key)
-        return parsed, message, metadata, self._timeout(request)
+        return parsed, message, metadata, openai.timeout_of(request.headers, self._deadline)
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         """One completion, unary or streamed, through the router; see the module docstring."""

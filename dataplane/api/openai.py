@@ -28,6 +28,7 @@ from typing import Any
 from dataplane.admission.coldstart import WarmingUp
 from dataplane.guard.hooks import Refused
 from ferry import errors
+from ferry.config import TenantConfig
 from ferry.v1 import common_pb2, inference_pb2
 
 TIERS = {"interactive": common_pb2.TIER_INTERACTIVE, "standard": common_pb2.TIER_STANDARD,
@@ -228,6 +229,38 @@ def to_request(parsed: Parsed, prompt: str, *, tier: str, idempotency_key: str) 
         else:
             setattr(request, field, value)
     return request
+
+
+KEY_HEADERS = ("authorization", "x-api-key")  # where an HTTP caller's API key travels
+
+
+def key_metadata(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The headers the router's authentication reads (``authorization``, ``x-api-key``), as gRPC-style metadata.
+
+    ``headers``: lower-case names, or a case-insensitive mapping (both HTTP edges use this)."""
+    return [(name, value) for name in KEY_HEADERS if (value := headers.get(name)) is not None]
+
+
+def tier_of(headers: Mapping[str, str], tenant: TenantConfig) -> str:
+    """The tier asked in ``x-ferry-tier``, else the tenant's default (``standard`` when allowed)."""
+    asked = headers.get("x-ferry-tier", "").strip().lower()
+    if asked:
+        return asked
+    return "standard" if "standard" in tenant.tiers or not tenant.tiers else tenant.tiers[0]
+
+
+def timeout_of(headers: Mapping[str, str], default: float) -> float:
+    """The request's deadline in seconds: ``x-ferry-timeout`` (above 0, at most ``default``), else ``default``."""
+    raw = headers.get("x-ferry-timeout")
+    if raw is None:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= default:
+        raise errors.InvalidArgument("x-ferry-timeout", f"must be seconds, above 0 and at most {default:g}")
+    return seconds
 
 
 def usage(summary: inference_pb2.InferResponse) -> dict[str, Any]:

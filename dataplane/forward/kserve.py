@@ -18,7 +18,9 @@ with a bounded ``kind`` for metric labels): before any output, unreachable,
 UNAVAILABLE, INTERNAL, UNKNOWN, ABORTED, CANCELLED, NOT_FOUND and
 RESOURCE_EXHAUSTED are retryable on another replica; INVALID_ARGUMENT and
 the like are not; nothing is retryable once output started. A replica's
-DEADLINE_EXCEEDED becomes :class:`ferry.errors.DeadlineExceeded`.
+DEADLINE_EXCEEDED becomes :class:`ferry.errors.DeadlineExceeded`. A replica
+with no KServe ``address`` (reached over OpenAI HTTP only) fails at once,
+retryable, with kind ``no_kserve``: nothing is sent.
 
 Requests are built as ``ModelInferRequest`` messages directly, field for
 field what tritonclient's ``InferenceServerClient`` would send (a test holds
@@ -60,7 +62,8 @@ MAX_REASON_CHARS = 300
 
 
 class ForwardFailed(ReplicaFailed):
-    """A replica failure with ``kind``: the lower-case gRPC code or ``stream_error`` / ``bad_response``."""
+    """A replica failure with ``kind``: the lower-case gRPC code or ``stream_error`` / ``bad_response`` /
+    ``no_kserve``."""
 
     def __init__(self, replica_id: str, kind: str, reason: str, *, output_started: bool, retryable: bool) -> None:
         super().__init__(replica_id, reason, output_started=output_started, retryable=retryable)
@@ -220,6 +223,13 @@ _MAX_DECOUPLED = 4096
 JOIN_PIECES = 64  # a stream's pieces kept apart before their texts are joined into one string
 
 
+def _speaks_kserve(replica: Replica) -> None:
+    """Raise a retryable ForwardFailed (kind ``no_kserve``) for a replica reached over OpenAI HTTP only."""
+    if not replica.address:
+        raise ForwardFailed(replica.replica_id, "no_kserve", f"replica {replica.replica_id} serves OpenAI HTTP only "
+                            f"({replica.http_address or 'no address'})", output_started=False, retryable=True)
+
+
 def _decoupled_refusal(exc: InferenceServerException | grpc.aio.AioRpcError) -> bool:
     """True when a replica refused a unary call because the model is decoupled (stream-only)."""
     if isinstance(exc, grpc.aio.AioRpcError):
@@ -252,6 +262,7 @@ class Forwarder:
         DeadlineExceeded."""
         if remaining <= 0:
             raise DeadlineExceeded("deadline exceeded before forwarding")
+        _speaks_kserve(replica)
         if (replica.address, replica.kserve_model) in self._decoupled:
             return await self._collect(replica, call, remaining)
         start = self._clock()
@@ -299,6 +310,7 @@ class Forwarder:
         """
         if remaining <= 0:
             raise DeadlineExceeded("deadline exceeded before forwarding")
+        _speaks_kserve(replica)
         start = self._clock()
         outcome.prompt_tokens = call.prompt_tokens
         # One request, then half-close: Triton ends the stream after the request's last

@@ -31,13 +31,20 @@ RingCache = dict[tuple[tuple[str, ...], int], Ring]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Replica:
-    """One routable replica as the pick sees it: identity, capacity, pushed and smoothed load."""
+    """One routable replica as the pick sees it: identity, capacity, pushed and smoothed load.
+
+    ``address`` is its KServe v2 gRPC ``host:port`` (empty for a replica reached over OpenAI HTTP only);
+    ``http_address`` the ``host:port`` of its OpenAI-compatible HTTP endpoint (empty when it serves none);
+    ``engine`` the engine behind it (``simulated``, ``triton``, ``vllm``, ``sglang``, ``trtllm``; empty: unknown).
+    """
 
     replica_id: str
     address: str
     kserve_model: str
     version: str
     node: str = ""
+    http_address: str = ""
+    engine: str = ""
     max_concurrency: int = 1
     kv_block_tokens: int = 0
     max_context_tokens: int = 0

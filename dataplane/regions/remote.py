@@ -78,10 +78,11 @@ def remote_view(table: Table) -> RemoteView:
         for model in route.models:
             replicas[(route.region, model.model)] = tuple(
                 Replica(replica_id=r.replica_id, address=r.address, kserve_model=r.kserve_model or model.model,
-                        version=r.version, node=r.node, max_concurrency=max(1, r.max_concurrency),
+                        version=r.version, node=r.node, http_address=r.http_address, engine=r.engine,
+                        max_concurrency=max(1, r.max_concurrency),
                         queued=r.load.queued, running=r.load.running, telemetry_age=r.telemetry_age_seconds)
                 for r in model.replicas
-                if r.replica_id and r.address and r.region == route.region
+                if r.replica_id and (r.address or r.http_address) and r.region == route.region
                 and (not model.default_version or r.version == model.default_version))
     return RemoteView(tuple(targets), replicas)
 

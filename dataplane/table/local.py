@@ -3,11 +3,12 @@
 :func:`build_table` checks a ``TableSnapshot`` before anything uses it, and
 raises :class:`TableRejected` with the first reason found: region differs
 from the proxy's, version 0, empty or duplicate model names, empty or
-duplicate replica ids (across the whole table), an address that is not
-``host:port``, a replica of another region, an empty replica version, a
-negative or non-finite telemetry age, a version weight that is negative,
-not finite, unnamed or repeated, ring parameters out of range (load factor
-not above 1, more than ``MAX_VNODES`` points per replica), more models or
+duplicate replica ids (across the whole table), an ``address`` or
+``http_address`` that is not ``host:port`` (either may be empty, not
+both), a replica of another region, an empty replica version, a negative
+or non-finite telemetry age, a version weight that is negative, not finite,
+unnamed or repeated, ring parameters out of range (load factor not above 1,
+more than ``MAX_VNODES`` points per replica), more models or
 replicas than the proxy's bounds, a bad tenant list when ``tenants_managed``
 (:func:`dataplane.table.tenants.parse_tenants`). A delta is first applied to
 the snapshot held (:meth:`TableHolder.apply`), and the table it gives is
@@ -133,6 +134,7 @@ class Table:
     tier_quotas: tuple[tables_pb2.TierQuota, ...] = ()  # reserved shares per tier (read by dataplane.admission.gate)
     tenants: tuple[TenantConfig, ...] | None = None  # the managed tenant set; None: the proxy's configured ones
     tenant_routes: tuple[tables_pb2.TenantRoute, ...] = ()  # what ``tenants`` was parsed from (reused when equal)
+    http_only: frozenset[str] = frozenset()  # replicas with no KServe address (OpenAI HTTP only): not for the relay
 
     def inputs(self, model: str, version: str) -> frozenset[str]:
         """The input tensors every routable replica of ``model`` ``version`` declares (empty when unknown)."""
@@ -169,12 +171,17 @@ def _replica(snapshot: tables_pb2.TableSnapshot, model: str, route: tables_pb2.R
     rid = route.replica_id
     if not rid:
         raise _reject(snapshot, f"model {model!r}: a replica has an empty replica_id")
-    try:
-        _host, port = split_address(route.address)
-    except ValueError:
-        raise _reject(snapshot, f"replica {rid!r}: address {route.address!r} is not host:port") from None
-    if not 0 < port < 65536:
-        raise _reject(snapshot, f"replica {rid!r}: port {port} out of range")
+    if not route.address and not route.http_address:
+        raise _reject(snapshot, f"replica {rid!r}: neither address nor http_address")
+    for name, value in (("address", route.address), ("http_address", route.http_address)):
+        if not value:
+            continue  # one of the two may be empty: a replica reached over OpenAI HTTP (or KServe) only
+        try:
+            _host, port = split_address(value)
+        except ValueError:
+            raise _reject(snapshot, f"replica {rid!r}: {name} {value!r} is not host:port") from None
+        if not 0 < port < 65536:
+            raise _reject(snapshot, f"replica {rid!r}: {name} port {port} out of range")
     if route.region and route.region != snapshot.region:
         raise _reject(snapshot, f"replica {rid!r}: region {route.region!r} in a table of {snapshot.region!r}")
     if not route.version:
@@ -190,6 +197,8 @@ def _replica(snapshot: tables_pb2.TableSnapshot, model: str, route: tables_pb2.R
         kserve_model=route.kserve_model or model,
         version=route.version,
         node=route.node,
+        http_address=route.http_address,
+        engine=route.engine,
         max_concurrency=max(route.max_concurrency, 1),
         kv_block_tokens=route.kv_block_tokens,
         max_context_tokens=route.max_context_tokens,
@@ -286,6 +295,7 @@ def build_table(
     seen: set[str] = set()
     models: dict[str, ModelEntry] = {}
     addresses: set[str] = set()
+    http_only: set[str] = set()
     for route, parsed_replicas in zip(snapshot.models, parsed, strict=True):
         if not route.model:
             raise _reject(snapshot, "a model has an empty name")
@@ -301,7 +311,10 @@ def build_table(
             routable = by_version.setdefault(replica.version, [])
             if replica_route.load.state in ROUTABLE_STATES:
                 routable.append(replica)
-                addresses.add(replica.address)
+                if replica.address:  # the KServe addresses (an OpenAI-HTTP-only replica has none)
+                    addresses.add(replica.address)
+                else:
+                    http_only.add(replica.replica_id)
                 names = frozenset(sampling.bounded(list(replica_route.inputs)))
                 declared[replica.version] = declared.get(replica.version, names) & names
         if route.default_version:
@@ -331,6 +344,7 @@ def build_table(
         applied_at=applied_at,
         models=models,
         addresses=frozenset(addresses),
+        http_only=frozenset(http_only),
         replicas=len(seen),
         load_factor=factor,
         vnodes=points,

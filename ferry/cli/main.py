@@ -1,7 +1,7 @@
 """The ``ferry`` command: runs components, the whole system, or one call.
 
 ``ferry up`` runs everything on one machine (see :mod:`ferry.cli.up.main`);
-``ferry call`` sends one request; ``ferry controlplane``, ``ferry proxy``,
+``ferry call`` sends one request; ``ferry controlplane``, ``ferry proxy``, ``ferry picker``, ``ferry envoy``,
 ``ferry node`` and ``ferry batch-runtime`` run one component each and forward
 their arguments to the component's own ``main``.
 """
@@ -15,6 +15,8 @@ import sys
 COMPONENTS = {
     "controlplane": ("controlplane.main", "the control plane: fleet membership, tables, Admin API"),
     "proxy": ("dataplane.main", "a data-plane proxy: the public Inference API"),
+    "envoy": ("dataplane.envoy.main", "Envoy as the data plane, asking the pickers where each request goes"),
+    "picker": ("dataplane.epp.main", "an endpoint picker: Envoy's external processor deciding each request"),
     "node": ("agent.main", "a node: its agent and simulated replicas"),
     "batch-runtime": ("agent.batch.main", "the fixed-batch runtime (a KServe v2 server)"),
 }

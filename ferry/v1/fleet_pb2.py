@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ferry.v1 import common_pb2 as ferry_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66\x65rry/v1/fleet.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"\x93\x01\n\x0c\x41gentMessage\x12&\n\x08register\x18\x01 \x01(\x0b\x32\x12.ferry.v1.RegisterH\x00\x12(\n\ttelemetry\x18\x02 \x01(\x0b\x32\x13.ferry.v1.TelemetryH\x00\x12)\n\x06result\x18\x03 \x01(\x0b\x32\x17.ferry.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"\x9b\x01\n\x08Register\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\'\n\x08replicas\x18\x04 \x03(\x0b\x32\x15.ferry.v1.ReplicaInfo\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x12\n\njoin_token\x18\x06 \x01(\t\x12\x0f\n\x07standby\x18\x07 \x01(\x08\"\xfb\x01\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x14\n\x0ckserve_model\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\r\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\x08 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\t \x01(\r\x12%\n\x05state\x18\n \x01(\x0e\x32\x16.ferry.v1.ReplicaState\x12\x0e\n\x06inputs\x18\x0b \x03(\t\"z\n\tTelemetry\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x08replicas\x18\x02 \x03(\x0b\x32\x15.ferry.v1.ReplicaLoad\x12&\n\x07\x63hanged\x18\x03 \x03(\x0b\x32\x15.ferry.v1.ReplicaInfo\x12\x0f\n\x07removed\x18\x04 \x03(\t\"@\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"j\n\x0e\x43ontrolMessage\x12*\n\nregistered\x18\x01 \x01(\x0b\x32\x14.ferry.v1.RegisteredH\x00\x12$\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x11.ferry.v1.CommandH\x00\x42\x06\n\x04\x62ody\"a\n\nRegistered\x12\x18\n\x10\x63ontrol_plane_id\x18\x01 \x01(\t\x12\"\n\x1atelemetry_interval_seconds\x18\x02 \x01(\x01\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x01\"\x97\x01\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.ferry.v1.Command.Kind\x12\x12\n\nreplica_id\x18\x03 \x01(\t\">\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nKIND_DRAIN\x10\x01\x12\x10\n\x0cKIND_UNDRAIN\x10\x02\x32H\n\x05\x46leet\x12?\n\x07\x43onnect\x12\x16.ferry.v1.AgentMessage\x1a\x18.ferry.v1.ControlMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x66\x65rry/v1/fleet.proto\x12\x08\x66\x65rry.v1\x1a\x15\x66\x65rry/v1/common.proto\"\x93\x01\n\x0c\x41gentMessage\x12&\n\x08register\x18\x01 \x01(\x0b\x32\x12.ferry.v1.RegisterH\x00\x12(\n\ttelemetry\x18\x02 \x01(\x0b\x32\x13.ferry.v1.TelemetryH\x00\x12)\n\x06result\x18\x03 \x01(\x0b\x32\x17.ferry.v1.CommandResultH\x00\x42\x06\n\x04\x62ody\"\x9b\x01\n\x08Register\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0c\n\x04gpus\x18\x03 \x01(\r\x12\'\n\x08replicas\x18\x04 \x03(\x0b\x32\x15.ferry.v1.ReplicaInfo\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x12\n\njoin_token\x18\x06 \x01(\t\x12\x0f\n\x07standby\x18\x07 \x01(\x08\"\xa1\x02\n\x0bReplicaInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x14\n\x0ckserve_model\x18\x05 \x01(\t\x12\x0c\n\x04gpus\x18\x06 \x01(\r\x12\x17\n\x0fmax_concurrency\x18\x07 \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\x08 \x01(\r\x12\x1a\n\x12max_context_tokens\x18\t \x01(\r\x12%\n\x05state\x18\n \x01(\x0e\x32\x16.ferry.v1.ReplicaState\x12\x0e\n\x06inputs\x18\x0b \x03(\t\x12\x14\n\x0chttp_address\x18\x0c \x01(\t\x12\x0e\n\x06\x65ngine\x18\r \x01(\t\"z\n\tTelemetry\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x08replicas\x18\x02 \x03(\x0b\x32\x15.ferry.v1.ReplicaLoad\x12&\n\x07\x63hanged\x18\x03 \x03(\x0b\x32\x15.ferry.v1.ReplicaInfo\x12\x0f\n\x07removed\x18\x04 \x03(\t\"@\n\rCommandResult\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07message\x18\x03 \x01(\t\"j\n\x0e\x43ontrolMessage\x12*\n\nregistered\x18\x01 \x01(\x0b\x32\x14.ferry.v1.RegisteredH\x00\x12$\n\x07\x63ommand\x18\x02 \x01(\x0b\x32\x11.ferry.v1.CommandH\x00\x42\x06\n\x04\x62ody\"a\n\nRegistered\x12\x18\n\x10\x63ontrol_plane_id\x18\x01 \x01(\t\x12\"\n\x1atelemetry_interval_seconds\x18\x02 \x01(\x01\x12\x15\n\rgrace_seconds\x18\x03 \x01(\x01\"\x97\x01\n\x07\x43ommand\x12\x12\n\ncommand_id\x18\x01 \x01(\t\x12$\n\x04kind\x18\x02 \x01(\x0e\x32\x16.ferry.v1.Command.Kind\x12\x12\n\nreplica_id\x18\x03 \x01(\t\">\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0e\n\nKIND_DRAIN\x10\x01\x12\x10\n\x0cKIND_UNDRAIN\x10\x02\x32H\n\x05\x46leet\x12?\n\x07\x43onnect\x12\x16.ferry.v1.AgentMessage\x1a\x18.ferry.v1.ControlMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,19 +37,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTER']._serialized_start=208
   _globals['_REGISTER']._serialized_end=363
   _globals['_REPLICAINFO']._serialized_start=366
-  _globals['_REPLICAINFO']._serialized_end=617
-  _globals['_TELEMETRY']._serialized_start=619
-  _globals['_TELEMETRY']._serialized_end=741
-  _globals['_COMMANDRESULT']._serialized_start=743
-  _globals['_COMMANDRESULT']._serialized_end=807
-  _globals['_CONTROLMESSAGE']._serialized_start=809
-  _globals['_CONTROLMESSAGE']._serialized_end=915
-  _globals['_REGISTERED']._serialized_start=917
-  _globals['_REGISTERED']._serialized_end=1014
-  _globals['_COMMAND']._serialized_start=1017
-  _globals['_COMMAND']._serialized_end=1168
-  _globals['_COMMAND_KIND']._serialized_start=1106
-  _globals['_COMMAND_KIND']._serialized_end=1168
-  _globals['_FLEET']._serialized_start=1170
-  _globals['_FLEET']._serialized_end=1242
+  _globals['_REPLICAINFO']._serialized_end=655
+  _globals['_TELEMETRY']._serialized_start=657
+  _globals['_TELEMETRY']._serialized_end=779
+  _globals['_COMMANDRESULT']._serialized_start=781
+  _globals['_COMMANDRESULT']._serialized_end=845
+  _globals['_CONTROLMESSAGE']._serialized_start=847
+  _globals['_CONTROLMESSAGE']._serialized_end=953
+  _globals['_REGISTERED']._serialized_start=955
+  _globals['_REGISTERED']._serialized_end=1052
+  _globals['_COMMAND']._serialized_start=1055
+  _globals['_COMMAND']._serialized_end=1206
+  _globals['_COMMAND_KIND']._serialized_start=1144
+  _globals['_COMMAND_KIND']._serialized_end=1206
+  _globals['_FLEET']._serialized_start=1208
+  _globals['_FLEET']._serialized_end=1280
 # @@protoc_insertion_point(module_scope)

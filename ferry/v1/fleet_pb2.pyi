@@ -37,7 +37,7 @@ class Register(_message.Message):
     def __init__(self, node: _Optional[str] = ..., region: _Optional[str] = ..., gpus: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., agent_version: _Optional[str] = ..., join_token: _Optional[str] = ..., standby: _Optional[bool] = ...) -> None: ...
 
 class ReplicaInfo(_message.Message):
-    __slots__ = ("replica_id", "model", "version", "address", "kserve_model", "gpus", "max_concurrency", "kv_block_tokens", "max_context_tokens", "state", "inputs")
+    __slots__ = ("replica_id", "model", "version", "address", "kserve_model", "gpus", "max_concurrency", "kv_block_tokens", "max_context_tokens", "state", "inputs", "http_address", "engine")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,8 @@ class ReplicaInfo(_message.Message):
     MAX_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     model: str
     version: str
@@ -60,7 +62,9 @@ class ReplicaInfo(_message.Message):
     max_context_tokens: int
     state: _common_pb2.ReplicaState
     inputs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., gpus: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.ReplicaState, str]] = ..., inputs: _Optional[_Iterable[str]] = ...) -> None: ...
+    http_address: str
+    engine: str
+    def __init__(self, replica_id: _Optional[str] = ..., model: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., gpus: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., state: _Optional[_Union[_common_pb2.ReplicaState, str]] = ..., inputs: _Optional[_Iterable[str]] = ..., http_address: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class Telemetry(_message.Message):
     __slots__ = ("seq", "replicas", "changed", "removed")

@@ -256,7 +256,7 @@ class WarmingVersion(_message.Message):
     def __init__(self, version: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class ReplicaRoute(_message.Message):
-    __slots__ = ("replica_id", "node", "region", "version", "address", "kserve_model", "max_concurrency", "kv_block_tokens", "max_context_tokens", "load", "telemetry_age_seconds", "inputs")
+    __slots__ = ("replica_id", "node", "region", "version", "address", "kserve_model", "max_concurrency", "kv_block_tokens", "max_context_tokens", "load", "telemetry_age_seconds", "inputs", "http_address", "engine")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,8 @@ class ReplicaRoute(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     node: str
     region: str
@@ -281,7 +283,9 @@ class ReplicaRoute(_message.Message):
     load: _common_pb2.ReplicaLoad
     telemetry_age_seconds: float
     inputs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ..., inputs: _Optional[_Iterable[str]] = ...) -> None: ...
+    http_address: str
+    engine: str
+    def __init__(self, replica_id: _Optional[str] = ..., node: _Optional[str] = ..., region: _Optional[str] = ..., version: _Optional[str] = ..., address: _Optional[str] = ..., kserve_model: _Optional[str] = ..., max_concurrency: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., load: _Optional[_Union[_common_pb2.ReplicaLoad, _Mapping]] = ..., telemetry_age_seconds: _Optional[float] = ..., inputs: _Optional[_Iterable[str]] = ..., http_address: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class SpillRoute(_message.Message):
     __slots__ = ("region", "weight", "rtt_ms", "models", "batch_weight", "batch_only")

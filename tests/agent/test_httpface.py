@@ -436,3 +436,55 @@ def test_the_launcher_refuses_an_unknown_engine_key():
 
     with pytest.raises(SystemExit, match="nope"):
         main(["--engine", "nope=1"])
+
+
+# -- OpenAI chat --------------------------------------------------------------------------------------------------
+
+
+async def test_chat_unary_joins_the_messages_and_answers_an_assistant_message(port):
+    body = {"model": "chat", "max_completion_tokens": 3,
+            "messages": [{"role": "system", "content": "be brief"},
+                         {"role": "user", "content": [{"type": "text", "text": "one two"}]}]}
+    answer = (await call(port, "POST", "/v1/chat/completions", body)).json()
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
+    assert answer["choices"] == [{"index": 0, "message": {"role": "assistant", "content": tensors.generated_text(0, 3)},
+                                  "logprobs": None, "finish_reason": "length"}]
+    assert answer["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+                               "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+@pytest.mark.timeout(10)
+async def test_chat_stream_with_include_usage_nulls_usage_until_one_final_chunk(port):
+    body = {"messages": [{"role": "user", "content": "one two three"}], "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}
+    events = (await call(port, "POST", "/v1/chat/completions", body)).events()
+    assert events[-1] == "[DONE]"
+    *chunks, last = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and c["usage"] is None and len(c["choices"]) == 1
+               for c in chunks)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant", "content": ""} and deltas[-1] == {}
+    assert "".join(d.get("content", "") for d in deltas) == tensors.generated_text(0, 5)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5 and last["usage"]["prompt_tokens"] == 3
+    assert len({c["id"] for c in [*chunks, last]}) == 1
+
+
+@pytest.mark.timeout(10)
+async def test_chat_stream_without_include_usage_has_no_usage_field(port):
+    body = {"messages": [{"role": "user", "content": "x y"}], "max_tokens": 2, "stream": True}
+    events = (await call(port, "POST", "/v1/chat/completions", body)).events()
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert events[-1] == "[DONE]" and all("usage" not in c and c["choices"] for c in chunks)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("body", "param"), [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, "model"),
+], ids=["no-messages", "image-part", "zero-budget", "other-model"])
+async def test_chat_refuses_bad_input_naming_the_field(port, body, param):
+    response = await call(port, "POST", "/v1/chat/completions", body)
+    assert response.status in (400, 404) and response.json()["error"]["param"] == param

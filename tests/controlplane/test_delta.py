@@ -27,6 +27,7 @@ def replica(draw: Any, rid: str, node_age: dict[str, float]) -> tables_pb2.Repli
     route = tables_pb2.ReplicaRoute(
         replica_id=rid, node=node, region="local", version=draw(st.sampled_from(("v1", "v2"))),
         address=draw(st.sampled_from(("10.0.0.1:9000", "10.0.0.2:9000"))),
+        http_address=draw(st.sampled_from(("", "10.0.0.1:8000", "10.0.0.2:8000"))),
         max_concurrency=draw(st.sampled_from((8, 60))),
         inputs=draw(st.sampled_from(((), ("text",), ("text", "temperature")))),
         # replicas of a node mostly share the node's age (its last telemetry); now and then one differs

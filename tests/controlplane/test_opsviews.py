@@ -68,8 +68,9 @@ def test_refusal(metadata: list[tuple[str, str]], words: str | None) -> None:
     assert AdminAuth().refusal([("authorization", f"Bearer {TOKEN}")]) is not None  # no token: closed
 
 
-def route(rid: str, node: str = "n1", queued: int = 0, address: str = "127.0.0.1:1") -> tables_pb2.ReplicaRoute:
-    return tables_pb2.ReplicaRoute(replica_id=rid, node=node, address=address,
+def route(rid: str, node: str = "n1", queued: int = 0, address: str = "127.0.0.1:1",
+          http_address: str = "") -> tables_pb2.ReplicaRoute:
+    return tables_pb2.ReplicaRoute(replica_id=rid, node=node, address=address, http_address=http_address,
                                    load=common_pb2.ReplicaLoad(queued=queued))
 
 
@@ -110,6 +111,8 @@ DIFFS = [
      [("removed", "a", "node n1"), ("added", "b", "node n1")]),
     ("moved", snapshot(1, route("a")), snapshot(2, route("a", address="127.0.0.1:2")),
      [("changed", "a", "address 127.0.0.1:1->127.0.0.1:2")]),
+    ("http-moved", snapshot(1, route("a", http_address="127.0.0.1:8")), snapshot(2, route("a", http_address="h:9")),
+     [("changed", "a", "http_address 127.0.0.1:8->h:9")]),
     ("load", snapshot(1, route("a")), snapshot(2, route("a", queued=3)), [("load", "a", "queued 0->3")]),
     ("default-version", snapshot(1), snapshot(2, default="v2"), [("model", "", "default_version v1->v2")]),
     ("model-added", snapshot(1), snapshot(2, models=("chat", "new")), [("model", "", "added to the catalog")]),

@@ -224,6 +224,9 @@ REGISTER_ERRORS = [
     ("address-no-port", register("n1", replica("a"), replica("b"), _bad(address="h")), "register.replicas[2].address"),
     ("address-bad-port", register("n1", _bad(address="h:70000")), "register.replicas[0].address"),
     ("address-empty", register("n1", _bad(address="")), "register.replicas[0].address"),
+    ("http-address-no-port", register("n1", _bad(http_address="h")), "register.replicas[0].http_address"),
+    ("http-only-bad-port", register("n1", _bad(address="", http_address="h:0")), "register.replicas[0].http_address"),
+    ("engine-unknown", register("n1", _bad(engine="gpt")), "register.replicas[0].engine"),
     ("max-concurrency-zero", register("n1", _bad(max_concurrency=0)), "register.replicas[0].max_concurrency"),
     ("too-many-replicas", register("n1", *(replica(f"r{i}") for i in range(65))), "register.replicas"),
 ]
@@ -237,6 +240,22 @@ async def test_invalid_register_fields_are_named(harness: Harness, reg: fleet_pb
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.split(":")[0] == field
     assert metric(harness, "ferry_controlplane_rejected_messages_total", reason="register_field") == 1
+
+
+async def test_a_replica_reached_over_http_only_is_routed_with_its_http_address(harness: Harness) -> None:
+    agent, proxy = harness.agent(), harness.proxy()
+    await agent.register(register("n1", replica("n1/h", address="", http_address="127.0.0.1:8000", engine="vllm"),
+                                  replica("n1/g", http_address="127.0.0.1:8001", engine="simulated")))
+    table = await proxy.subscribe()
+    if len(routed(table)) < 2:
+        table = await proxy.until(lambda t: len(routed(t)) == 2)
+    rows = {r.replica_id: (r.address, r.http_address, r.engine) for m in table.models for r in m.replicas}
+    assert rows == {"n1/h": ("", "127.0.0.1:8000", "vllm"),
+                    "n1/g": (replica("n1/g").address, "127.0.0.1:8001", "simulated")}
+    other = harness.agent()  # an HTTP address is claimed as a KServe address is
+    await other.send(register=register("n2", replica("n2/h", address="", http_address="127.0.0.1:8000")))
+    code, details = await other.status()
+    assert code == grpc.StatusCode.ALREADY_EXISTS and details.startswith("register.replicas[0].http_address")
 
 
 async def test_a_replica_held_by_another_live_node_is_refused(harness: Harness) -> None:

@@ -98,6 +98,15 @@ def test_regions_hold_only_their_own_replicas() -> None:
     assert {region: routed(t) for region, t in tables.items()} == {"eu": ["a/r0"], "us": ["b/r0"]}
 
 
+def test_route_carries_the_http_address_and_engine() -> None:
+    clock = FakeClock()
+    fleet, _ = fleet_with(clock, register("n1", replica("n1/r0", address="", http_address="10.0.0.1:8000",
+                                                        engine="sglang")))
+    tables = compute_tables(fleet.members(), CATALOG, set(), now=clock(), grace_seconds=GRACE)
+    (route,) = tables["local"].models[0].replicas
+    assert (route.address, route.http_address, route.engine) == ("", "10.0.0.1:8000", "sglang")
+
+
 def test_order_is_deterministic() -> None:
     clock = FakeClock()
     regs = [register("n2", replica("n2/b"), replica("n2/a")), register("n1", replica("n1/z"))]

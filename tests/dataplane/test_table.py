@@ -40,6 +40,10 @@ BAD = [
     ("address-port-not-a-number", lambda s: setattr(s.models[0].replicas[0], "address", "h:x"), "host:port"),
     ("address-port-zero", lambda s: setattr(s.models[0].replicas[0], "address", "h:0"), "out of range"),
     ("address-port-too-big", lambda s: setattr(s.models[0].replicas[0], "address", "h:70000"), "out of range"),
+    ("no-address-at-all", lambda s: setattr(s.models[0].replicas[0], "address", ""), "neither address nor"),
+    ("http-address-without-port", lambda s: setattr(s.models[0].replicas[0], "http_address", "h"),
+     "http_address 'h' is not host:port"),
+    ("http-address-port-zero", lambda s: setattr(s.models[0].replicas[0], "http_address", "h:0"), "out of range"),
     ("replica-of-other-region", lambda s: setattr(s.models[0].replicas[0], "region", "eu"), "region 'eu'"),
     ("replica-without-version", lambda s: setattr(s.models[0].replicas[0], "version", ""), "empty version"),
     ("negative-telemetry-age", lambda s: setattr(s.models[0].replicas[0], "telemetry_age_seconds", -1.0), "age"),
@@ -71,6 +75,19 @@ BOUNDS = [
 def test_table_size_is_bounded(bounds: dict[str, int], reason: str) -> None:
     with pytest.raises(TableRejected, match=reason):
         build_table(mutate(lambda s: None), region="local", applied_at=0.0, params=TableParams(**bounds))
+
+
+def test_http_address_and_engine_reach_the_replica_and_an_http_only_replica_is_routable() -> None:
+    http_only = route("r1", "10.0.0.1:1")
+    http_only.address, http_only.http_address, http_only.engine = "", "10.0.0.1:8000", "vllm"
+    both = route("r2", "10.0.0.2:9000")
+    both.http_address, both.engine = "10.0.0.2:8000", "simulated"
+    table = build_table(snapshot(3, [http_only, both, route("r3", "10.0.0.3:9000")]), region="local", applied_at=0.0)
+    _, pool = table.candidates("m", "v1")
+    assert [(r.replica_id, r.address, r.http_address, r.engine) for r in pool] == [
+        ("r1", "", "10.0.0.1:8000", "vllm"), ("r2", "10.0.0.2:9000", "10.0.0.2:8000", "simulated"),
+        ("r3", "10.0.0.3:9000", "", "")]
+    assert table.addresses == {"10.0.0.2:9000", "10.0.0.3:9000"}  # the KServe addresses only
 
 
 def test_candidates_precomputed_per_version() -> None:

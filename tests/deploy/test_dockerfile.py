@@ -93,5 +93,5 @@ def test_the_manifests_run_the_image_entry_point_as_the_pods_own_non_root_user(r
             context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
             assert context["runAsNonRoot"] is True and context["runAsUser"] == uid
             assert "command" not in container, "the image's ENTRYPOINT (ferry) runs"
-            assert container["args"][0] in ("controlplane", "proxy", "node")
+            assert container["args"][0] in ("controlplane", "proxy", "node", "envoy", "picker")
     assert find(rendered[overlay], "Deployment", "controlplane")

@@ -27,7 +27,8 @@ import yaml
 from agent.config import AgentSettings
 from controlplane.config import ControlPlaneSettings
 from dataplane.config import load as load_proxy_config
-from ferry.config import parse
+from dataplane.envoy.bootstrap import EnvoySettings
+from ferry.config import from_mapping, parse
 from tests.deploy.conftest import KUBE, OVERLAYS, ROOT, find
 from tools import deploysync
 from tools.kustomize import KustomizeError, content_hash, render
@@ -36,6 +37,8 @@ VERSIONS = ("1.30.0", "1.37.0")
 CUSTOM = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
 FERRY_IMAGE = re.compile(r"^ferry:")
 DRAIN_DELAY_SECONDS, DRAIN_GRACE_SECONDS = 5, 60  # the proxy's drain settings' defaults
+ENVOY_DRAIN_SECONDS, ENVOY_KILL_AFTER = 60, 5  # [envoy] drain_time_s (ferry.toml), EnvoyProcess.stop's kill_after
+PICKERS = ("picker-1", "picker-2")
 
 # The fields of each custom resource the manifests use: a dict of allowed keys (a key ending in "!" is
 # required), a list of one item shape, or the type of a leaf.
@@ -204,7 +207,7 @@ def test_every_setting_comes_from_the_configmap_or_the_environment(rendered, ove
     config = find(objects, "ConfigMap", "ferry-config")
     tokens = find(objects, "Secret", "ferry-tokens")
     found = containers(objects)
-    assert {c["name"] for _, c in found} == {"controlplane", "proxy", "agent"}
+    assert {c["name"] for _, c in found} == {"controlplane", "proxy", "agent", "envoy", *PICKERS}
     for workload, container in found:
         assert flag(container, "config") == "/etc/ferry/ferry.toml"
         mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/ferry")
@@ -227,6 +230,8 @@ def test_the_configmap_is_a_valid_ferry_configuration(rendered, tmp_path: Path) 
     parsed.section(AgentSettings, "agent")
     (tmp_path / "ferry.toml").write_text(text)
     assert load_proxy_config(str(tmp_path / "ferry.toml")).settings.http.http_listen == "0.0.0.0:8080"
+    envoy = from_mapping(EnvoySettings, tomllib.loads(text)["envoy"], "envoy")  # as `ferry envoy` reads [envoy]
+    assert envoy.drain_time_s == ENVOY_DRAIN_SECONDS
     assert parsed.models
 
 
@@ -235,6 +240,7 @@ def test_servers_bind_every_address_on_fixed_declared_ports(rendered, overlay) -
     objects = rendered[overlay]
     for _, container in containers(objects):
         declared = {p["containerPort"] for p in container["ports"]}
+        # (Envoy's --admin-listen is loopback only: test_the_envoy_pod_is_envoy_asking_its_two_pickers_on_loopback)
         listens = [v for name in ("listen", "metrics-listen", "http-listen") if (v := flag(container, name))]
         if container["name"] == "proxy":
             listens.append("0.0.0.0:8080")  # [proxy] http_listen, checked against the ConfigMap above
@@ -264,12 +270,66 @@ def test_control_plane_and_proxy_probes_ask_grpc_health_on_their_grpc_port(rende
         assert flag(container, "listen").endswith(f":{port}")
 
 
-def test_the_proxy_is_given_time_to_drain(rendered) -> None:
+def test_the_proxy_envoy_and_pickers_are_given_time_to_drain(rendered) -> None:
+    checked = set()
     for obj in rendered["overlays/single-region"] + rendered["overlays/three-regions"]:
-        if obj["kind"] == "Deployment" and obj["metadata"]["name"].startswith("proxy"):
+        if obj["kind"] == "Deployment" and obj["metadata"]["name"].startswith(("proxy", "envoy")):
             pod = obj["spec"]["template"]["spec"]
-            pre_stop = pod["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
-            assert pod["terminationGracePeriodSeconds"] > pre_stop + DRAIN_DELAY_SECONDS + DRAIN_GRACE_SECONDS
+            for container in pod["containers"]:
+                pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+                # Envoy drains drain_time_s, then is stopped (SIGKILL after kill_after); a picker (a proxy) drains as
+                # the proxy does, and outlives Envoy's drain: the requests Envoy carries hold its ext_proc streams
+                drain = ENVOY_DRAIN_SECONDS + ENVOY_KILL_AFTER if container["name"] == "envoy" else \
+                    DRAIN_DELAY_SECONDS + DRAIN_GRACE_SECONDS
+                assert pod["terminationGracePeriodSeconds"] > pre_stop + drain, container["name"]
+                checked.add(container["name"])
+    assert checked == {"proxy", "envoy", *PICKERS}
+
+
+def test_the_envoy_pod_is_envoy_asking_its_two_pickers_on_loopback(rendered) -> None:
+    objects = rendered["overlays/single-region"]
+    pod = find(objects, "Deployment", "envoy")["spec"]["template"]["spec"]
+    by_name = {c["name"]: c for c in pod["containers"]}
+    assert list(by_name) == ["envoy", *PICKERS]
+    envoy = by_name["envoy"]
+    assert envoy["args"][0] == "envoy" and all(by_name[p]["args"][0] == "picker" for p in PICKERS)
+    # Envoy asks each picker of its pod, on the picker's own gRPC port
+    ports = [int(flag(by_name[p], "listen").rpartition(":")[2]) for p in PICKERS]
+    assert flag(envoy, "pickers") == ",".join(f"127.0.0.1:{port}" for port in ports)
+    assert flag(envoy, "admin-listen").startswith("127.0.0.1:")  # Envoy's admin: loopback only
+    # the pickers open no HTTP front door of their own ([proxy] http_listen would take Envoy's port)
+    assert all(flag(by_name[p], "http-listen") == "" for p in PICKERS)
+    # every table watcher of the pod has its own id (each container is pid 1 of its own)
+    ids = [flag(c, "id") for c in pod["containers"]]
+    assert all(i and i.startswith("$(POD_NAME)-") for i in ids) and len(set(ids)) == len(ids)
+    assert all(flag(c, "control-plane") == "controlplane:7070" for c in pod["containers"])
+    # readiness: the pickers' gRPC health services of the endpoint-picker protocol; Envoy's GET /health,
+    # which a picker answers through ext_proc
+    for picker, port in zip(PICKERS, ports, strict=True):
+        assert by_name[picker]["readinessProbe"]["grpc"] == {"port": port, "service": "readiness"}
+        assert by_name[picker]["livenessProbe"]["grpc"] == {"port": port, "service": "liveness"}
+    http = next(p["containerPort"] for p in envoy["ports"] if p["name"] == "http")
+    assert envoy["readinessProbe"]["httpGet"] == {"path": "/health", "port": http}
+    assert flag(envoy, "listen") == f"0.0.0.0:{http}"
+    service = find(objects, "Service", "envoy")
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["http"] == "http"
+
+
+def test_the_envoy_pods_admit_their_public_port_and_nothing_reaches_the_pickers(rendered) -> None:
+    objects = rendered["overlays/single-region"]
+    spec = find(objects, "NetworkPolicy", "envoy-ingress")["spec"]
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "envoy"
+    pod = find(objects, "Deployment", "envoy")["spec"]["template"]["spec"]
+    open_ports = {p["port"] for rule in spec["ingress"] if "from" not in rule for p in rule["ports"]}
+    monitored = {p["port"] for rule in spec["ingress"] for peer in rule.get("from", [])
+                 if peer.get("namespaceSelector", {}).get("matchLabels")
+                 == {"kubernetes.io/metadata.name": "monitoring"}
+                 for p in rule["ports"]}
+    assert open_ports == {8080}
+    metrics = {int(flag(c, "metrics-listen").rpartition(":")[2]) for c in pod["containers"] if c["name"] in PICKERS}
+    assert monitored == metrics
+    pickers = {int(flag(c, "listen").rpartition(":")[2]) for c in pod["containers"] if c["name"] in PICKERS}
+    assert not pickers & (open_ports | monitored)
 
 
 def test_the_agent_takes_its_node_and_region_from_the_downward_api(rendered) -> None:
@@ -286,13 +346,16 @@ def test_the_agent_takes_its_node_and_region_from_the_downward_api(rendered) -> 
 def test_each_region_has_its_own_proxies_and_gpu_pods(rendered) -> None:
     objects = rendered["overlays/three-regions"]
     for region in ("us-east", "eu-west", "ap-south"):
-        for kind in ("Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"):
-            obj = find(objects, kind, f"proxy-{region}")
-            assert obj["metadata"]["labels"]["ferry/region"] == region
-        service = find(objects, "Service", f"proxy-{region}")
-        assert service["spec"]["selector"]["ferry/region"] == region
-        assert find(objects, "HorizontalPodAutoscaler", f"proxy-{region}")["spec"]["scaleTargetRef"]["name"] == \
-            f"proxy-{region}"
+        for front in ("proxy", "envoy"):
+            for kind in ("Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"):
+                obj = find(objects, kind, f"{front}-{region}")
+                assert obj["metadata"]["labels"]["ferry/region"] == region
+            service = find(objects, "Service", f"{front}-{region}")
+            assert service["spec"]["selector"]["ferry/region"] == region
+            assert find(objects, "HorizontalPodAutoscaler", f"{front}-{region}")["spec"]["scaleTargetRef"]["name"] \
+                == f"{front}-{region}"
+        policy = find(objects, "NetworkPolicy", f"envoy-ingress-{region}")
+        assert policy["spec"]["podSelector"]["matchLabels"]["ferry/region"] == region
         triton = find(objects, "Deployment", f"triton-{region}")["spec"]["template"]
         assert triton["metadata"]["labels"]["ferry/region"] == region
 
@@ -309,7 +372,8 @@ def test_three_regions_run_mutual_tls_with_cert_manager_certificates(rendered) -
             "/etc/ferry-tls/ca.crt", "/etc/ferry-tls/tls.crt", "/etc/ferry-tls/tls.key"}
         mount = next(m for m in container["volumeMounts"] if m["mountPath"] == "/etc/ferry-tls")
         volume = next(v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
-        identity = "agent" if container["name"] == "agent" else container["name"]
+        # Envoy and its pickers act as proxies (ferry up gives them the proxy identity too)
+        identity = "proxy" if container["name"] in ("envoy", *PICKERS) else container["name"]
         assert issued[volume["secret"]["secretName"]] == identity
     assert "admin" in issued.values()
     assert find(objects, "Service", "etcd")["spec"]["type"] == "ExternalName"
@@ -339,7 +403,7 @@ def test_only_proxies_and_agents_reach_the_control_planes_and_only_control_plane
                 for peer in rule["from"] if "podSelector" in peer for name in pods(peer["podSelector"])}
 
     assert pods(find(objects, "NetworkPolicy", "controlplane-ingress")["spec"]["podSelector"]) == {"controlplane"}
-    assert reach("controlplane-ingress", 7070) == {"proxy", "triton", "controlplane"}
+    assert reach("controlplane-ingress", 7070) == {"proxy", "envoy", "triton", "controlplane"}
     assert pods(find(objects, "NetworkPolicy", "etcd-ingress")["spec"]["podSelector"]) == {"etcd"}
     assert reach("etcd-ingress", 2379) == {"controlplane", "etcd"}
     assert reach("etcd-ingress", 2380) == {"etcd"}
@@ -363,9 +427,18 @@ def test_the_service_monitor_finds_a_metrics_port_on_every_ferry_service(rendere
     wanted = monitor["spec"]["selector"]["matchLabels"].items()
     selected = [o for o in objects
                 if o["kind"] == "Service" and all(o["metadata"]["labels"].get(k) == v for k, v in wanted)]
-    assert {s["metadata"]["name"] for s in selected} == {"controlplane", "proxy", "agent"}
+    assert {s["metadata"]["name"] for s in selected} == {"controlplane", "proxy", "agent", "envoy"}
     port = monitor["spec"]["endpoints"][0]["port"]
     assert all(any(p["name"] == port for p in s["spec"]["ports"]) for s in selected)
+    # every picker's metrics port is a Service port the monitor scrapes
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    service = find(objects, "Service", "envoy")
+    pod = find(objects, "Deployment", "envoy")["spec"]["template"]["spec"]
+    for picker in PICKERS:
+        container = next(c for c in pod["containers"] if c["name"] == picker)
+        metrics = int(flag(container, "metrics-listen").rpartition(":")[2])
+        (name,) = [p["name"] for p in container["ports"] if p["containerPort"] == metrics]
+        assert any(p["targetPort"] == name and p["name"] in scraped for p in service["spec"]["ports"]), picker
 
 
 def test_the_readme_lists_the_deploy_guide() -> None:

@@ -97,6 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory (default), etcd (start a local etcd) or etcd://host:port")
     parser.add_argument("--proxies", type=int, default=1,
                         help="proxy processes per region behind one address (SO_REUSEPORT; default 1)")
+    parser.add_argument("--pickers", type=int, default=2,
+                        help="endpoint pickers Envoy asks per request (dataplane.epp; default 2; 0: no Envoy path)")
     parser.add_argument("--no-supervise", dest="supervise", action="store_false",
                         help="do not restart children that die (ferry.supervise)")
     parser.add_argument("--control-planes", type=int, default=1,
@@ -152,6 +154,8 @@ class Fleet:
         self.proxy: Child | None = None
         self.proxies: dict[str, Child] = {}
         self.siblings: list[Child] = []  # proxies beyond the first of a region, on its address
+        self.pickers: list[Child] = []  # endpoint pickers of the first region (dataplane.epp)
+        self.envoy: Child | None = None  # Envoy asking them (dataplane.envoy)
         self.nodes: list[Child] = []
         self.api_keys: dict[str, str] = {}
         self.admin_token = "fat_" + secrets.token_hex(16)
@@ -208,6 +212,7 @@ class Fleet:
                 else:
                     self.siblings.append(child)
         self.proxy = self.proxies[regions[0]]
+        self._envoy(addresses, regions[0], cfg)
         expected = []
         by_region: dict[str, set[str]] = {r: set() for r in regions}
         per_node = max(1, args.replicas_per_node)
@@ -240,7 +245,9 @@ class Fleet:
                 batch = [r["replica_id"] for r in node.ready.get("replicas", [])]
                 expected += batch
                 by_region[regions[0]].update(batch)
-        for child in [*self.proxies.values(), *self.siblings]:
+        if self.envoy is not None:
+            self.envoy.wait_ready(args.timeout)  # ready once Envoy serves and its endpoints came from a table
+        for child in [*self.proxies.values(), *self.siblings, *self.pickers]:
             proxy = child.wait_ready(args.timeout)
             region = proxy.get("region", regions[0])
             wait_routable(cp_addr, set(expected) if len(regions) == 1 else by_region[region], proxy["proxy_id"],
@@ -249,6 +256,21 @@ class Fleet:
         self.served = served_models(cp_addr, self.models, admin_token=self.admin_token,
                                     credentials=clienttls.credentials(ready={"tls": self.tls_section()}))
         return self.describe()
+
+    def _envoy(self, addresses: list[str], region: str, cfg: list[str]) -> None:
+        """``--pickers`` endpoint pickers of ``region``, each its own process and port, and Envoy asking them."""
+        count = max(0, getattr(self.args, "pickers", 0))
+        if not count:
+            return
+        control = ",".join(addresses)
+        for k in range(count):
+            name = f"picker-{k + 1}"
+            self.pickers.append(self._spawn(name, ["picker", "--listen", "127.0.0.1:0", "--control-plane", control,
+                                                   "--region", region, "--id", name, *cfg]))
+        pickers = ",".join(child.wait_ready(self.args.timeout)["picker"] for child in self.pickers)
+        self.envoy = self._spawn("envoy", ["envoy", "--pickers", pickers, "--control-plane", control,
+                                           "--region", region, "--id", "envoy", "--workdir",
+                                           str(self.workdir / "envoy"), *cfg])
 
     def _store(self) -> str:
         """The ``--store`` URL for the control planes; starts a local etcd for ``--store etcd``."""
@@ -290,7 +312,8 @@ class Fleet:
 
     def _transport(self, component: str) -> tuple[list[str], dict[str, str] | None]:
         """Flags (TLS files or --insecure, the join token) and environment of a child."""
-        identity = {"controlplane": "controlplane", "proxy": "proxy", "node": "agent"}[component]
+        identity = {"controlplane": "controlplane", "proxy": "proxy", "picker": "proxy", "envoy": "proxy",
+                    "node": "agent"}[component]
         flags = tlsgen.paths(self.tls_dir, identity) if self.tls_dir is not None else ["--insecure"]
         if component == "controlplane":
             return [*flags, "--join-token-file", str(self.workdir / "join-token")], None
@@ -310,6 +333,10 @@ class Fleet:
             "data_plane": self.proxy.ready["grpc"],
             "data_planes": {region: child.ready["grpc"] for region, child in self.proxies.items()},
             "http": self.proxy.ready.get("http", ""),  # the OpenAI-compatible HTTP API (dataplane.api.http)
+            # Envoy forwarding OpenAI HTTP and KServe v2 gRPC, its pickers deciding (dataplane.envoy, .epp)
+            "envoy": self.envoy.ready.get("http", "") if self.envoy is not None else "",
+            "envoy_admin": self.envoy.ready.get("admin", "") if self.envoy is not None else "",
+            "pickers": {c.name: c.ready.get("picker", "") for c in self.pickers},
             "http_by_region": {region: child.ready.get("http", "") for region, child in self.proxies.items()},
             "control_plane": self.control_plane.ready["grpc"],
             "control_planes": [cp.ready["grpc"] for cp in self.control_planes],
@@ -435,6 +462,9 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
           f"in region {info['region']}")
     print(f"  data plane     {info['data_plane']}")
     print(f"  HTTP API       http://{info['http']}/v1")
+    if info.get("envoy"):
+        print(f"  Envoy          http://{info['envoy']}/v1 (OpenAI HTTP) and {info['envoy']} (KServe v2 gRPC), "
+              f"{len(info['pickers'])} pickers deciding")
     print(f"  control plane  {', '.join(planes)}")
     if "etcd" in info:
         print(f"  etcd           {info['etcd']}")

@@ -1,0 +1,462 @@
+"""Envoy's bootstrap for Ferry's HTTP data plane: settings (``[envoy]``) and a pure renderer.
+
+Envoy forwards each request where Ferry's endpoint picker says, per the
+Gateway API Inference Extension endpoint-picker protocol: the HTTP filter
+``envoy.filters.http.ext_proc`` asks a picker (cluster ``ferry_picker``, every
+picker a static endpoint) per request, and the picker answers with dynamic
+metadata ``envoy.lb`` / ``x-gateway-destination-endpoint`` = ``ip:port[,ip:port...]``
+(primary first, then fallbacks; it sets the header of that name too, for the
+replica's information).
+
+Routing (measured on Envoy 1.40.0):
+
+- ``upstream_routing = "override_host"`` (default): cluster ``ferry_replicas``
+  is an EDS cluster read from a file (:func:`render_endpoints`, written by
+  :func:`dataplane.envoy.process.write_endpoints`; Envoy reloads it when the
+  file is moved into place) with the load-balancing policy
+  ``envoy.load_balancing_policies.override_host`` reading the metadata above.
+  The first attempt goes to the primary; a retry (``retry_on``: a refused
+  connection, a refused stream, a reset before any request byte was sent: the
+  replica never started answering) goes to the next endpoint of the list.
+  Only endpoints listed in the file can be chosen: an address not in it is
+  skipped, and when none is (or the retries outnumber the list) Envoy falls
+  back to round robin over the file's endpoints. The policy writes the
+  endpoint that served into ``envoy.lb`` / ``x-gateway-destination-endpoint-served``,
+  which ext_proc forwards to the picker with the response headers.
+- ``upstream_routing = "original_dst"``: an ``ORIGINAL_DST`` cluster routed by
+  the same metadata key: any ``ip:port`` without an endpoint file, but the
+  value must be a single address (a comma list is refused: 503
+  ``original_dst_host_invalid``), so no fallback and no served report.
+
+Only the metadata is read, never the request header: a client could send the
+header itself, but it cannot write Envoy's dynamic metadata.
+
+Body modes (measured): with ``BUFFERED`` the picker gets the headers (answer
+them at once, or pick there when they end the request) and then one message
+with the whole body, and picks in its answer to it. With ``FULL_DUPLEX_STREAMED``
+Envoy needs ``request_trailer_mode: SEND`` (rendered so), streams the body
+chunks without waiting for an answer to the headers, and the picker answers
+the headers (the pick) once it has read enough, then gives the body back as
+``StreamedBodyResponse`` chunks (the last with ``end_of_stream``) and answers
+trailers; a 600 ms upload did not hit the message timeout. In both modes Envoy
+holds the body until the headers are answered, so a request body is limited
+to ``per_connection_buffer_limit_bytes`` (413 beyond).
+
+The pickers must serve gRPC health (``grpc.health.v1``) for the service
+``envoy.service.ext_proc.v3.ExternalProcessor``; a picker reported unhealthy
+gets no new stream (when none is healthy, Envoy tries them all). A stream
+that cannot reach a picker is opened again on another one.
+
+The filter fails closed by default (``failure_mode_allow = False``): when no
+picker answers, the request gets a 5xx and is not forwarded. Failing open
+would forward requests unpicked and skip the picker's authentication, tenant
+quotas and admission.
+
+Defaults: ext_proc message timeout 1 s (Envoy's own default, 200 ms, cut
+requests with a 504 while a busy 2-core machine delayed the picker's loop;
+a picker that queues a request
+extends it per message with ``override_message_timeout``, up to 30 s), body
+``BUFFERED``; 1 MiB per-connection buffers and HTTP/2 windows of 64 KiB per
+stream and 1 MiB per connection (a client that stops reading stalls its own
+stream only); upstream connect timeout 1 s; 2 retries; no route timeout (the
+picker owns deadlines); a JSON access log on stdout; 2 workers; pickers
+health-checked over gRPC every second and ejected after 2 failures in a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ferry.errors import ConfigError
+
+ENDPOINT_KEY = "x-gateway-destination-endpoint"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+LB_NAMESPACE = "envoy.lb"
+SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
+PICKER_CLUSTER = "ferry_picker"
+REPLICA_CLUSTER = "ferry_replicas"
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
+ROUTINGS = ("override_host", "original_dst")
+UPSTREAM_PROTOCOLS = ("downstream", "http1", "h2c")
+
+_TYPE = "type.googleapis.com/envoy."
+
+ACCESS_LOG_FORMAT: dict[str, str] = {
+    "start_time": "%START_TIME%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+    "protocol": "%PROTOCOL%",
+    "status": "%RESPONSE_CODE%",
+    "flags": "%RESPONSE_FLAGS%",
+    "details": "%RESPONSE_CODE_DETAILS%",
+    "request_id": "%REQ(X-REQUEST-ID)%",
+    "picked": f"%DYNAMIC_METADATA({LB_NAMESPACE}:{ENDPOINT_KEY})%",
+    "upstream": "%UPSTREAM_HOST%",
+    "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+    "bytes_received": "%BYTES_RECEIVED%",
+    "bytes_sent": "%BYTES_SENT%",
+    "duration_ms": "%DURATION%",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TlsFiles:
+    """A certificate chain and its private key (PEM file paths): the listener's TLS, or Envoy's client identity
+    towards the pickers, with ``ca_path`` the CA their certificates are checked against ("" : none given)."""
+
+    cert_path: str
+    key_path: str
+    ca_path: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvoySettings:
+    """The ``[envoy]`` section: how Ferry runs Envoy as its HTTP data plane.
+
+    Fields and defaults:
+
+    - ``port`` (8480), ``admin_port`` (8481): the ports a launcher passes to
+      :func:`render_bootstrap` (0: let the kernel choose; the launcher reads
+      them back). Listener and admin bind 127.0.0.1.
+    - ``concurrency`` (2): Envoy worker threads.
+    - ``message_timeout_ms`` (1000): how long ext_proc waits for each picker
+      answer; ``max_message_timeout_ms`` (30000): the most a picker may extend
+      it per message (``override_message_timeout``) to queue a request.
+    - ``failure_mode_allow`` (False): fail closed (a 5xx when no picker
+      answers). True forwards unpicked requests: it skips the picker's
+      authentication, quotas and admission.
+    - ``request_body_mode`` ("BUFFERED"): or "FULL_DUPLEX_STREAMED" (the mode
+      of the Inference Extension gateways; the picker must then echo each body
+      chunk as a ``StreamedBodyResponse``).
+    - ``request_body_buffer_limit_bytes`` (8 MiB): the most of a request body Envoy buffers for the picker
+      to read (a long-context prompt); larger: 413. Only request bodies: answers stream under the limits below.
+    - ``per_connection_buffer_limit_bytes`` (1 MiB), ``initial_stream_window_size``
+      (64 KiB), ``initial_connection_window_size`` (1 MiB): flow control, so a
+      client that stops reading stalls only its own stream.
+    - ``connect_timeout_ms`` (1000): upstream connect timeout (replicas and pickers).
+    - ``num_retries`` (2): retries to the picker's fallbacks, on ``retry_on``
+      ("connect-failure,refused-stream,reset-before-request": only when the
+      replica never started answering), ``retry_backoff_ms`` (2) apart at first.
+    - ``route_timeout_ms`` (0: none; streams may be long, deadlines are the picker's).
+    - ``stream_idle_timeout_ms`` (300000): a stream with no bytes either way this long ends.
+    - ``access_log`` ("stdout"): a JSON line per request to stdout, a file path, or "" for none.
+    - ``upstream_routing`` ("override_host"; or "original_dst", see the module doc).
+    - ``upstream_protocol`` ("downstream": HTTP/1.1 clients reach replicas over
+      HTTP/1.1 and HTTP/2 (gRPC) clients over h2c; or "http1", "h2c").
+    - ``picker_health_interval_ms`` (1000), ``picker_ejection_failures`` (2),
+      ``picker_ejection_ms`` (5000): gRPC health checks of the pickers
+      (service ``envoy.service.ext_proc.v3.ExternalProcessor``) and outlier
+      ejection after that many failures in a row, for that long at first.
+    - ``drain_time_s`` (5): how long a graceful drain lasts.
+    """
+
+    port: int = 8480
+    admin_port: int = 8481
+    concurrency: int = 2
+    message_timeout_ms: int = 1000
+    max_message_timeout_ms: int = 30_000
+    failure_mode_allow: bool = False
+    request_body_mode: str = "BUFFERED"
+    per_connection_buffer_limit_bytes: int = 1 << 20
+    request_body_buffer_limit_bytes: int = 8 << 20
+    initial_stream_window_size: int = 1 << 16
+    initial_connection_window_size: int = 1 << 20
+    connect_timeout_ms: int = 1000
+    num_retries: int = 2
+    retry_on: str = "connect-failure,refused-stream,reset-before-request"
+    retry_backoff_ms: int = 2
+    route_timeout_ms: int = 0
+    stream_idle_timeout_ms: int = 300_000
+    access_log: str = "stdout"
+    upstream_routing: str = "override_host"
+    upstream_protocol: str = "downstream"
+    picker_health_interval_ms: int = 1000
+    picker_ejection_failures: int = 2
+    picker_ejection_ms: int = 5000
+    drain_time_s: int = 5
+
+    def __post_init__(self) -> None:
+        for key in ("concurrency", "message_timeout_ms", "max_message_timeout_ms", "per_connection_buffer_limit_bytes",
+                    "request_body_buffer_limit_bytes",
+                    "connect_timeout_ms", "retry_backoff_ms", "picker_health_interval_ms",
+                    "picker_ejection_failures", "picker_ejection_ms"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"envoy.{key}", "must be positive")
+        for key in ("port", "admin_port", "num_retries", "route_timeout_ms", "stream_idle_timeout_ms",
+                    "drain_time_s"):
+            if not getattr(self, key) >= 0:
+                raise ConfigError(f"envoy.{key}", "must be >= 0")
+        if self.port > 65535 or self.admin_port > 65535:
+            raise ConfigError("envoy.port", "must be a port number")
+        if self.max_message_timeout_ms < self.message_timeout_ms:
+            raise ConfigError("envoy.max_message_timeout_ms", "must be >= message_timeout_ms")
+        # Envoy's HTTP/2 bounds: windows of 65535 .. 2^31 - 1 bytes.
+        for key in ("initial_stream_window_size", "initial_connection_window_size"):
+            if not 65535 <= getattr(self, key) <= 2**31 - 1:
+                raise ConfigError(f"envoy.{key}", "must be within 65535 .. 2147483647")
+        for key, value, allowed in (("request_body_mode", self.request_body_mode, BODY_MODES),
+                                    ("upstream_routing", self.upstream_routing, ROUTINGS),
+                                    ("upstream_protocol", self.upstream_protocol, UPSTREAM_PROTOCOLS)):
+            if value not in allowed:
+                raise ConfigError(f"envoy.{key}", f"must be one of {', '.join(allowed)}")
+        if not self.retry_on.strip():
+            raise ConfigError("envoy.retry_on", "must name at least one condition")
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``"ip:port"`` or ``"[ipv6]:port"`` as (host, port); ValueError when it is neither."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not an ip:port address: {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _socket_address(address: str) -> dict[str, Any]:
+    host, port = split_address(address)
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _duration(ms: int) -> str:
+    return f"{ms / 1000:.3f}s"
+
+
+def render_endpoints(addresses: Sequence[str], *, cluster: str = REPLICA_CLUSTER) -> dict[str, Any]:
+    """The EDS file Envoy reads for ``cluster`` (default ``ferry_replicas``): every ``ip:port`` in ``addresses``.
+
+    The picker can route only to addresses listed here (override_host). Write it
+    with :func:`dataplane.envoy.process.write_endpoints` (atomically, as Envoy wants).
+    """
+    return {"resources": [{
+        "@type": _TYPE + "config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": cluster,
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _socket_address(a)}} for a in addresses]}],
+    }]}
+
+
+def _http2_options(settings: EnvoySettings) -> dict[str, Any]:
+    return {"initial_stream_window_size": settings.initial_stream_window_size,
+            "initial_connection_window_size": settings.initial_connection_window_size}
+
+
+def _access_log(settings: EnvoySettings) -> list[dict[str, Any]]:
+    if not settings.access_log:
+        return []
+    log_format = {"json_format": ACCESS_LOG_FORMAT | (
+        {"served": f"%DYNAMIC_METADATA({LB_NAMESPACE}:{SERVED_KEY})%"}
+        if settings.upstream_routing == "override_host" else {})}
+    if settings.access_log == "stdout":
+        return [{"name": "envoy.access_loggers.stdout", "typed_config": {
+            "@type": _TYPE + "extensions.access_loggers.stream.v3.StdoutAccessLog", "log_format": log_format}}]
+    return [{"name": "envoy.access_loggers.file", "typed_config": {
+        "@type": _TYPE + "extensions.access_loggers.file.v3.FileAccessLog",
+        "path": settings.access_log, "log_format": log_format}}]
+
+
+def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": {
+        "@type": _TYPE + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {
+            "envoy_grpc": {"cluster_name": PICKER_CLUSTER},
+            # The stream opened again on another picker when the connection to one failed (retry_on is
+            # needed: with back-off alone, 1.40 did not retry; measured).
+            "retry_policy": {
+                "num_retries": 1,
+                "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable",
+                "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+                    "@type": _TYPE + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+                "retry_back_off": {"base_interval": "0.002s", "max_interval": "0.020s"},
+            },
+        },
+        "failure_mode_allow": settings.failure_mode_allow,
+        "message_timeout": _duration(settings.message_timeout_ms),
+        "max_message_timeout": _duration(settings.max_message_timeout_ms),
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "request_body_mode": settings.request_body_mode,
+            # Envoy 1.40 refuses FULL_DUPLEX_STREAMED unless request trailers are sent too.
+            "request_trailer_mode": "SEND" if settings.request_body_mode == "FULL_DUPLEX_STREAMED" else "SKIP",
+            "response_header_mode": "SEND",
+            "response_body_mode": "NONE",
+            "response_trailer_mode": "SKIP",
+        },
+        "allow_mode_override": False,
+        "metadata_options": {
+            "forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_HINT_NAMESPACE]},
+            "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+        },
+    }}
+
+
+def _upstream_tls(tls: TlsFiles) -> dict[str, Any]:
+    """Mutual TLS towards a cluster: Envoy's certificate, and the CA that signs the other side's."""
+    common: dict[str, Any] = {"tls_certificates": [{"certificate_chain": {"filename": tls.cert_path},
+                                                    "private_key": {"filename": tls.key_path}}],
+                              "alpn_protocols": ["h2"]}
+    if tls.ca_path:
+        common["validation_context"] = {"trusted_ca": {"filename": tls.ca_path}}
+    return {"name": "envoy.transport_sockets.tls", "typed_config": {
+        "@type": _TYPE + "extensions.transport_sockets.tls.v3.UpstreamTlsContext", "common_tls_context": common}}
+
+
+def _picker_cluster(settings: EnvoySettings, pickers: Sequence[str], tls: TlsFiles | None = None) -> dict[str, Any]:
+    failures = settings.picker_ejection_failures
+    cluster = {
+        "name": PICKER_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": _duration(settings.connect_timeout_ms),
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {"cluster_name": PICKER_CLUSTER, "endpoints": [
+            {"lb_endpoints": [{"endpoint": {"address": _socket_address(p)}} for p in pickers]}]},
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _TYPE + "extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+        "health_checks": [{
+            "timeout": _duration(max(settings.picker_health_interval_ms, 100)),
+            "interval": _duration(settings.picker_health_interval_ms),
+            "no_traffic_interval": _duration(settings.picker_health_interval_ms),
+            "unhealthy_threshold": 1,
+            "healthy_threshold": 1,
+            "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
+        }],
+        "outlier_detection": {
+            "split_external_local_origin_errors": True,
+            "consecutive_local_origin_failure": failures,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "consecutive_gateway_failure": failures,
+            "enforcing_consecutive_gateway_failure": 100,
+            "consecutive_5xx": failures,
+            "enforcing_consecutive_5xx": 100,
+            "interval": _duration(settings.picker_health_interval_ms),
+            "base_ejection_time": _duration(settings.picker_ejection_ms),
+            "max_ejection_percent": 100,
+        },
+    }
+    if tls is not None:
+        cluster["transport_socket"] = _upstream_tls(tls)
+    return cluster
+
+
+def _replica_cluster(settings: EnvoySettings, endpoints_path: str | None) -> dict[str, Any]:
+    protocols: dict[str, Any]
+    if settings.upstream_protocol == "downstream":
+        protocols = {"use_downstream_protocol_config": {"http_protocol_options": {},
+                                                        "http2_protocol_options": _http2_options(settings)}}
+    elif settings.upstream_protocol == "h2c":
+        protocols = {"explicit_http_config": {"http2_protocol_options": _http2_options(settings)}}
+    else:
+        protocols = {"explicit_http_config": {"http_protocol_options": {}}}
+    cluster: dict[str, Any] = {
+        "name": REPLICA_CLUSTER,
+        "connect_timeout": _duration(settings.connect_timeout_ms),
+        "per_connection_buffer_limit_bytes": settings.per_connection_buffer_limit_bytes,
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _TYPE + "extensions.upstreams.http.v3.HttpProtocolOptions", **protocols}},
+    }
+    metadata_key = {"key": LB_NAMESPACE, "path": [{"key": ENDPOINT_KEY}]}
+    if settings.upstream_routing == "original_dst":
+        cluster |= {"type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                    "original_dst_lb_config": {"use_http_header": False, "metadata_key": metadata_key}}
+        return cluster
+    if not endpoints_path:
+        raise ValueError("override_host routing needs endpoints_path (the EDS file of the replicas)")
+    directory = endpoints_path.rpartition("/")[0] or "."
+    cluster |= {
+        "type": "EDS",
+        "eds_cluster_config": {"eds_config": {"resource_api_version": "V3", "path_config_source": {
+            "path": endpoints_path, "watched_directory": {"path": directory}}}},
+        "load_balancing_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host",
+            "typed_config": {
+                "@type": _TYPE + "extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "override_host_sources": [{"metadata": metadata_key}],
+                "selected_host_key": {"key": LB_NAMESPACE, "path": [{"key": SERVED_KEY}]},
+                "fallback_policy": {"policies": [{"typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.round_robin",
+                    "typed_config": {"@type": _TYPE + "extensions.load_balancing_policies.round_robin.v3.RoundRobin"},
+                }}]},
+            },
+        }}]},
+    }
+    return cluster
+
+
+def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None,
+              listen_host: str = "127.0.0.1") -> dict[str, Any]:
+    route: dict[str, Any] = {
+        "cluster": REPLICA_CLUSTER,
+        "timeout": _duration(settings.route_timeout_ms),
+        "retry_policy": {
+            "retry_on": settings.retry_on,
+            "num_retries": settings.num_retries,
+            "retry_back_off": {"base_interval": _duration(settings.retry_backoff_ms),
+                               "max_interval": _duration(settings.retry_backoff_ms * 4)},
+        },
+    }
+    manager: dict[str, Any] = {
+        "@type": _TYPE + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "ferry",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": _duration(settings.stream_idle_timeout_ms),
+        "http2_protocol_options": _http2_options(settings),
+        "access_log": _access_log(settings),
+        "route_config": {"name": "ferry", "virtual_hosts": [{
+            "name": "ferry", "domains": ["*"], "routes": [{
+                "match": {"prefix": "/"}, "route": route,
+                "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}]}]},
+        "http_filters": [
+            _ext_proc_filter(settings),
+            {"name": "envoy.filters.http.router",
+             "typed_config": {"@type": _TYPE + "extensions.filters.http.router.v3.Router"}},
+        ],
+    }
+    chain: dict[str, Any] = {"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                          "typed_config": manager}]}
+    if tls is not None:
+        chain["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
+            "@type": _TYPE + "extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+            "common_tls_context": {
+                "alpn_protocols": ["h2", "http/1.1"],
+                "tls_certificates": [{"certificate_chain": {"filename": tls.cert_path},
+                                      "private_key": {"filename": tls.key_path}}],
+            }}}
+    return {
+        "name": "ferry",
+        "address": {"socket_address": {"address": listen_host, "port_value": listen_port}},
+        "per_connection_buffer_limit_bytes": settings.per_connection_buffer_limit_bytes,
+        # A few client connections spread over the workers evenly (SO_REUSEPORT does not).
+        "enable_reuse_port": False,
+        "connection_balance_config": {"exact_balance": {}},
+        "filter_chains": [chain],
+    }
+
+
+def render_bootstrap(settings: EnvoySettings, *, listen_port: int, admin_port: int, pickers: Sequence[str],
+                     endpoints_path: str | None = None, tls: TlsFiles | None = None,
+                     picker_tls: TlsFiles | None = None, listen_host: str = "127.0.0.1") -> dict[str, Any]:
+    """Envoy's v3 bootstrap (a dict; write it as JSON) for Ferry's data plane.
+
+    ``listen_port``: the HTTP listener on 127.0.0.1 (HTTP/1.1 and h2c, or TLS
+    with ALPN h2/http1.1 when ``tls`` is given; 0 lets the kernel choose).
+    ``admin_port``: the admin interface on 127.0.0.1 (``/ready``,
+    ``/stats/prometheus``, ``/drain_listeners``). ``pickers``: every picker's
+    ``ip:port`` (at least one). ``endpoints_path``: the replicas' EDS file
+    (:func:`render_endpoints`), required with ``upstream_routing = "override_host"``;
+    Envoy watches its directory. ``tls``: cert/key files, None (default) for plain text.
+    ``picker_tls``: Envoy's certificate and the CA for mutual TLS to the pickers (None: plain text).
+    ``listen_host``: the listener's address (127.0.0.1; a pod's ``0.0.0.0``). The admin stays on loopback.
+    """
+    if not pickers:
+        raise ValueError("at least one picker address is needed")
+    return {
+        "node": {"id": "ferry-envoy", "cluster": "ferry"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [_listener(settings, listen_port, tls, listen_host)],
+            "clusters": [_picker_cluster(settings, pickers, picker_tls), _replica_cluster(settings, endpoints_path)],
+        },
+    }

@@ -1,0 +1,288 @@
+"""The endpoint picker's ext_proc servicer: Envoy asks, per request, where to send it; the bytes never come here.
+
+One ``ExternalProcessor.Process`` stream per HTTP request (Envoy opens it
+when the request arrives and ends it when the request ends). The servicer
+translates (rule 2); the request path is the proxy's own
+(:class:`dataplane.router.Router`): the same authentication, validation,
+tenant limits, tier queues (a queued request waits here, within its
+deadline), decision and records as the Python relay's.
+
+Per stream:
+
+0. ``GET /v1/models`` (the table's models, for an authenticated caller) and
+   ``GET /health`` (the picker's readiness) are answered here at once.
+1. ``request_headers``: the method, path, API key, tier, timeout and request
+   id; the subset hint (:func:`dataplane.epp.protocol.subset_hint`). With a
+   body to come, let through (BUFFERED) or held (FULL_DUPLEX_STREAMED, where
+   the headers' answer must carry the route and so waits for the body).
+2. ``request_body`` (the whole body, or chunks up to ``end_of_stream``,
+   bounded by ``picker_max_body_bytes``): read (:mod:`dataplane.epp.bodies`),
+   :meth:`Router.begin`, then :meth:`Router.hand_off`; the answer names the
+   chosen replica and its fallbacks (:func:`dataplane.epp.protocol.destination`),
+   on the wire's address of each (``http_address`` for OpenAI HTTP,
+   ``address`` for KServe v2 gRPC); replicas without one, or outside the
+   subset hint, are excluded from the decision. Refusals are immediate
+   responses in OpenAI's error shape: 429 with ``Retry-After`` when shed,
+   503 when nothing is ready, the front door's status for a bad request.
+3. ``response_headers``: the first byte of the answer came back: the
+   attempt's prefill sample (:meth:`Router.first_byte`), the endpoint that
+   served (:func:`dataplane.epp.protocol.served_endpoint`; when it is a
+   fallback, :meth:`Router.served` moves the attempt there), the status.
+4. The stream's end (a half-close, or a cancellation: Envoy resets it when
+   the HTTP request ends, completed or not): :meth:`Router.handed_back`
+   (in-flight load and outlier feed), :meth:`Router.end` (slots), the
+   request counted. This is how the picker learns of each stream's end
+   without seeing a token: a stream ended with a 2xx status counts as
+   answered in full with its ``max_tokens`` as its completion tokens (the
+   engine's own count is not seen on this path).
+
+Envoy's ``message_timeout`` (1 s in the rendered bootstrap) would cut a request waiting
+in a tier queue: a decision not made within ``EXTEND_AFTER`` (50 ms) sends
+``override_message_timeout`` with the request's remaining deadline first
+(capped by the forwarder's ``max_message_timeout``,
+:mod:`dataplane.envoy.bootstrap`), so only requests that really wait cost
+the extra message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+
+from dataplane.api import openai
+from dataplane.api.auth import Authenticator
+from dataplane.api.chat import ChatTemplates
+from dataplane.api.service import REQUEST_ID, InferenceServicer
+from dataplane.config import PickerSettings
+from dataplane.epp import bodies, protocol
+from dataplane.router import Handoff, RequestState, Router
+from ferry.errors import DeadlineExceeded, FerryError, NoReplica
+from ferry.grpcutil import status_for
+
+log = logging.getLogger("ferry.picker")
+
+SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+LIVENESS = "liveness"
+READINESS = "readiness"
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+WIRE_NAMES = {bodies.OPENAI: "OpenAI HTTP", bodies.KSERVE: "KServe v2 gRPC under its public model name"}
+EXTEND_AFTER = 0.05  # seconds a decision may take before the forwarder's message timeout is extended (1 s in
+# the rendered bootstrap): only requests that really wait in a queue cost the extra message
+
+
+class Flow:
+    """One request's state on its ext_proc stream."""
+
+    def __init__(self, request_id: str, started: float) -> None:
+        self.state = RequestState(request_id=request_id, started=started)
+        self.headers: dict[str, str] = {}
+        self.subset: frozenset[str] | None = None
+        self.body = bytearray()
+        self.duplex = False
+        self.wire = ""
+        self.stream = False
+        self.handoff: Handoff | None = None
+        self.endpoints: dict[str, str] = {}  # address -> replica id, of the handoff's order
+        self.status = 0  # the answer's HTTP status, once its headers came back
+        self.begun = False
+        self.refused: FerryError | None = None
+
+
+class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """Answers Envoy's ext_proc streams; see the module docstring."""
+
+    def __init__(self, router: Router, requests: InferenceServicer, authenticator: Authenticator,
+                 templates: ChatTemplates, settings: PickerSettings, *, default_deadline: float,
+                 clock: Callable[[], float], serving: Callable[[], bool] = lambda: True) -> None:
+        self._serving = serving  # the picker's readiness, for GET /health
+        self._router = router
+        self._requests = requests  # counts and logs requests as both front doors do
+        self._auth = authenticator
+        self._templates = templates
+        self._settings = settings
+        self._deadline = default_deadline
+        self._clock = clock
+        self.streams = 0  # ext_proc streams open (requests the forwarder holds)
+
+    async def Process(self, requests: AsyncIterator[ext.ProcessingRequest],
+                      context: Any) -> AsyncIterator[ext.ProcessingResponse]:
+        flow = Flow(uuid.uuid4().hex, self._clock())
+        self.streams += 1
+        try:
+            async for message in requests:
+                async for response in self._answer(flow, message):
+                    yield response
+                    if response.HasField("immediate_response"):
+                        return  # answered for the forwarder: nothing more comes on this stream
+        finally:
+            self.streams -= 1
+            self._close(flow)
+
+    def _answer(self, flow: Flow, message: ext.ProcessingRequest) -> AsyncIterator[ext.ProcessingResponse]:
+        kind = message.WhichOneof("request")
+        if kind == "request_headers":
+            return self._on_headers(flow, message)
+        if kind == "request_body":
+            return self._on_body(flow, message.request_body)
+        if kind == "response_headers":
+            return _one(self._on_response(flow, message))
+        # trailers or a response body, when a forwarder is configured to send them
+        return _one(protocol.proceed(kind)) if kind else _none()
+
+    async def _on_headers(self, flow: Flow, message: ext.ProcessingRequest) -> AsyncIterator[ext.ProcessingResponse]:
+        headers = flow.headers = protocol.headers_of(message.request_headers)
+        given = headers.get("x-request-id", "")
+        if REQUEST_ID.fullmatch(given):
+            flow.state.request_id = given
+        flow.subset = protocol.subset_hint(message)
+        if message.HasField("protocol_config"):
+            flow.duplex = message.protocol_config.request_body_mode == FULL_DUPLEX
+        if message.request_headers.end_of_stream:  # no body: decided on the headers alone
+            async for response in self._route(flow, after_body=False):
+                yield response
+        elif not flow.duplex:
+            yield protocol.proceed("request_headers")
+
+    async def _on_body(self, flow: Flow, body: ext.HttpBody) -> AsyncIterator[ext.ProcessingResponse]:
+        if len(flow.body) + len(body.body) > self._settings.picker_max_body_bytes:
+            yield self._refuse(flow, bodies.Unrouted(
+                413, f"body: larger than {self._settings.picker_max_body_bytes} bytes", "body_too_large"))
+            return
+        flow.body += body.body
+        if not body.end_of_stream:
+            return
+        async for response in self._route(flow, after_body=not flow.duplex):
+            yield response
+            if flow.duplex and flow.handoff is not None and response.HasField("request_headers"):
+                yield protocol.streamed_body(bytes(flow.body), end=True)  # the body goes on, unchanged
+
+    async def _route(self, flow: Flow, *, after_body: bool) -> AsyncIterator[ext.ProcessingResponse]:
+        """Read, admit, decide: the destination answer, or an immediate refusal. A request that may wait (tier
+        queue, warming version) first extends the forwarder's message timeout to its deadline."""
+        state, headers = flow.state, flow.headers
+        try:
+            flow.wire = bodies.wire_of(headers.get(":method", ""), headers.get(":path", ""))
+            if flow.wire == bodies.HEALTH:
+                serving = self._serving()
+                yield protocol.immediate(200 if serving else 503, {"status": "SERVING" if serving else "NOT_SERVING"},
+                                         request_id=state.request_id)
+                return
+            metadata = openai.key_metadata(headers)
+            tenant = self._auth.authenticate(metadata)
+            if flow.wire == bodies.MODELS:
+                table = self._router.table
+                names = sorted(table.models) if table is not None else []
+                yield protocol.immediate(200, openai.models(names, int(time.time())), request_id=state.request_id)
+                return
+            body = bytes(flow.body)
+            routed = (bodies.openai_request(headers.get(":path", ""), body, headers, tenant, self._templates)
+                      if flow.wire == bodies.OPENAI else bodies.kserve_request(body, headers))
+            flow.stream = routed.stream
+            await self._router.encode(state, metadata, routed.request)  # a large prompt's tokens, off the loop
+            flow.begun = True
+            self._router.begin(state, metadata, routed.request, openai.timeout_of(headers, self._deadline))
+            self._exclude(flow)
+            remaining = max(0.0, state.deadline - self._clock())
+            deciding = asyncio.ensure_future(self._router.hand_off(state, fallbacks=self._settings.picker_fallbacks))
+            try:
+                await asyncio.wait((deciding,), timeout=min(EXTEND_AFTER, remaining))
+                if not deciding.done():  # it waits (tier queue, warming version): the forwarder must wait too
+                    yield protocol.wait_for(remaining)
+                async with asyncio.timeout(remaining):
+                    handoff = flow.handoff = await deciding
+            finally:
+                deciding.cancel()
+        except FerryError as error:
+            yield self._refuse(flow, error)
+            return
+        except TimeoutError:
+            yield self._refuse(flow, DeadlineExceeded("deadline passed while queued in the picker"))
+            return
+        endpoints = [self._address(flow, replica) for replica in handoff.replicas]
+        flow.endpoints = {address: replica.replica_id for address, replica in zip(endpoints, handoff.replicas,
+                                                                                 strict=True)}
+        yield protocol.destination(endpoints, after_body=after_body, headers={"x-request-id": state.request_id})
+
+    def _address(self, flow: Flow, replica: Any) -> str:
+        return str(replica.http_address if flow.wire == bodies.OPENAI else replica.address)
+
+    def _exclude(self, flow: Flow) -> None:
+        """Replicas without an endpoint for the request's wire, or outside the subset hint, are not decided on."""
+        state = flow.state
+        assert state.routing is not None
+        model = state.model_label
+        excluded = set()
+        for replica in state.routing.pool.replicas:
+            address = self._address(flow, replica)
+            if (not address or (flow.subset is not None and address not in flow.subset)
+                    or (flow.wire == bodies.KSERVE and replica.kserve_model != model)):
+                excluded.add(replica.replica_id)
+        state.exclude = frozenset(excluded)
+        replicas = state.routing.pool.replicas
+        if replicas and len(excluded) == len(replicas):
+            why = ("none of its ready replicas is in the gateway's subset hint" if flow.subset is not None
+                   else f"none of its ready replicas serves {WIRE_NAMES[flow.wire]} (use the proxy's own front door)")
+            raise NoReplica(model, why)
+        spilled = state.spilled.replica if state.spilled is not None else None
+        if spilled is not None and (not self._address(flow, spilled) or flow.subset is not None):
+            state.spilled = None  # the region step chose a replica this request cannot reach: decide at home
+
+    def _refuse(self, flow: Flow, error: FerryError) -> ext.ProcessingResponse:
+        """An immediate answer in OpenAI's error shape; counted and logged as the front doors do."""
+        state = flow.state
+        flow.refused = error
+        if isinstance(error, bodies.Unrouted):
+            code, body, retry = error.status, openai.error_body(str(error), "invalid_request_error",
+                                                                code=error.code), None
+        else:
+            code, body, retry = openai.error_of(error)
+        if flow.begun:
+            self._requests.failed(state, error, status_for(error).name)
+        return protocol.immediate(code, body, retry_after=retry, request_id=state.request_id)
+
+    def _on_response(self, flow: Flow, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        headers = protocol.headers_of(message.response_headers)
+        status = headers.get(":status", "0")
+        flow.status = int(status) if status.isdigit() else 0
+        handoff = flow.handoff
+        if handoff is not None:
+            served = protocol.served_endpoint(message)
+            replica_id = flow.endpoints.get(served, "")
+            if replica_id:
+                self._router.served(flow.state, handoff, replica_id)
+            self._router.first_byte(handoff)
+            flow.state.outcome.ttft_seconds = self._clock() - flow.state.started
+        return protocol.proceed("response_headers")
+
+    def _close(self, flow: Flow) -> None:
+        """The stream ended (the HTTP request is over): records, slots, counts."""
+        state, handoff = flow.state, flow.handoff
+        if handoff is not None:
+            ok = 200 <= flow.status < 300
+            completion = state.call.max_tokens if ok and state.call is not None else 0
+            state.outcome.prompt_tokens = state.call.prompt_tokens if state.call is not None else 0
+            self._router.handed_back(state, handoff, ok=ok, completion_tokens=completion, failed=flow.status >= 500)
+            if ok:
+                self._requests.succeed(state, streamed=flow.stream)
+            else:  # no answer (the client left) or the replica's refusal
+                self._requests.count(state, "CANCELLED" if not flow.status else
+                                     "UNAVAILABLE" if flow.status >= 500 else "FAILED_PRECONDITION")
+        if flow.begun:
+            self._router.end(state)
+
+
+async def _one(response: ext.ProcessingResponse) -> AsyncIterator[ext.ProcessingResponse]:
+    yield response
+
+
+async def _none() -> AsyncIterator[ext.ProcessingResponse]:
+    return
+    yield

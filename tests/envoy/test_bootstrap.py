@@ -1,0 +1,615 @@
+"""Envoy as the data plane: the rendered bootstrap, and a real Envoy 1.40 routing by a picker's answer.
+
+The e2e tests start the wheel's Envoy in front of tiny aiohttp replicas and a
+test double of the endpoint picker (an ext_proc server answering with a fixed
+endpoint list in ``envoy.lb`` / ``x-gateway-destination-endpoint``). Everything
+binds 127.0.0.1 (ports chosen by the kernel) and every process and server a
+test starts is stopped in ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from google.protobuf import struct_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from dataplane.envoy.bootstrap import (
+    BODY_MODES,
+    ENDPOINT_KEY,
+    EXT_PROC_SERVICE,
+    LB_NAMESPACE,
+    PICKER_CLUSTER,
+    REPLICA_CLUSTER,
+    ROUTINGS,
+    SERVED_KEY,
+    UPSTREAM_PROTOCOLS,
+    EnvoySettings,
+    TlsFiles,
+    render_bootstrap,
+    render_endpoints,
+    split_address,
+)
+from dataplane.envoy.process import EnvoyProcess, envoy_binary, start_envoy
+from ferry import tlsgen
+from ferry.errors import ConfigError
+
+PICKERS = ["127.0.0.1:9001", "127.0.0.1:9002"]
+
+
+def _render(**overrides: Any) -> dict[str, Any]:
+    tls = overrides.pop("tls", None)
+    return render_bootstrap(EnvoySettings(**overrides), listen_port=8480, admin_port=8481, pickers=PICKERS,
+                            endpoints_path="/run/ferry/endpoints.json", tls=tls)
+
+
+def _manager(config: dict[str, Any]) -> dict[str, Any]:
+    manager: dict[str, Any] = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    return manager
+
+
+def _ext_proc(config: dict[str, Any]) -> dict[str, Any]:
+    filt: dict[str, Any] = _manager(config)["http_filters"][0]["typed_config"]
+    return filt
+
+
+def _cluster(config: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in config["static_resources"]["clusters"] if c["name"] == name)
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def test_listener_and_admin_bind_loopback_with_exact_balance() -> None:
+    config = _render()
+    listener = config["static_resources"]["listeners"][0]
+    assert listener["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8480}
+    assert config["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 8481}
+    assert listener["enable_reuse_port"] is False
+    assert listener["connection_balance_config"] == {"exact_balance": {}}
+    assert listener["per_connection_buffer_limit_bytes"] == 1 << 20
+    manager = _manager(config)
+    assert manager["codec_type"] == "AUTO"
+    assert manager["http2_protocol_options"] == {"initial_stream_window_size": 65536,
+                                                 "initial_connection_window_size": 1 << 20}
+    assert [f["name"] for f in manager["http_filters"]] == ["envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+
+
+@pytest.mark.parametrize(("mode", "trailers"), [("BUFFERED", "SKIP"), ("FULL_DUPLEX_STREAMED", "SEND")],
+                         ids=["buffered", "full-duplex"])
+def test_ext_proc_filter(mode: str, trailers: str) -> None:
+    filt = _ext_proc(_render(request_body_mode=mode))
+    assert filt["grpc_service"]["envoy_grpc"] == {"cluster_name": PICKER_CLUSTER}
+    assert filt["failure_mode_allow"] is False
+    assert filt["message_timeout"] == "1.000s"
+    assert filt["max_message_timeout"] == "30.000s"
+    assert filt["allow_mode_override"] is False
+    assert filt["processing_mode"] == {
+        "request_header_mode": "SEND", "request_body_mode": mode, "request_trailer_mode": trailers,
+        "response_header_mode": "SEND", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
+    assert filt["metadata_options"] == {
+        "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
+        "receiving_namespaces": {"untyped": ["envoy.lb"]}}
+
+
+def test_picker_cluster_is_health_checked_and_ejects() -> None:
+    cluster = _cluster(_render(), PICKER_CLUSTER)
+    hosts = [e["endpoint"]["address"]["socket_address"]["port_value"]
+             for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+    assert hosts == [9001, 9002]
+    assert cluster["health_checks"][0]["grpc_health_check"] == {"service_name": EXT_PROC_SERVICE}
+    assert cluster["health_checks"][0]["interval"] == "1.000s"
+    assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 2
+    options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert "http2_protocol_options" in options["explicit_http_config"]
+
+
+@pytest.mark.parametrize(("protocol", "key"), [("downstream", "use_downstream_protocol_config"),
+                                               ("http1", "explicit_http_config"), ("h2c", "explicit_http_config")],
+                         ids=["downstream", "http1", "h2c"])
+def test_replica_cluster_protocol(protocol: str, key: str) -> None:
+    cluster = _cluster(_render(upstream_protocol=protocol), REPLICA_CLUSTER)
+    options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert key in options
+
+
+def test_override_host_reads_the_metadata_and_reports_the_served_endpoint() -> None:
+    config = _render()
+    cluster = _cluster(config, REPLICA_CLUSTER)
+    assert cluster["type"] == "EDS"
+    assert cluster["eds_cluster_config"]["eds_config"]["path_config_source"] == {
+        "path": "/run/ferry/endpoints.json", "watched_directory": {"path": "/run/ferry"}}
+    policy = cluster["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    key = {"key": LB_NAMESPACE, "path": [{"key": ENDPOINT_KEY}]}
+    assert policy["typed_config"]["override_host_sources"] == [{"metadata": key}]
+    assert policy["typed_config"]["selected_host_key"] == {"key": LB_NAMESPACE, "path": [{"key": SERVED_KEY}]}
+    route = _manager(config)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert route["timeout"] == "0.000s"
+    assert route["retry_policy"]["retry_on"] == "connect-failure,refused-stream,reset-before-request"
+    assert route["retry_policy"]["num_retries"] == 2
+
+
+def test_original_dst_routing() -> None:
+    cluster = _cluster(_render(upstream_routing="original_dst"), REPLICA_CLUSTER)
+    assert cluster["type"] == "ORIGINAL_DST"
+    assert cluster["lb_policy"] == "CLUSTER_PROVIDED"
+    assert cluster["original_dst_lb_config"]["metadata_key"] == {"key": LB_NAMESPACE, "path": [{"key": ENDPOINT_KEY}]}
+
+
+@pytest.mark.parametrize(("access_log", "logger"), [("stdout", "envoy.access_loggers.stdout"),
+                                                    ("/var/log/ferry.json", "envoy.access_loggers.file"),
+                                                    ("", None)], ids=["stdout", "file", "none"])
+def test_access_log(access_log: str, logger: str | None) -> None:
+    logs = _manager(_render(access_log=access_log))["access_log"]
+    assert [entry["name"] for entry in logs] == ([logger] if logger else [])
+    if logger:
+        assert "json_format" in logs[0]["typed_config"]["log_format"]
+
+
+def test_tls_listener() -> None:
+    chain = _render(tls=TlsFiles(cert_path="/c.pem", key_path="/k.pem"))["static_resources"]["listeners"][0][
+        "filter_chains"][0]
+    context = chain["transport_socket"]["typed_config"]["common_tls_context"]
+    assert context["tls_certificates"] == [{"certificate_chain": {"filename": "/c.pem"},
+                                            "private_key": {"filename": "/k.pem"}}]
+    assert context["alpn_protocols"] == ["h2", "http/1.1"]
+    assert "transport_socket" not in _render()["static_resources"]["listeners"][0]["filter_chains"][0]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"request_body_mode": "STREAMED"}, {"upstream_routing": "maglev"}, {"upstream_protocol": "h3"},
+    {"message_timeout_ms": 0}, {"max_message_timeout_ms": 100}, {"initial_stream_window_size": 1024},
+    {"num_retries": -1}, {"retry_on": " "},
+], ids=["body-mode", "routing", "protocol", "message-timeout", "max-below-message", "window", "retries", "retry-on"])
+def test_settings_refuse_bad_values(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        EnvoySettings(**overrides)
+
+
+def test_render_needs_pickers_and_an_endpoint_file() -> None:
+    with pytest.raises(ValueError):
+        render_bootstrap(EnvoySettings(), listen_port=1, admin_port=2, pickers=[], endpoints_path="/e.json")
+    with pytest.raises(ValueError):
+        render_bootstrap(EnvoySettings(), listen_port=1, admin_port=2, pickers=PICKERS)
+
+
+@pytest.mark.parametrize(("address", "parsed"), [("10.0.0.5:8080", ("10.0.0.5", 8080)),
+                                                 ("[2600:4040::1]:80", ("2600:4040::1", 80))], ids=["v4", "v6"])
+def test_split_address(address: str, parsed: tuple[str, int]) -> None:
+    assert split_address(address) == parsed
+    assert render_endpoints([address])["resources"][0]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"][
+        "socket_address"] == {"address": parsed[0], "port_value": parsed[1]}
+
+
+def test_envoy_binary_is_the_wheels() -> None:
+    assert Path(envoy_binary()).is_file()
+
+
+# ---------------------------------------------------------------- test doubles
+
+
+class StubPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """An ext_proc server that picks a fixed endpoint list (``endpoints``) for every request.
+
+    It answers as the endpoint-picker protocol says: the list in dynamic metadata
+    ``envoy.lb`` / ``x-gateway-destination-endpoint`` and in the request header of
+    that name (``raw_value``). BUFFERED body mode: it picks on the headers when
+    they end the request, else on the (whole) body. It records the endpoint
+    Envoy reports as served (``metadata_context`` of the response headers).
+    """
+
+    def __init__(self, endpoints: str) -> None:
+        self.endpoints = endpoints
+        self.requests = 0
+        self.served: list[str] = []  # envoy.lb / x-gateway-destination-endpoint-served, from response headers
+        self.bodies: list[bytes] = []
+
+    def _pick(self) -> ext_proc.CommonResponse:
+        header = base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=ENDPOINT_KEY,
+                                                                        raw_value=self.endpoints.encode()))
+        return ext_proc.CommonResponse(header_mutation=ext_proc.HeaderMutation(set_headers=[header]),
+                                       clear_route_cache=True)
+
+    def _metadata(self) -> struct_pb2.Struct:
+        metadata = struct_pb2.Struct()
+        metadata.update({LB_NAMESPACE: {ENDPOINT_KEY: self.endpoints}})
+        return metadata
+
+    async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        body = b""
+        async for request in request_iterator:
+            kind = request.WhichOneof("request")
+            if kind == "request_headers":
+                self.requests += 1
+                if request.request_headers.end_of_stream:
+                    yield ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse(response=self._pick()),
+                                                      dynamic_metadata=self._metadata())
+                else:
+                    yield ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse())
+            elif kind == "request_body":
+                body += request.request_body.body
+                if not request.request_body.end_of_stream:
+                    continue
+                self.bodies.append(body)
+                yield ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(response=self._pick()),
+                                                  dynamic_metadata=self._metadata())
+            elif kind == "request_trailers":
+                yield ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
+            elif kind == "response_headers":
+                fields = request.metadata_context.filter_metadata[LB_NAMESPACE].fields
+                if SERVED_KEY in fields:
+                    self.served.append(fields[SERVED_KEY].string_value)
+                yield ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse())
+
+
+class DuplexPicker(StubPicker):
+    """The stub in FULL_DUPLEX_STREAMED body mode.
+
+    Headers that carry a body get no answer until the body has ended (Envoy
+    streams the chunks meanwhile); then it answers the headers (the pick) and
+    sends the whole body back as one ``StreamedBodyResponse`` with
+    ``end_of_stream``; trailers, when they come, get an empty answer.
+    """
+
+    chunks = 0  # request_body messages seen
+
+    async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        body = b""
+        async for request in request_iterator:
+            kind = request.WhichOneof("request")
+            if kind == "request_headers":
+                self.requests += 1
+                if request.request_headers.end_of_stream:
+                    yield ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse(response=self._pick()),
+                                                      dynamic_metadata=self._metadata())
+            elif kind == "request_body":
+                body += request.request_body.body
+                self.chunks += 1
+                if not request.request_body.end_of_stream:
+                    continue
+                self.bodies.append(body)
+                yield ext_proc.ProcessingResponse(request_headers=ext_proc.HeadersResponse(response=self._pick()),
+                                                  dynamic_metadata=self._metadata())
+                mutation = ext_proc.BodyMutation(
+                    streamed_response=ext_proc.StreamedBodyResponse(body=body, end_of_stream=True))
+                yield ext_proc.ProcessingResponse(request_body=ext_proc.BodyResponse(
+                    response=ext_proc.CommonResponse(body_mutation=mutation)))
+            elif kind == "request_trailers":
+                yield ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
+            elif kind == "response_headers":
+                yield ext_proc.ProcessingResponse(response_headers=ext_proc.HeadersResponse())
+
+
+@contextlib.asynccontextmanager
+async def serve_picker(picker: StubPicker) -> AsyncIterator[tuple[str, grpc.aio.Server]]:
+    """Serve ``picker`` (and gRPC health SERVING for the ext_proc service) on 127.0.0.1; yield (address, server)."""
+    server = grpc.aio.server()
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(picker, server)
+    health_servicer = health.aio.HealthServicer()
+    await health_servicer.set(EXT_PROC_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}", server
+    finally:
+        await server.stop(grace=None)
+
+
+class Replica:
+    """A tiny HTTP replica on 127.0.0.1: ``/`` answers its name and the body; ``/sse`` streams 5 events."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.hits = 0
+        self.runner: web.AppRunner | None = None
+        self.address = ""
+
+    async def _hello(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        body = await request.read()
+        return web.Response(text=f"{self.name}:{len(body)}:{request.headers.get(ENDPOINT_KEY, '')}")
+
+    async def _sse(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(5):
+            await response.write(f"data: {self.name} {i}\n\n".encode())
+            await asyncio.sleep(0.02)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/sse", self._sse)
+        app.router.add_route("*", "/{tail:.*}", self._hello)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.address = f"127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def _tls_files(tmp_path: Path) -> TlsFiles:
+    """A throw-away CA in ``tmp_path/pki`` and a certificate for 127.0.0.1 (:mod:`ferry.tlsgen`)."""
+    tlsgen.generate(tmp_path / "pki", ("envoy",))
+    return TlsFiles(cert_path=str(tmp_path / "pki" / "envoy.pem"), key_path=str(tmp_path / "pki" / "envoy.key"))
+
+
+def closed_port() -> str:
+    """An ``ip:port`` on 127.0.0.1 that nothing listens on (bound once, then closed): connections are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[list[Replica]]:
+    started = [Replica(name) for name in ("a", "b", "c")]
+    try:
+        for replica in started:
+            await replica.start()
+        yield started
+    finally:
+        for replica in started:
+            await replica.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_envoy(tmp_path: Path, pickers: list[str], replicas: list[str], tls: TlsFiles | None = None,
+                        **overrides: Any) -> AsyncIterator[EnvoyProcess]:
+    """A real Envoy with a rendered bootstrap (ports chosen by the kernel), stopped on the way out."""
+    settings = EnvoySettings(concurrency=1, access_log="", **overrides)
+    envoy = await start_envoy(settings, work_dir=tmp_path / "envoy", pickers=pickers, replicas=replicas,
+                              listen_port=0, admin_port=0, tls=tls)
+    try:
+        yield envoy
+    finally:
+        await envoy.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        yield session
+
+
+def _url(envoy: EnvoyProcess, path: str = "/") -> str:
+    return f"http://127.0.0.1:{envoy.listen_port}{path}"
+
+
+async def _get(client: aiohttp.ClientSession, url: str, body: bytes | None = None) -> tuple[int, str]:
+    async with client.request("POST" if body is not None else "GET", url, data=body) as response:
+        return response.status, await response.text()
+
+
+# ---------------------------------------------------------------- a real Envoy
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+def test_every_rendering_validates(tmp_path: Path) -> None:
+    """``envoy --mode validate`` accepts the bootstrap for every body mode, routing and upstream protocol."""
+    tls = _tls_files(tmp_path)
+    (tmp_path / "endpoints.json").write_text(json.dumps(render_endpoints(["127.0.0.1:9100"])))
+    jobs = []
+    for mode in BODY_MODES:
+        for routing in ROUTINGS:
+            for protocol in UPSTREAM_PROTOCOLS:
+                config = render_bootstrap(
+                    EnvoySettings(request_body_mode=mode, upstream_routing=routing, upstream_protocol=protocol,
+                                  access_log=str(tmp_path / "access.log")),
+                    listen_port=0, admin_port=0, pickers=PICKERS, endpoints_path=str(tmp_path / "endpoints.json"),
+                    tls=tls if protocol == "h2c" else None)
+                path = tmp_path / f"{mode}-{routing}-{protocol}.json"
+                path.write_text(json.dumps(config))
+                jobs.append(subprocess.Popen([envoy_binary(), "--mode", "validate", "--config-path", str(path),
+                                              "--log-level", "error"], stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True))
+    try:
+        for job in jobs:
+            output, _ = job.communicate(timeout=30)
+            assert job.returncode == 0, output
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("body", [None, b"x" * 3000], ids=["no-body", "body"])
+async def test_routes_to_the_primary_and_reports_served(tmp_path: Path, replicas: list[Replica],
+                                                        client: aiohttp.ClientSession, body: bytes | None) -> None:
+    a, b, _ = replicas
+    picker = StubPicker(f"{b.address},{a.address}")
+    async with serve_picker(picker) as (address, _server), \
+            running_envoy(tmp_path, [address], [r.address for r in replicas]) as envoy:
+        for _ in range(3):
+            status, text = await _get(client, _url(envoy), body)
+            assert status == 200, text
+            assert text == f"b:{len(body or b'')}:{picker.endpoints}"
+    assert (a.hits, b.hits) == (0, 3)
+    assert picker.served == [b.address] * 3
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_refused_primary_falls_to_the_next(tmp_path: Path, replicas: list[Replica],
+                                                 client: aiohttp.ClientSession) -> None:
+    a, b, _ = replicas
+    dead = closed_port()
+    unknown = closed_port()  # not in the endpoint file: skipped
+    picker = StubPicker(f"{dead},{unknown},{a.address},{b.address}")
+    async with serve_picker(picker) as (address, _server), \
+            running_envoy(tmp_path, [address], [dead, a.address, b.address]) as envoy:
+        status, text = await _get(client, _url(envoy), b"{}")
+        assert status == 200, text
+        assert text.startswith("a:")
+        _, stats = await envoy.admin("GET", f"/stats?filter=^cluster.{REPLICA_CLUSTER}.upstream_rq_retry$")
+    assert (a.hits, b.hits) == (1, 0)
+    assert picker.served == [a.address]
+    assert stats.strip().endswith(": 1")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_endpoint_file_updates_apply(tmp_path: Path, replicas: list[Replica],
+                                           client: aiohttp.ClientSession) -> None:
+    a, b, c = replicas
+    picker = StubPicker(f"{c.address},{a.address}")
+    async with serve_picker(picker) as (address, _server), \
+            running_envoy(tmp_path, [address], [a.address, b.address]) as envoy:
+        assert (await _get(client, _url(envoy)))[1].startswith("a:")  # c unknown yet: skipped
+        envoy.set_endpoints([a.address, b.address, c.address])
+        deadline = time.monotonic() + 5
+        while not (await _get(client, _url(envoy)))[1].startswith("c:"):
+            assert time.monotonic() < deadline, "the new endpoint file was not applied within 5 s"
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_fails_closed_without_pickers(tmp_path: Path, replicas: list[Replica],
+                                            client: aiohttp.ClientSession) -> None:
+    async with running_envoy(tmp_path, [closed_port(), closed_port()], [r.address for r in replicas]) as envoy:
+        for body in (None, b"{}"):
+            status, _ = await _get(client, _url(envoy), body)
+            assert 500 <= status < 600
+    assert sum(r.hits for r in replicas) == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_a_stopped_picker_is_skipped(tmp_path: Path, replicas: list[Replica],
+                                           client: aiohttp.ClientSession) -> None:
+    a = replicas[0]
+    first, second = StubPicker(a.address), StubPicker(a.address)
+    async with serve_picker(first) as (address1, server1), serve_picker(second) as (address2, _server2), \
+            running_envoy(tmp_path, [address1, address2], [a.address]) as envoy:
+        for _ in range(4):
+            assert (await _get(client, _url(envoy)))[0] == 200
+        assert first.requests and second.requests  # round robin over both
+        _, checks = await envoy.admin("GET", f"/stats?filter=^cluster.{PICKER_CLUSTER}.health_check.success$")
+        assert int(checks.strip().rpartition(" ")[2]) >= 2  # both pickers passed a gRPC health check
+        await server1.stop(grace=None)
+        deadline = time.monotonic() + 5
+        failures, streak = 0, 0
+        while streak < 20:
+            assert time.monotonic() < deadline, f"no 20 successes in a row within 5 s ({failures} failures)"
+            status, _ = await _get(client, _url(envoy))
+            streak = streak + 1 if status == 200 else 0
+            failures += status != 200
+        # The ext_proc stream is opened again on the live picker (grpc_service.retry_policy): measured 0.
+        assert failures <= 2
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_tls_listener_and_graceful_stop(tmp_path: Path, replicas: list[Replica],
+                                              client: aiohttp.ClientSession) -> None:
+    a = replicas[0]
+    tls = _tls_files(tmp_path)
+    context = ssl.create_default_context(cafile=str(tmp_path / "pki" / "ca.pem"))
+    async with serve_picker(StubPicker(a.address)) as (address, _server), \
+            running_envoy(tmp_path, [address], [a.address], tls=tls,
+                          drain_time_s=1) as envoy:
+        async with client.get(f"https://127.0.0.1:{envoy.listen_port}/", ssl=context) as response:
+            assert response.status == 200
+            assert (await response.text()).startswith("a:")
+        assert await envoy.stop(drain_seconds=0.2) == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_sse_stream_arrives_whole(tmp_path: Path, replicas: list[Replica],
+                                        client: aiohttp.ClientSession) -> None:
+    a = replicas[0]
+    async with serve_picker(StubPicker(a.address)) as (address, _server), \
+            running_envoy(tmp_path, [address], [a.address]) as envoy, client.get(_url(envoy, "/sse")) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line async for line in response.content if line.strip()]
+    assert events == [f"data: a {i}\n".encode() for i in range(5)] + [b"data: [DONE]\n"]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("size", [0, 5, 200_000], ids=["empty", "small", "large"])
+async def test_full_duplex_streamed_body(tmp_path: Path, replicas: list[Replica],
+                                         client: aiohttp.ClientSession, size: int) -> None:
+    a, b, _ = replicas
+    picker = DuplexPicker(f"{b.address},{a.address}")
+    body = bytes(i % 251 for i in range(size))
+    async with serve_picker(picker) as (address, _server), \
+            running_envoy(tmp_path, [address], [a.address, b.address],
+                          request_body_mode="FULL_DUPLEX_STREAMED") as envoy:
+        status, text = await _get(client, _url(envoy), body)
+    assert status == 200, text
+    assert text.startswith(f"b:{size}:")
+    assert picker.requests == 1
+    assert picker.bodies == ([body] if size else [])
+    if size > 100_000:
+        assert picker.chunks > 1  # streamed in pieces, not buffered
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_grpc_client_reaches_a_grpc_replica_over_h2c(tmp_path: Path) -> None:
+    """use_downstream_protocol_config: an HTTP/2 (gRPC) client is forwarded over h2c."""
+    def echo(request: bytes, context: Any) -> bytes:
+        return b"echo:" + request
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "test.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        replica = f"127.0.0.1:{port}"
+        async with serve_picker(StubPicker(replica)) as (address, _server), \
+                running_envoy(tmp_path, [address], [replica]) as envoy, \
+                grpc.aio.insecure_channel(f"127.0.0.1:{envoy.listen_port}") as channel:
+            call = channel.unary_unary("/test.Echo/Echo")
+            assert await call(b"hi", timeout=5) == b"echo:hi"
+    finally:
+        await server.stop(grace=None)
+
+
+
+def test_the_config_file_envoy_section_reaches_the_settings(tmp_path) -> None:
+    from ferry.config import load_file
+
+    path = tmp_path / "ferry.toml"
+    path.write_text("[envoy]\ndrain_time_s = 60\nmessage_timeout_ms = 500\n")
+    settings = load_file(path).section(EnvoySettings, "envoy")
+    assert (settings.drain_time_s, settings.message_timeout_ms) == (60, 500)
+    path.write_text("[envoy]\nno_such_key = 1\n")
+    with pytest.raises(ConfigError, match="envoy.no_such_key"):
+        load_file(path).section(EnvoySettings, "envoy")

@@ -408,11 +408,18 @@ class PickerSettings:
 
     picker_fallbacks: int = 2  # endpoints after the chosen one, for the forwarder to try when it is not reached
     picker_max_body_bytes: int = 8 * 1024 * 1024  # a request body buffered to decide on; larger: 413 naming "body"
+    picker_max_wait_seconds: float = 29.0  # longest a request waits in the picker (under Envoy's max message timeout)
+    # how the picker hears that a request ended: "report" (Envoy's access-log reports, dataplane.epp.ends), or
+    # "stream" (the end of the processor stream: for a forwarder that sends no reports and keeps the stream open)
+    picker_end: str = "report"
 
     def __post_init__(self) -> None:
         if not 0 <= self.picker_fallbacks <= 8:
             raise ConfigError("proxy.picker_fallbacks", "must be 0 to 8")
-        _positive({"picker_max_body_bytes": self.picker_max_body_bytes})
+        if self.picker_end not in ("report", "stream"):
+            raise ConfigError("proxy.picker_end", "must be report or stream")
+        _positive({"picker_max_body_bytes": self.picker_max_body_bytes,
+                   "picker_max_wait_seconds": self.picker_max_wait_seconds})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -114,6 +114,7 @@ class RequestState:
     cold_wait: float = 0.0  # seconds it may wait for its warming version to get ready (dataplane.admission.coldstart)
     encoded: Encoded | None = None  # the prompt's tokens, when encoded before begin (Router.encode)
     guard: Subject | None = None  # what the guardrail hooks are told, and their time (dataplane.guard.hooks)
+    untouched: bool = False  # handed off as the client wrote it: the replica judges its own sampling parameters
     exclude: frozenset[str] = frozenset()  # replicas it may not go to (handed off: no endpoint for its wire, or
     # outside the gateway's subset hint); the decision takes them as tried
 
@@ -250,7 +251,8 @@ class Router:
         state.version = state.routing.version
         state.model_label = valid.model
         # a sampling parameter the version's replicas do not declare is refused naming it (dataplane.api.validate)
-        tensors = check_sampling(valid, table.inputs(valid.model, state.version), valid.model, state.version)
+        tensors = () if state.untouched else check_sampling(valid, table.inputs(valid.model, state.version),
+                                                             valid.model, state.version)
         state.call = Call(
             request_id=state.request_id,
             prompt=valid.prompt,
@@ -424,9 +426,11 @@ class Router:
 
         The attempt's replica first, then up to ``fallbacks`` others in the order the same decision ranks them
         (each decided with those before it, and their nodes, as tried), for the forwarder to go down when a
-        replica never starts answering. The attempt is recorded as sent to the first; :meth:`served`,
-        :meth:`first_byte` and :meth:`handed_back` close it. Raises FerryError (no replica, deadline, shed from
+        replica never starts answering. The attempt is recorded as sent to the first; :meth:`served` and
+        :meth:`handed_back` close it. Raises FerryError (no replica, deadline, shed from
         the queue). A handed-off stream is not preempted: its bytes do not pass here, so it cannot be parked.
+        No prefill sample is taken: an event stream's headers come before its first token, and its tokens
+        never come here.
         """
         if state.cold_wait:
             await self._warm_up(state)
@@ -470,11 +474,6 @@ class Router:
         state.forwarded_at = now
         handoff.attempt = self.picker.sent(replica_id, state.routing, Branch.FALLBACK, now, streamed=True,
                                            queued=moved.queued)
-
-    def first_byte(self, handoff: Handoff) -> None:
-        """The forwarder got the first byte of the answer: the attempt's prefill is done (a prefill sample)."""
-        if not handoff.closed:
-            self.picker.first(handoff.attempt, self._clock())
 
     def handed_back(self, state: RequestState, handoff: Handoff, *, ok: bool, completion_tokens: int,
                     failed: bool = False) -> None:

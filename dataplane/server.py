@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from prometheus_client import CollectorRegistry
 
@@ -71,6 +72,7 @@ from ferry.tokens import Tokenizers
 from ferry.v1 import inference_pb2_grpc, tables_pb2
 
 SERVICE_NAME = "ferry.v1.Inference"
+REPORTS_SERVICE = "envoy.service.accesslog.v3.AccessLogService"  # the picker hears how requests ended
 
 
 class Proxy:
@@ -159,6 +161,7 @@ class Proxy:
         self.memory = MemoryTrim(self.settings.server.memory_trim_growth_mib * MIB)
         self._trim_task: asyncio.Task[None] | None = None
         self._reload_task: asyncio.Task[None] | None = None  # the HTTP front door's certificate (ferry.tls)
+        self._ends_task: asyncio.Task[None] | None = None  # the picker's sweep of requests never reported
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
@@ -185,8 +188,12 @@ class Proxy:
             self.picker = PickerServicer(self.router, self.servicer, self.authenticator, self.templates,
                                          self.settings.picker,
                                          default_deadline=self.settings.server.default_deadline_seconds,
-                                         clock=self._clock, serving=lambda: self.readiness.status == SERVING)
+                                         clock=self._clock, registry=self.metrics.registry,
+                                         max_pending=self.settings.server.max_inflight,
+                                         serving=lambda: self.readiness.status == SERVING)
             services.append((ext_grpc.add_ExternalProcessorServicer_to_server, self.picker, PICKER_SERVICE))
+            services.append((als_grpc.add_AccessLogServiceServicer_to_server, self.picker.ends, REPORTS_SERVICE))
+            self._ends_task = asyncio.create_task(self.picker.ends.run(self._stop), name="picker-ends")
             self.readiness.add_names([READINESS])
             self.readiness.add_names([LIVENESS], live=True)
         self._server, self.port = await start_server(
@@ -246,6 +253,9 @@ class Proxy:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reload_task
             self._reload_task = None
+        if self._ends_task is not None:
+            await self._ends_task  # _stop is set: it ends at once
+            self._ends_task = None
         if self._trim_task is not None:
             self._trim_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -78,9 +78,13 @@ SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint"
 PICKER_CLUSTER = "ferry_picker"
 REPLICA_CLUSTER = "ferry_replicas"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+REPORT_LOG = "ferry_reports"  # the log name of the access logs that tell the pickers how each request ended
 BODY_MODES = ("BUFFERED", "FULL_DUPLEX_STREAMED")
 ROUTINGS = ("override_host", "original_dst")
-UPSTREAM_PROTOCOLS = ("downstream", "http1", "h2c")
+UPSTREAM_PROTOCOLS = ("http1", "h2c")
+KSERVE_CLUSTER = "ferry_replicas_kserve"  # KServe v2 gRPC to the replicas: always HTTP/2 (h2c)
+KSERVE_PREFIX = "/inference.GRPCInferenceService/"  # the KServe v2 gRPC service's paths
+CIRCUIT_LIMIT = 1_000_000  # Envoy's per-cluster circuit breakers, lifted: the picker's admission bounds the load
 
 _TYPE = "type.googleapis.com/envoy."
 
@@ -131,6 +135,12 @@ class EnvoySettings:
     - ``request_body_mode`` ("BUFFERED"): or "FULL_DUPLEX_STREAMED" (the mode
       of the Inference Extension gateways; the picker must then echo each body
       chunk as a ``StreamedBodyResponse``).
+    - ``response_header_mode`` ("SKIP"): the picker is not asked about responses, so its processor stream
+      ends with the decision and a picker that dies after deciding cuts no stream; "SEND" asks it (one more
+      message each way, and the answer waits for the picker).
+    - ``report_flush_ms`` (10): how often Envoy sends each picker the ends of requests (the gRPC access-log
+      service, :data:`REPORT_LOG`): the lag of the picker's in-flight accounting, against one message per
+      batch instead of one per request.
     - ``request_body_buffer_limit_bytes`` (8 MiB): the most of a request body Envoy buffers for the picker
       to read (a long-context prompt); larger: 413. Only request bodies: answers stream under the limits below.
     - ``per_connection_buffer_limit_bytes`` (1 MiB), ``initial_stream_window_size``
@@ -144,8 +154,9 @@ class EnvoySettings:
     - ``stream_idle_timeout_ms`` (300000): a stream with no bytes either way this long ends.
     - ``access_log`` ("stdout"): a JSON line per request to stdout, a file path, or "" for none.
     - ``upstream_routing`` ("override_host"; or "original_dst", see the module doc).
-    - ``upstream_protocol`` ("downstream": HTTP/1.1 clients reach replicas over
-      HTTP/1.1 and HTTP/2 (gRPC) clients over h2c; or "http1", "h2c").
+    - ``upstream_protocol`` ("http1"; or "h2c"): how OpenAI HTTP reaches the replicas (cluster
+      ``ferry_replicas``), whatever the client spoke; KServe v2 gRPC (paths under
+      ``/inference.GRPCInferenceService/``) always goes over h2c (cluster ``ferry_replicas_kserve``).
     - ``picker_health_interval_ms`` (1000), ``picker_ejection_failures`` (2),
       ``picker_ejection_ms`` (5000): gRPC health checks of the pickers
       (service ``envoy.service.ext_proc.v3.ExternalProcessor``) and outlier
@@ -160,19 +171,21 @@ class EnvoySettings:
     max_message_timeout_ms: int = 30_000
     failure_mode_allow: bool = False
     request_body_mode: str = "BUFFERED"
+    response_header_mode: str = "SKIP"
+    report_flush_ms: int = 10
     per_connection_buffer_limit_bytes: int = 1 << 20
     request_body_buffer_limit_bytes: int = 8 << 20
     initial_stream_window_size: int = 1 << 16
     initial_connection_window_size: int = 1 << 20
     connect_timeout_ms: int = 1000
     num_retries: int = 2
-    retry_on: str = "connect-failure,refused-stream,reset-before-request"
+    retry_on: str = "connect-failure,refused-stream,reset"
     retry_backoff_ms: int = 2
     route_timeout_ms: int = 0
     stream_idle_timeout_ms: int = 300_000
     access_log: str = "stdout"
     upstream_routing: str = "override_host"
-    upstream_protocol: str = "downstream"
+    upstream_protocol: str = "http1"
     picker_health_interval_ms: int = 1000
     picker_ejection_failures: int = 2
     picker_ejection_ms: int = 5000
@@ -180,7 +193,7 @@ class EnvoySettings:
 
     def __post_init__(self) -> None:
         for key in ("concurrency", "message_timeout_ms", "max_message_timeout_ms", "per_connection_buffer_limit_bytes",
-                    "request_body_buffer_limit_bytes",
+                    "request_body_buffer_limit_bytes", "report_flush_ms",
                     "connect_timeout_ms", "retry_backoff_ms", "picker_health_interval_ms",
                     "picker_ejection_failures", "picker_ejection_ms"):
             if not getattr(self, key) > 0:
@@ -198,6 +211,7 @@ class EnvoySettings:
             if not 65535 <= getattr(self, key) <= 2**31 - 1:
                 raise ConfigError(f"envoy.{key}", "must be within 65535 .. 2147483647")
         for key, value, allowed in (("request_body_mode", self.request_body_mode, BODY_MODES),
+                                    ("response_header_mode", self.response_header_mode, ("SEND", "SKIP")),
                                     ("upstream_routing", self.upstream_routing, ROUTINGS),
                                     ("upstream_protocol", self.upstream_protocol, UPSTREAM_PROTOCOLS)):
             if value not in allowed:
@@ -257,6 +271,42 @@ def _access_log(settings: EnvoySettings) -> list[dict[str, Any]]:
         "path": settings.access_log, "log_format": log_format}}]
 
 
+def _report_clusters(settings: EnvoySettings, pickers: Sequence[str], tls: TlsFiles | None) -> list[dict[str, Any]]:
+    """One cluster per picker for its reports (``ferry_picker_report_<k>``): each picker hears of every request."""
+    out = []
+    for k, picker in enumerate(pickers):
+        name = f"{PICKER_CLUSTER}_report_{k}"
+        cluster: dict[str, Any] = {
+            "name": name, "type": "STATIC", "connect_timeout": _duration(settings.connect_timeout_ms),
+            "load_assignment": {"cluster_name": name, "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket_address(picker)}}]}]},
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _TYPE + "extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}}},
+        }
+        if tls is not None:
+            cluster["transport_socket"] = _upstream_tls(tls)
+        out.append(cluster)
+    return out
+
+
+def _reports(settings: EnvoySettings, pickers: Sequence[str]) -> list[dict[str, Any]]:
+    """gRPC access loggers that tell every picker of each request's end (:data:`REPORT_LOG`).
+
+    The same logger serves the connection manager (the downstream end: the client has its whole answer, or
+    left) and the router (each upstream attempt's end: the replica finished, refused or was reset), so that a
+    picker frees a replica's slot when the replica is done, not when a slow client is."""
+    return [{"name": "envoy.access_loggers.http_grpc", "typed_config": {
+        "@type": _TYPE + "extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+        "common_config": {
+            "log_name": REPORT_LOG,
+            "grpc_service": {"envoy_grpc": {"cluster_name": f"{PICKER_CLUSTER}_report_{k}"}},
+            "transport_api_version": "V3",
+            "buffer_flush_interval": _duration(settings.report_flush_ms),
+            "buffer_size_bytes": 16_384,
+        }}} for k in range(len(pickers))]
+
+
 def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
     return {"name": "envoy.filters.http.ext_proc", "typed_config": {
         "@type": _TYPE + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
@@ -273,6 +323,7 @@ def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
             },
         },
         "failure_mode_allow": settings.failure_mode_allow,
+        "status_on_error": {"code": 503},  # no picker's answer: unavailable (retry), not Envoy's default 500
         "message_timeout": _duration(settings.message_timeout_ms),
         "max_message_timeout": _duration(settings.max_message_timeout_ms),
         "processing_mode": {
@@ -280,7 +331,7 @@ def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
             "request_body_mode": settings.request_body_mode,
             # Envoy 1.40 refuses FULL_DUPLEX_STREAMED unless request trailers are sent too.
             "request_trailer_mode": "SEND" if settings.request_body_mode == "FULL_DUPLEX_STREAMED" else "SKIP",
-            "response_header_mode": "SEND",
+            "response_header_mode": settings.response_header_mode,
             "response_body_mode": "NONE",
             "response_trailer_mode": "SKIP",
         },
@@ -310,6 +361,7 @@ def _picker_cluster(settings: EnvoySettings, pickers: Sequence[str], tls: TlsFil
         "type": "STATIC",
         "connect_timeout": _duration(settings.connect_timeout_ms),
         "lb_policy": "ROUND_ROBIN",
+        "circuit_breakers": _circuit_breakers(),  # one processor stream per request, queued ones included
         "load_assignment": {"cluster_name": PICKER_CLUSTER, "endpoints": [
             {"lb_endpoints": [{"endpoint": {"address": _socket_address(p)}} for p in pickers]}]},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
@@ -341,19 +393,33 @@ def _picker_cluster(settings: EnvoySettings, pickers: Sequence[str], tls: TlsFil
     return cluster
 
 
-def _replica_cluster(settings: EnvoySettings, endpoints_path: str | None) -> dict[str, Any]:
+def kserve_endpoints_path(endpoints_path: str) -> str:
+    """The KServe cluster's endpoint file, beside the OpenAI cluster's: ``endpoints-kserve.json``."""
+    head, _, tail = endpoints_path.rpartition("/")
+    stem = tail.removesuffix(".json")
+    return f"{head}/{stem}-kserve.json" if head else f"{stem}-kserve.json"
+
+
+def _circuit_breakers() -> dict[str, Any]:
+    """Envoy's default thresholds (1,024 requests, 3 retries in flight) would refuse load the pickers admitted."""
+    limit = {"max_connections": CIRCUIT_LIMIT, "max_pending_requests": CIRCUIT_LIMIT,
+             "max_requests": CIRCUIT_LIMIT, "max_retries": CIRCUIT_LIMIT}
+    return {"thresholds": [{"priority": "DEFAULT", **limit}, {"priority": "HIGH", **limit}]}
+
+
+def _replica_cluster(settings: EnvoySettings, endpoints_path: str | None, *, kserve: bool = False) -> dict[str, Any]:
+    """``ferry_replicas`` (OpenAI HTTP, ``upstream_protocol``) or ``ferry_replicas_kserve`` (gRPC, h2c)."""
     protocols: dict[str, Any]
-    if settings.upstream_protocol == "downstream":
-        protocols = {"use_downstream_protocol_config": {"http_protocol_options": {},
-                                                        "http2_protocol_options": _http2_options(settings)}}
-    elif settings.upstream_protocol == "h2c":
+    if kserve or settings.upstream_protocol == "h2c":
         protocols = {"explicit_http_config": {"http2_protocol_options": _http2_options(settings)}}
     else:
         protocols = {"explicit_http_config": {"http_protocol_options": {}}}
+    name = KSERVE_CLUSTER if kserve else REPLICA_CLUSTER
     cluster: dict[str, Any] = {
-        "name": REPLICA_CLUSTER,
+        "name": name,
         "connect_timeout": _duration(settings.connect_timeout_ms),
         "per_connection_buffer_limit_bytes": settings.per_connection_buffer_limit_bytes,
+        "circuit_breakers": _circuit_breakers(),
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _TYPE + "extensions.upstreams.http.v3.HttpProtocolOptions", **protocols}},
     }
@@ -364,11 +430,12 @@ def _replica_cluster(settings: EnvoySettings, endpoints_path: str | None) -> dic
         return cluster
     if not endpoints_path:
         raise ValueError("override_host routing needs endpoints_path (the EDS file of the replicas)")
+    path = kserve_endpoints_path(endpoints_path) if kserve else endpoints_path
     directory = endpoints_path.rpartition("/")[0] or "."
     cluster |= {
         "type": "EDS",
         "eds_cluster_config": {"eds_config": {"resource_api_version": "V3", "path_config_source": {
-            "path": endpoints_path, "watched_directory": {"path": directory}}}},
+            "path": path, "watched_directory": {"path": directory}}}},
         "load_balancing_policy": {"policies": [{"typed_extension_config": {
             "name": "envoy.load_balancing_policies.override_host",
             "typed_config": {
@@ -385,33 +452,37 @@ def _replica_cluster(settings: EnvoySettings, endpoints_path: str | None) -> dic
     return cluster
 
 
-def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None,
+def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None, pickers: Sequence[str],
               listen_host: str = "127.0.0.1") -> dict[str, Any]:
-    route: dict[str, Any] = {
-        "cluster": REPLICA_CLUSTER,
-        "timeout": _duration(settings.route_timeout_ms),
-        "retry_policy": {
-            "retry_on": settings.retry_on,
-            "num_retries": settings.num_retries,
-            "retry_back_off": {"base_interval": _duration(settings.retry_backoff_ms),
-                               "max_interval": _duration(settings.retry_backoff_ms * 4)},
-        },
-    }
+    def route(cluster: str) -> dict[str, Any]:
+        return {
+            "cluster": cluster,
+            "timeout": _duration(settings.route_timeout_ms),
+            "retry_policy": {
+                "retry_on": settings.retry_on,
+                "num_retries": settings.num_retries,
+                "retry_back_off": {"base_interval": _duration(settings.retry_backoff_ms),
+                                   "max_interval": _duration(settings.retry_backoff_ms * 4)},
+            },
+        }
+
     manager: dict[str, Any] = {
         "@type": _TYPE + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "ferry",
         "codec_type": "AUTO",
         "stream_idle_timeout": _duration(settings.stream_idle_timeout_ms),
         "http2_protocol_options": _http2_options(settings),
-        "access_log": _access_log(settings),
+        "access_log": [*_access_log(settings), *_reports(settings, pickers)],
         "route_config": {"name": "ferry", "virtual_hosts": [{
             "name": "ferry", "domains": ["*"], "routes": [{
-                "match": {"prefix": "/"}, "route": route,
-                "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}]}]},
+                "match": {"prefix": prefix}, "route": route(cluster),
+                "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}
+                for prefix, cluster in ((KSERVE_PREFIX, KSERVE_CLUSTER), ("/", REPLICA_CLUSTER))]}]},
         "http_filters": [
             _ext_proc_filter(settings),
             {"name": "envoy.filters.http.router",
-             "typed_config": {"@type": _TYPE + "extensions.filters.http.router.v3.Router"}},
+             "typed_config": {"@type": _TYPE + "extensions.filters.http.router.v3.Router",
+                              "upstream_log": _reports(settings, pickers)}},
         ],
     }
     chain: dict[str, Any] = {"filters": [{"name": "envoy.filters.network.http_connection_manager",
@@ -456,7 +527,9 @@ def render_bootstrap(settings: EnvoySettings, *, listen_port: int, admin_port: i
         "node": {"id": "ferry-envoy", "cluster": "ferry"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "static_resources": {
-            "listeners": [_listener(settings, listen_port, tls, listen_host)],
-            "clusters": [_picker_cluster(settings, pickers, picker_tls), _replica_cluster(settings, endpoints_path)],
+            "listeners": [_listener(settings, listen_port, tls, pickers, listen_host)],
+            "clusters": [_picker_cluster(settings, pickers, picker_tls),
+                         *_report_clusters(settings, pickers, picker_tls), _replica_cluster(settings, endpoints_path),
+                         _replica_cluster(settings, endpoints_path, kserve=True)],
         },
     }

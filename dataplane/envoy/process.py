@@ -28,7 +28,14 @@ from typing import Any
 
 import aiohttp
 
-from dataplane.envoy.bootstrap import EnvoySettings, TlsFiles, render_bootstrap, render_endpoints
+from dataplane.envoy.bootstrap import (
+    KSERVE_CLUSTER,
+    EnvoySettings,
+    TlsFiles,
+    kserve_endpoints_path,
+    render_bootstrap,
+    render_endpoints,
+)
 
 
 class EnvoyError(RuntimeError):
@@ -55,15 +62,18 @@ def envoy_binary() -> str:
 
 
 def write_endpoints(path: str | os.PathLike[str], addresses: Sequence[str]) -> None:
-    """Write the replicas' EDS file (:func:`render_endpoints`) atomically: a temporary file moved into place.
+    """Write the replicas' EDS files (:func:`render_endpoints`) atomically: a temporary file moved into place.
 
-    Envoy watches the file's directory and reloads the endpoints when a file is
-    moved there; a file written in place may be read half-written.
+    ``path`` is the OpenAI cluster's; the KServe cluster's is beside it
+    (:func:`dataplane.envoy.bootstrap.kserve_endpoints_path`), with the same
+    endpoints. Envoy watches the directory and reloads the endpoints when a
+    file is moved there; a file written in place may be read half-written.
     """
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(render_endpoints(addresses)))
-    os.replace(temporary, target)
+    for target, cluster in ((Path(path), None), (Path(kserve_endpoints_path(str(path))), KSERVE_CLUSTER)):
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        rendered = render_endpoints(addresses) if cluster is None else render_endpoints(addresses, cluster=cluster)
+        temporary.write_text(json.dumps(rendered))
+        os.replace(temporary, target)
 
 
 @dataclasses.dataclass

@@ -119,11 +119,20 @@ def destination(endpoints: Sequence[str], *, after_body: bool,
 
 
 def immediate(status: int, body: Mapping[str, Any], *, retry_after: float | None = None,
-              request_id: str = "") -> ext.ProcessingResponse:
-    """Answer the client at once with ``status`` and a JSON ``body``; ``Retry-After`` in whole seconds (>= 1)."""
-    answer = ext.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status),
-                                   body=json.dumps(body, separators=(",", ":")).encode())
-    answer.headers.set_headers.append(_header("content-type", JSON))
+              request_id: str = "", grpc_code: int | None = None) -> ext.ProcessingResponse:
+    """Answer the client at once with ``status`` and a JSON ``body``; ``Retry-After`` in whole seconds (>= 1).
+
+    ``grpc_code``: the caller speaks gRPC (a KServe v2 client): the answer is a gRPC status with that code and
+    the error's message as its details (HTTP 200, as gRPC has it), not a JSON body."""
+    if grpc_code is not None:
+        message = body.get("error", {}).get("message", "") if isinstance(body.get("error"), Mapping) else ""
+        answer = ext.ImmediateResponse(status=http_status_pb2.HttpStatus(code=200),
+                                       grpc_status=ext.GrpcStatus(status=grpc_code), details=str(message))
+        answer.headers.set_headers.append(_header("content-type", "application/grpc"))
+    else:
+        answer = ext.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status),
+                                       body=json.dumps(body, separators=(",", ":")).encode())
+        answer.headers.set_headers.append(_header("content-type", JSON))
     if retry_after is not None:
         answer.headers.set_headers.append(_header("retry-after", str(max(1, math.ceil(retry_after)))))
     if request_id:

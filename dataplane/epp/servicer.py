@@ -1,13 +1,13 @@
 """The endpoint picker's ext_proc servicer: Envoy asks, per request, where to send it; the bytes never come here.
 
-One ``ExternalProcessor.Process`` stream per HTTP request (Envoy opens it
-when the request arrives and ends it when the request ends). The servicer
+One ``ExternalProcessor.Process`` stream per HTTP request, which Envoy opens
+when the request arrives and ends once it has the decision. The servicer
 translates (rule 2); the request path is the proxy's own
 (:class:`dataplane.router.Router`): the same authentication, validation,
 tenant limits, tier queues (a queued request waits here, within its
 deadline), decision and records as the Python relay's.
 
-Per stream:
+Per request:
 
 0. ``GET /v1/models`` (the table's models, for an authenticated caller) and
    ``GET /health`` (the picker's readiness) are answered here at once.
@@ -20,28 +20,31 @@ Per stream:
    :meth:`Router.begin`, then :meth:`Router.hand_off`; the answer names the
    chosen replica and its fallbacks (:func:`dataplane.epp.protocol.destination`),
    on the wire's address of each (``http_address`` for OpenAI HTTP,
-   ``address`` for KServe v2 gRPC); replicas without one, or outside the
+   ``address`` for KServe v2 gRPC), and sets ``x-request-id`` and the
+   remaining deadline (``x-envoy-upstream-rq-timeout-ms``: Envoy cuts the
+   request there); replicas without an address for the wire, or outside the
    subset hint, are excluded from the decision. Refusals are immediate
    responses in OpenAI's error shape: 429 with ``Retry-After`` when shed,
    503 when nothing is ready, the front door's status for a bad request.
-3. ``response_headers``: the first byte of the answer came back: the
-   attempt's prefill sample (:meth:`Router.first_byte`), the endpoint that
-   served (:func:`dataplane.epp.protocol.served_endpoint`; when it is a
-   fallback, :meth:`Router.served` moves the attempt there), the status.
-4. The stream's end (a half-close, or a cancellation: Envoy resets it when
-   the HTTP request ends, completed or not): :meth:`Router.handed_back`
-   (in-flight load and outlier feed), :meth:`Router.end` (slots), the
-   request counted. This is how the picker learns of each stream's end
-   without seeing a token: a stream ended with a 2xx status counts as
-   answered in full with its ``max_tokens`` as its completion tokens (the
-   engine's own count is not seen on this path).
+3. The end: Envoy's report of it (:mod:`dataplane.epp.ends`; the replica's
+   end, or the client's) names who served (:meth:`Router.served` moves the
+   attempt when a fallback did), then :meth:`Router.handed_back` (in-flight
+   load, outlier feed), :meth:`Router.end` (slots) and the request counted.
+   A stream answered with a 2xx counts its ``max_tokens`` as its completion
+   tokens (the engine's own count is not seen on this path), and no prefill
+   sample is taken (an event stream's headers come before its first token).
+   With ``picker_end = "stream"`` (a forwarder that sends no reports and
+   keeps the processor stream open to the response) the stream's end ends
+   the request instead, and ``response_headers``, when sent, give the status
+   and the endpoint that served (:func:`dataplane.epp.protocol.served_endpoint`).
 
-Envoy's ``message_timeout`` (1 s in the rendered bootstrap) would cut a request waiting
-in a tier queue: a decision not made within ``EXTEND_AFTER`` (50 ms) sends
-``override_message_timeout`` with the request's remaining deadline first
-(capped by the forwarder's ``max_message_timeout``,
-:mod:`dataplane.envoy.bootstrap`), so only requests that really wait cost
-the extra message.
+Envoy's ``message_timeout`` (1 s in the rendered bootstrap) would cut a
+request waiting in a tier queue: a decision not made within
+``EXTEND_AFTER`` (50 ms) sends ``override_message_timeout`` first, for the
+request's remaining deadline or ``picker_max_wait_seconds`` (29 s, under
+the forwarder's ``max_message_timeout``), whichever is shorter; a request
+still queued then is refused with a 429. Only requests that really wait
+cost the extra message.
 """
 
 from __future__ import annotations
@@ -53,9 +56,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from prometheus_client import CollectorRegistry
 
 from dataplane.api import openai
 from dataplane.api.auth import Authenticator
@@ -63,8 +68,9 @@ from dataplane.api.chat import ChatTemplates
 from dataplane.api.service import REQUEST_ID, InferenceServicer
 from dataplane.config import PickerSettings
 from dataplane.epp import bodies, protocol
+from dataplane.epp.ends import Ended, Ends
 from dataplane.router import Handoff, RequestState, Router
-from ferry.errors import DeadlineExceeded, FerryError, NoReplica
+from ferry.errors import DeadlineExceeded, FerryError, NoReplica, Overloaded
 from ferry.grpcutil import status_for
 
 log = logging.getLogger("ferry.picker")
@@ -73,6 +79,8 @@ SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS = "liveness"
 READINESS = "readiness"
 FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+UNROUTED_GRPC = {404: grpc.StatusCode.UNIMPLEMENTED, 405: grpc.StatusCode.UNIMPLEMENTED,
+                 413: grpc.StatusCode.RESOURCE_EXHAUSTED}  # a request not routed, to a gRPC caller
 WIRE_NAMES = {bodies.OPENAI: "OpenAI HTTP", bodies.KSERVE: "KServe v2 gRPC under its public model name"}
 EXTEND_AFTER = 0.05  # seconds a decision may take before the forwarder's message timeout is extended (1 s in
 # the rendered bootstrap): only requests that really wait in a queue cost the extra message
@@ -101,7 +109,8 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def __init__(self, router: Router, requests: InferenceServicer, authenticator: Authenticator,
                  templates: ChatTemplates, settings: PickerSettings, *, default_deadline: float,
-                 clock: Callable[[], float], serving: Callable[[], bool] = lambda: True) -> None:
+                 clock: Callable[[], float], registry: CollectorRegistry, max_pending: int = 65_536,
+                 serving: Callable[[], bool] = lambda: True) -> None:
         self._serving = serving  # the picker's readiness, for GET /health
         self._router = router
         self._requests = requests  # counts and logs requests as both front doors do
@@ -110,7 +119,9 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._settings = settings
         self._deadline = default_deadline
         self._clock = clock
-        self.streams = 0  # ext_proc streams open (requests the forwarder holds)
+        self.streams = 0  # ext_proc streams open
+        # the requests handed off, until the forwarder reports their end (dataplane.epp.ends)
+        self.ends: Ends[Flow] = Ends(self._ended, registry=registry, clock=clock, max_pending=max_pending)
 
     async def Process(self, requests: AsyncIterator[ext.ProcessingRequest],
                       context: Any) -> AsyncIterator[ext.ProcessingResponse]:
@@ -122,9 +133,15 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     yield response
                     if response.HasField("immediate_response"):
                         return  # answered for the forwarder: nothing more comes on this stream
+                if flow.handoff is not None and self._settings.picker_end == "report":
+                    return  # decided: the stream ends here, so a picker that dies now cuts no request
         finally:
             self.streams -= 1
-            self._close(flow)
+            if flow.handoff is None and flow.begun:  # refused, or the stream ended before a decision
+                self._router.end(flow.state)
+            elif (flow.handoff is not None and self._settings.picker_end == "stream"
+                  and self.ends.pending.pop(flow.state.request_id, None) is not None):
+                self._ended(flow, Ended(flow.status, "", "stream"))
 
     def _answer(self, flow: Flow, message: ext.ProcessingRequest) -> AsyncIterator[ext.ProcessingResponse]:
         kind = message.WhichOneof("request")
@@ -188,15 +205,17 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             flow.stream = routed.stream
             await self._router.encode(state, metadata, routed.request)  # a large prompt's tokens, off the loop
             flow.begun = True
+            state.untouched = True  # the replica reads the body itself, sampling parameters included
             self._router.begin(state, metadata, routed.request, openai.timeout_of(headers, self._deadline))
             self._exclude(flow)
             remaining = max(0.0, state.deadline - self._clock())
+            wait = min(remaining, self._settings.picker_max_wait_seconds)  # what the forwarder lets it wait
             deciding = asyncio.ensure_future(self._router.hand_off(state, fallbacks=self._settings.picker_fallbacks))
             try:
-                await asyncio.wait((deciding,), timeout=min(EXTEND_AFTER, remaining))
+                await asyncio.wait((deciding,), timeout=min(EXTEND_AFTER, wait))
                 if not deciding.done():  # it waits (tier queue, warming version): the forwarder must wait too
-                    yield protocol.wait_for(remaining)
-                async with asyncio.timeout(remaining):
+                    yield protocol.wait_for(wait + EXTEND_AFTER)
+                async with asyncio.timeout(wait):
                     handoff = flow.handoff = await deciding
             finally:
                 deciding.cancel()
@@ -204,12 +223,19 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             yield self._refuse(flow, error)
             return
         except TimeoutError:
-            yield self._refuse(flow, DeadlineExceeded("deadline passed while queued in the picker"))
+            yield self._refuse(flow, DeadlineExceeded("deadline passed while queued in the picker") if wait >= remaining
+                               else Overloaded(f"queued {wait:g} s in the picker, its longest wait "
+                                               "(picker_max_wait_seconds)", retry_after=1.0))
             return
         endpoints = [self._address(flow, replica) for replica in handoff.replicas]
         flow.endpoints = {address: replica.replica_id for address, replica in zip(endpoints, handoff.replicas,
                                                                                  strict=True)}
-        yield protocol.destination(endpoints, after_body=after_body, headers={"x-request-id": state.request_id})
+        if not self.ends.expect(state.request_id, flow, state.deadline):  # no room to wait for its end: at once
+            self._ended(flow, Ended(0, "", "overflow"))
+        remaining_ms = max(1, int((state.deadline - self._clock()) * 1000))
+        yield protocol.destination(endpoints, after_body=after_body, headers={
+            "x-request-id": state.request_id,
+            "x-envoy-upstream-rq-timeout-ms": str(remaining_ms)})  # the forwarder holds the request's deadline
 
     def _address(self, flow: Flow, replica: Any) -> str:
         return str(replica.http_address if flow.wire == bodies.OPENAI else replica.address)
@@ -236,17 +262,21 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             state.spilled = None  # the region step chose a replica this request cannot reach: decide at home
 
     def _refuse(self, flow: Flow, error: FerryError) -> ext.ProcessingResponse:
-        """An immediate answer in OpenAI's error shape; counted and logged as the front doors do."""
+        """An immediate answer: OpenAI's error shape, or a gRPC status to a gRPC caller; counted and logged as the
+        front doors do (``unknown`` model and tier when refused before they were known)."""
         state = flow.state
         flow.refused = error
         if isinstance(error, bodies.Unrouted):
             code, body, retry = error.status, openai.error_body(str(error), "invalid_request_error",
                                                                 code=error.code), None
+            grpc_code = UNROUTED_GRPC.get(error.status, grpc.StatusCode.INVALID_ARGUMENT)
         else:
             code, body, retry = openai.error_of(error)
-        if flow.begun:
-            self._requests.failed(state, error, status_for(error).name)
-        return protocol.immediate(code, body, retry_after=retry, request_id=state.request_id)
+            grpc_code = status_for(error)
+        self._requests.failed(state, error, grpc_code.name)
+        speaks_grpc = flow.headers.get("content-type", "").startswith("application/grpc")
+        return protocol.immediate(code, body, retry_after=retry, request_id=state.request_id,
+                                  grpc_code=grpc_code.value[0] if speaks_grpc else None)
 
     def _on_response(self, flow: Flow, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         headers = protocol.headers_of(message.response_headers)
@@ -258,25 +288,25 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             replica_id = flow.endpoints.get(served, "")
             if replica_id:
                 self._router.served(flow.state, handoff, replica_id)
-            self._router.first_byte(handoff)
-            flow.state.outcome.ttft_seconds = self._clock() - flow.state.started
         return protocol.proceed("response_headers")
 
-    def _close(self, flow: Flow) -> None:
-        """The stream ended (the HTTP request is over): records, slots, counts."""
+    def _ended(self, flow: Flow, ended: Ended) -> None:
+        """The request is over (:class:`dataplane.epp.ends.Ended`): who served, records, slots, counts."""
         state, handoff = flow.state, flow.handoff
-        if handoff is not None:
-            ok = 200 <= flow.status < 300
-            completion = state.call.max_tokens if ok and state.call is not None else 0
-            state.outcome.prompt_tokens = state.call.prompt_tokens if state.call is not None else 0
-            self._router.handed_back(state, handoff, ok=ok, completion_tokens=completion, failed=flow.status >= 500)
-            if ok:
-                self._requests.succeed(state, streamed=flow.stream)
-            else:  # no answer (the client left) or the replica's refusal
-                self._requests.count(state, "CANCELLED" if not flow.status else
-                                     "UNAVAILABLE" if flow.status >= 500 else "FAILED_PRECONDITION")
-        if flow.begun:
-            self._router.end(state)
+        assert handoff is not None
+        replica_id = flow.endpoints.get(ended.served, "")
+        if replica_id:
+            self._router.served(state, handoff, replica_id)
+        ok = 200 <= ended.status < 300
+        completion = state.call.max_tokens if ok and state.call is not None else 0
+        state.outcome.prompt_tokens = state.call.prompt_tokens if state.call is not None else 0
+        self._router.handed_back(state, handoff, ok=ok, completion_tokens=completion, failed=ended.status >= 500)
+        if ok:
+            self._requests.succeed(state, streamed=flow.stream)
+        else:  # no answer (the client left, or no report came) or the replica's refusal
+            self._requests.count(state, "CANCELLED" if not ended.status else
+                                 "UNAVAILABLE" if ended.status >= 500 else "FAILED_PRECONDITION")
+        self._router.end(state)
 
 
 async def _one(response: ext.ProcessingResponse) -> AsyncIterator[ext.ProcessingResponse]:

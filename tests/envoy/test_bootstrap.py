@@ -25,6 +25,8 @@ import grpc
 import pytest
 from aiohttp import web
 from envoy.config.core.v3 import base_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from google.protobuf import struct_pb2
@@ -34,6 +36,7 @@ from dataplane.envoy.bootstrap import (
     BODY_MODES,
     ENDPOINT_KEY,
     EXT_PROC_SERVICE,
+    KSERVE_CLUSTER,
     LB_NAMESPACE,
     PICKER_CLUSTER,
     REPLICA_CLUSTER,
@@ -46,7 +49,7 @@ from dataplane.envoy.bootstrap import (
     render_endpoints,
     split_address,
 )
-from dataplane.envoy.process import EnvoyProcess, envoy_binary, start_envoy
+from dataplane.envoy.process import EnvoyProcess, envoy_binary, start_envoy, write_endpoints
 from ferry import tlsgen
 from ferry.errors import ConfigError
 
@@ -55,7 +58,8 @@ PICKERS = ["127.0.0.1:9001", "127.0.0.1:9002"]
 
 def _render(**overrides: Any) -> dict[str, Any]:
     tls = overrides.pop("tls", None)
-    return render_bootstrap(EnvoySettings(**overrides), listen_port=8480, admin_port=8481, pickers=PICKERS,
+    pickers = overrides.pop("pickers", PICKERS)
+    return render_bootstrap(EnvoySettings(**overrides), listen_port=8480, admin_port=8481, pickers=pickers,
                             endpoints_path="/run/ferry/endpoints.json", tls=tls)
 
 
@@ -103,7 +107,7 @@ def test_ext_proc_filter(mode: str, trailers: str) -> None:
     assert filt["allow_mode_override"] is False
     assert filt["processing_mode"] == {
         "request_header_mode": "SEND", "request_body_mode": mode, "request_trailer_mode": trailers,
-        "response_header_mode": "SEND", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
+        "response_header_mode": "SKIP", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
     assert filt["metadata_options"] == {
         "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
         "receiving_namespaces": {"untyped": ["envoy.lb"]}}
@@ -121,13 +125,26 @@ def test_picker_cluster_is_health_checked_and_ejects() -> None:
     assert "http2_protocol_options" in options["explicit_http_config"]
 
 
-@pytest.mark.parametrize(("protocol", "key"), [("downstream", "use_downstream_protocol_config"),
-                                               ("http1", "explicit_http_config"), ("h2c", "explicit_http_config")],
-                         ids=["downstream", "http1", "h2c"])
+@pytest.mark.parametrize(("protocol", "key"), [("http1", "http_protocol_options"), ("h2c", "http2_protocol_options")],
+                         ids=["http1", "h2c"])
 def test_replica_cluster_protocol(protocol: str, key: str) -> None:
-    cluster = _cluster(_render(upstream_protocol=protocol), REPLICA_CLUSTER)
-    options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-    assert key in options
+    config = _render(upstream_protocol=protocol)
+    options = _cluster(config, REPLICA_CLUSTER)["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert key in options["explicit_http_config"]
+    kserve = _cluster(config, KSERVE_CLUSTER)["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    assert "http2_protocol_options" in kserve["explicit_http_config"]  # gRPC: always h2c
+    routes = _manager(config)["route_config"]["virtual_hosts"][0]["routes"]
+    assert [(r["match"]["prefix"], r["route"]["cluster"]) for r in routes] == [
+        ("/inference.GRPCInferenceService/", KSERVE_CLUSTER), ("/", REPLICA_CLUSTER)]
+
+
+def test_circuit_breakers_leave_admission_to_the_pickers() -> None:
+    config = _render()
+    for name in (REPLICA_CLUSTER, KSERVE_CLUSTER, PICKER_CLUSTER):
+        thresholds = _cluster(config, name)["circuit_breakers"]["thresholds"]
+        assert all(t["max_retries"] >= 1_000_000 and t["max_requests"] >= 1_000_000 for t in thresholds)
 
 
 def test_override_host_reads_the_metadata_and_reports_the_served_endpoint() -> None:
@@ -141,9 +158,11 @@ def test_override_host_reads_the_metadata_and_reports_the_served_endpoint() -> N
     key = {"key": LB_NAMESPACE, "path": [{"key": ENDPOINT_KEY}]}
     assert policy["typed_config"]["override_host_sources"] == [{"metadata": key}]
     assert policy["typed_config"]["selected_host_key"] == {"key": LB_NAMESPACE, "path": [{"key": SERVED_KEY}]}
-    route = _manager(config)["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
+    assert _cluster(config, KSERVE_CLUSTER)["eds_cluster_config"]["eds_config"]["path_config_source"][
+        "path"] == "/run/ferry/endpoints-kserve.json"
+    route = _manager(config)["route_config"]["virtual_hosts"][0]["routes"][-1]["route"]
     assert route["timeout"] == "0.000s"
-    assert route["retry_policy"]["retry_on"] == "connect-failure,refused-stream,reset-before-request"
+    assert route["retry_policy"]["retry_on"] == "connect-failure,refused-stream,reset"
     assert route["retry_policy"]["num_retries"] == 2
 
 
@@ -159,9 +178,24 @@ def test_original_dst_routing() -> None:
                                                     ("", None)], ids=["stdout", "file", "none"])
 def test_access_log(access_log: str, logger: str | None) -> None:
     logs = _manager(_render(access_log=access_log))["access_log"]
-    assert [entry["name"] for entry in logs] == ([logger] if logger else [])
+    reports = ["envoy.access_loggers.http_grpc"] * len(PICKERS)  # one report logger per picker
+    assert [entry["name"] for entry in logs] == [*([logger] if logger else []), *reports]
     if logger:
         assert "json_format" in logs[0]["typed_config"]["log_format"]
+
+
+def test_every_picker_hears_of_every_request_end() -> None:
+    config = _render(pickers=["127.0.0.1:1", "127.0.0.1:2"], report_flush_ms=20)
+    manager = _manager(config)
+    reports = [e for e in manager["access_log"] if e["name"] == "envoy.access_loggers.http_grpc"]
+    router = next(f for f in manager["http_filters"] if f["name"] == "envoy.filters.http.router")
+    assert router["typed_config"]["upstream_log"] == reports  # the replica's end as well as the client's
+    clusters = [r["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] for r in reports]
+    assert clusters == [f"{PICKER_CLUSTER}_report_0", f"{PICKER_CLUSTER}_report_1"]
+    assert {r["typed_config"]["common_config"]["buffer_flush_interval"] for r in reports} == {"0.020s"}
+    for k, address in enumerate(["127.0.0.1:1", "127.0.0.1:2"]):
+        endpoint = _cluster(config, clusters[k])["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+        assert endpoint["endpoint"]["address"]["socket_address"]["port_value"] == int(address[-1])
 
 
 def test_tls_listener() -> None:
@@ -219,8 +253,21 @@ class StubPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, endpoints: str) -> None:
         self.endpoints = endpoints
         self.requests = 0
-        self.served: list[str] = []  # envoy.lb / x-gateway-destination-endpoint-served, from response headers
+        self.served: list[str] = []  # the upstream that answered, from the reports' upstream ends
+        self.ends: list[tuple[str, float]] = []  # (kind of end, when it was heard) from the report stream
         self.bodies: list[bytes] = []
+        self.streams_ended: list[float] = []  # when each processor stream ended
+
+    async def StreamAccessLogs(self, request_iterator: Any, context: Any) -> als_pb2.StreamAccessLogsResponse:
+        async for message in request_iterator:
+            for entry in message.http_logs.log_entry:
+                common = entry.common_properties
+                kind = accesslog_pb2.AccessLogType.Name(common.access_log_type)
+                self.ends.append((kind, time.monotonic()))
+                if kind == "UpstreamEnd" and entry.response.response_code.value:
+                    socket = common.upstream_remote_address.socket_address
+                    self.served.append(f"{socket.address}:{socket.port_value}")
+        return als_pb2.StreamAccessLogsResponse()
 
     def _pick(self) -> ext_proc.CommonResponse:
         header = base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=ENDPOINT_KEY,
@@ -234,6 +281,13 @@ class StubPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         return metadata
 
     async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        try:
+            async for response in self._process(request_iterator):
+                yield response
+        finally:
+            self.streams_ended.append(time.monotonic())
+
+    async def _process(self, request_iterator: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
         body = b""
         async for request in request_iterator:
             kind = request.WhichOneof("request")
@@ -272,6 +326,13 @@ class DuplexPicker(StubPicker):
     chunks = 0  # request_body messages seen
 
     async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        try:
+            async for response in self._process(request_iterator):
+                yield response
+        finally:
+            self.streams_ended.append(time.monotonic())
+
+    async def _process(self, request_iterator: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
         body = b""
         async for request in request_iterator:
             kind = request.WhichOneof("request")
@@ -303,6 +364,7 @@ async def serve_picker(picker: StubPicker) -> AsyncIterator[tuple[str, grpc.aio.
     """Serve ``picker`` (and gRPC health SERVING for the ext_proc service) on 127.0.0.1; yield (address, server)."""
     server = grpc.aio.server()
     ext_proc_grpc.add_ExternalProcessorServicer_to_server(picker, server)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(picker, server)
     health_servicer = health.aio.HealthServicer()
     await health_servicer.set(EXT_PROC_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -416,7 +478,7 @@ async def _get(client: aiohttp.ClientSession, url: str, body: bytes | None = Non
 def test_every_rendering_validates(tmp_path: Path) -> None:
     """``envoy --mode validate`` accepts the bootstrap for every body mode, routing and upstream protocol."""
     tls = _tls_files(tmp_path)
-    (tmp_path / "endpoints.json").write_text(json.dumps(render_endpoints(["127.0.0.1:9100"])))
+    write_endpoints(tmp_path / "endpoints.json", ["127.0.0.1:9100"])
     jobs = []
     for mode in BODY_MODES:
         for routing in ROUTINGS:
@@ -455,6 +517,7 @@ async def test_routes_to_the_primary_and_reports_served(tmp_path: Path, replicas
             status, text = await _get(client, _url(envoy), body)
             assert status == 200, text
             assert text == f"b:{len(body or b'')}:{picker.endpoints}"
+        await _heard(picker, 3)
     assert (a.hits, b.hits) == (0, 3)
     assert picker.served == [b.address] * 3
 
@@ -473,6 +536,7 @@ async def test_refused_primary_falls_to_the_next(tmp_path: Path, replicas: list[
         assert status == 200, text
         assert text.startswith("a:")
         _, stats = await envoy.admin("GET", f"/stats?filter=^cluster.{REPLICA_CLUSTER}.upstream_rq_retry$")
+        await _heard(picker, 1)
     assert (a.hits, b.hits) == (1, 0)
     assert picker.served == [a.address]
     assert stats.strip().endswith(": 1")
@@ -582,13 +646,13 @@ async def test_full_duplex_streamed_body(tmp_path: Path, replicas: list[Replica]
 @pytest.mark.e2e
 @pytest.mark.timeout(30)
 async def test_grpc_client_reaches_a_grpc_replica_over_h2c(tmp_path: Path) -> None:
-    """use_downstream_protocol_config: an HTTP/2 (gRPC) client is forwarded over h2c."""
+    """The KServe v2 service's paths go to the replicas over h2c (cluster ferry_replicas_kserve)."""
     def echo(request: bytes, context: Any) -> bytes:
         return b"echo:" + request
 
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-        "test.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})])
+        "inference.GRPCInferenceService", {"Echo": grpc.unary_unary_rpc_method_handler(echo)})])
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
@@ -596,7 +660,7 @@ async def test_grpc_client_reaches_a_grpc_replica_over_h2c(tmp_path: Path) -> No
         async with serve_picker(StubPicker(replica)) as (address, _server), \
                 running_envoy(tmp_path, [address], [replica]) as envoy, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{envoy.listen_port}") as channel:
-            call = channel.unary_unary("/test.Echo/Echo")
+            call = channel.unary_unary("/inference.GRPCInferenceService/Echo")
             assert await call(b"hi", timeout=5) == b"echo:hi"
     finally:
         await server.stop(grace=None)
@@ -613,3 +677,55 @@ def test_the_config_file_envoy_section_reaches_the_settings(tmp_path) -> None:
     path.write_text("[envoy]\nno_such_key = 1\n")
     with pytest.raises(ConfigError, match="envoy.no_such_key"):
         load_file(path).section(EnvoySettings, "envoy")
+
+
+async def _heard(picker: StubPicker, answered: int, within: float = 5.0) -> None:
+    """Wait until the picker heard of ``answered`` upstream answers and as many downstream ends (bounded)."""
+    deadline = time.monotonic() + within
+    while len(picker.served) < answered or sum(kind == "DownstreamEnd" for kind, _ in picker.ends) < answered:
+        assert time.monotonic() < deadline, f"reports not heard within {within} s: {picker.ends}"
+        await asyncio.sleep(0.01)
+
+
+class SlowReplica(Replica):
+    """``/sse`` streams 10 events 0.1 s apart."""
+
+    async def _sse(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(10):
+            await response.write(f"data: {self.name} {i}\n\n".encode())
+            await asyncio.sleep(0.1)
+        await response.write_eof()
+        return response
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kill", [False, True], ids=["picker-lives", "picker-killed"])
+async def test_a_picker_hears_each_end_and_its_death_after_deciding_cuts_nothing(
+        tmp_path: Path, client: aiohttp.ClientSession, kill: bool) -> None:
+    replica = SlowReplica("s")
+    await replica.start()
+    picker = StubPicker(replica.address)
+    try:
+        async with serve_picker(picker) as (address, server), \
+                running_envoy(tmp_path, [address], [replica.address]) as envoy, \
+                client.get(_url(envoy, "/sse")) as response:
+            assert response.status == 200
+            first = await response.content.readline()
+            if kill:
+                await server.stop(grace=None)
+            events = [first] + [line async for line in response.content if line.strip()]
+            finished = time.monotonic()
+            if not kill:
+                await _heard(picker, 1)
+    finally:
+        await replica.stop()
+    assert len([e for e in events if e.strip()]) == 10  # whole, picker or not
+    if not kill:
+        assert picker.streams_ended[0] < finished - 0.5  # the processor stream ended with the decision...
+        ends = dict(picker.ends)
+        assert finished - 0.2 < ends["UpstreamEnd"] < finished + 1.0  # ... the ends came with the reports
+        assert finished - 0.2 < ends["DownstreamEnd"] < finished + 1.0

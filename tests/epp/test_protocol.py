@@ -22,7 +22,9 @@ from typing import Any
 import grpc
 import pytest
 from envoy.config.core.v3 import base_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from google.protobuf import struct_pb2
@@ -32,6 +34,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from dataplane.config import ProxySettings
 from dataplane.epp import protocol
+from dataplane.epp.ends import DOWNSTREAM_END, UPSTREAM_END
 from dataplane.server import Proxy
 from tests.dataplane.conftest import FAST, KEYS, TENANTS
 from tests.dataplane.fakes import FakeControlPlane, route, snapshot
@@ -74,6 +77,7 @@ class Picker:
             assert (await self.cp.next_ack()).applied
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.stub = ext_grpc.ExternalProcessorStub(self.channel)
+        self.reports = als_pb2_grpc.AccessLogServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         return self
 
@@ -148,28 +152,64 @@ async def ask(call: Any, *messages: ext.ProcessingRequest) -> ext.ProcessingResp
     return answer
 
 
+def set_headers(answer: ext.ProcessingResponse) -> dict[str, str]:
+    """The request headers a destination answer sets."""
+    common = answer.request_body.response if answer.HasField("request_body") else answer.request_headers.response
+    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+
+
 def destination(answer: ext.ProcessingResponse) -> tuple[str, str]:
     """(header value, metadata value) of a destination answer."""
-    common = answer.request_body.response if answer.HasField("request_body") else answer.request_headers.response
-    header = next(h.header.raw_value.decode() for h in common.header_mutation.set_headers
-                  if h.header.key == protocol.DESTINATION)
+    header = set_headers(answer)[protocol.DESTINATION]
     meta = answer.dynamic_metadata.fields[protocol.LB_NAMESPACE].struct_value.fields[protocol.DESTINATION]
     return header, meta.string_value
 
 
-async def routed(p: Picker, data: Any | None = None, *extra: tuple[str, str]) -> tuple[Any, list[str]]:
+class Routed:
+    """A decided request: its processor stream, request id and endpoints."""
+
+    def __init__(self, call: Any, request_id: str, endpoints: list[str]) -> None:
+        self.call, self.request_id, self.endpoints = call, request_id, endpoints
+
+
+async def routed(p: Picker, data: Any | None = None, *extra: tuple[str, str]) -> Routed:
     call = p.open()
     answer = await ask(call, headers("/v1/completions", *extra), body(data or completion()))
     header, meta = destination(answer)
     assert header == meta  # the protocol: header and metadata agree
-    return call, header.split(",")
+    return Routed(call, set_headers(answer)["x-request-id"], header.split(","))
 
 
-async def finish(call: Any, status: int = 200, served: str = "") -> None:
-    await call.write(response_headers(status, served))
-    assert (await call.read()).WhichOneof("response") == "response_headers"
-    await call.done_writing()
-    assert await call.code() == grpc.StatusCode.OK  # the stream ends: the request is over
+def entry(request_id: str, kind: int, status: int = 200, served: str = "") -> Any:
+    """One report entry as Envoy's access-log service sends it."""
+    out = accesslog_pb2.HTTPAccessLogEntry()
+    out.request.request_id = request_id
+    out.common_properties.access_log_type = kind
+    out.common_properties.start_time.GetCurrentTime()
+    if status:
+        out.response.response_code.value = status
+    if served:
+        host, _, port = served.rpartition(":")
+        out.common_properties.upstream_remote_address.socket_address.address = host
+        out.common_properties.upstream_remote_address.socket_address.port_value = int(port)
+    return out
+
+
+async def report(p: Picker, *entries: Any) -> None:
+    """Send ``entries`` in one report batch, as Envoy does at each flush."""
+    message = als_pb2.StreamAccessLogsMessage()
+    message.identifier.log_name = "ferry_reports"
+    message.http_logs.log_entry.extend(entries)
+    await p.reports.StreamAccessLogs(iter([message]))
+
+
+async def finish(p: Picker, request: Routed, status: int = 200, served: str = "") -> None:
+    """Envoy's side after a decision: the processor stream ends, then the replica's and the client's ends come."""
+    await request.call.done_writing()
+    assert await request.call.code() == grpc.StatusCode.OK
+    served = served or request.endpoints[0]
+    await report(p, entry(request.request_id, UPSTREAM_END, status, served),
+                 entry(request.request_id, DOWNSTREAM_END, status, served))
 
 
 async def idle(p: Picker) -> None:
@@ -177,16 +217,18 @@ async def idle(p: Picker) -> None:
     assert p.proxy is not None and p.proxy.picker is not None
     picker = p.proxy.picker
     await eventually(lambda: not picker.streams)
+    assert not picker.ends.pending
     assert p.proxy.router.inflight == 0
     assert sum(p.proxy.router.local_load.get(rid) for rid in HTTP) == 0
 
 
 async def test_destination_lists_the_choice_then_fallbacks_in_header_and_metadata_alike(picker) -> None:
     p = await picker()
-    call, endpoints = await routed(p)
+    request = await routed(p)
+    endpoints = request.endpoints
     assert len(endpoints) == 3 and len(set(endpoints)) == 3  # picker_fallbacks = 2 by default
     assert set(endpoints) <= set(HTTP.values())
-    await finish(call)
+    await finish(p, request)
     await idle(p)
 
 
@@ -195,9 +237,9 @@ async def test_the_same_prefix_lands_on_the_same_endpoint(picker) -> None:
     prompt = "shared system prompt " * 200
     firsts = []
     for i in range(6):
-        call, endpoints = await routed(p, completion(prompt + f"question {i}"))
-        firsts.append(endpoints[0])
-        await finish(call)
+        request = await routed(p, completion(prompt + f"question {i}"))
+        firsts.append(request.endpoints[0])
+        await finish(p, request)
     assert len(set(firsts)) == 1
 
 
@@ -208,7 +250,7 @@ async def test_the_subset_hint_is_honoured_and_an_empty_one_is_503(picker) -> No
     answer = await ask(call, with_subset(headers(), allowed), body(completion()))
     header, _ = destination(answer)
     assert set(header.split(",")) == set(allowed)
-    await finish(call)
+    await finish(p, Routed(call, set_headers(answer)["x-request-id"], header.split(",")))
     call = p.open()
     answer = await ask(call, with_subset(headers(), []), body(completion()))
     assert answer.immediate_response.status.code == 503
@@ -216,21 +258,42 @@ async def test_the_subset_hint_is_honoured_and_an_empty_one_is_503(picker) -> No
     await idle(p)
 
 
-async def test_kserve_model_infer_routes_to_the_grpc_address(picker) -> None:
-    p = await picker()
-    message = pb.ModelInferRequest(model_name="m", id="x")
+def model_infer(model: str = "m") -> bytes:
+    """One framed ModelInferRequest as tritonclient sends it."""
+    message = pb.ModelInferRequest(model_name=model, id="x")
     message.inputs.add(name="text_input", datatype="BYTES", shape=(1, 1))
     message.inputs.add(name="max_tokens", datatype="INT32", shape=(1, 1))
     prompt = b"hello over kserve"
     message.raw_input_contents.extend([struct.pack("<I", len(prompt)) + prompt, struct.pack("<i", 8)])
     raw = message.SerializeToString()
-    framed = struct.pack(">BI", 0, len(raw)) + raw
+    return struct.pack(">BI", 0, len(raw)) + raw
+
+
+async def test_kserve_model_infer_routes_to_the_grpc_address(picker) -> None:
+    p = await picker()
+    framed = model_infer()
     call = p.open()
     answer = await ask(call, headers("/inference.GRPCInferenceService/ModelInfer", ("x-api-key", KEYS["paid"])),
                        body(framed))
     header, _ = destination(answer)
     assert set(header.split(",")) <= set(GRPC.values())
-    await finish(call)
+    await finish(p, Routed(call, set_headers(answer)["x-request-id"], header.split(",")))
+    await idle(p)
+
+
+@pytest.mark.parametrize(("key", "model", "code"), [
+    ("wrong", "m", grpc.StatusCode.UNAUTHENTICATED), (KEYS["paid"], "nope", grpc.StatusCode.NOT_FOUND)],
+    ids=["bad-key", "unknown-model"])
+async def test_a_grpc_caller_is_refused_with_a_grpc_status(picker, key, model, code) -> None:
+    p = await picker()
+    grpc_headers = headers("/inference.GRPCInferenceService/ModelInfer", ("x-api-key", key))
+    del grpc_headers.request_headers.headers.headers[2:4]  # no JSON content type, no bearer key
+    grpc_headers.request_headers.headers.headers.append(
+        base_pb2.HeaderValue(key="content-type", raw_value=b"application/grpc"))
+    answer = await ask(p.open(), grpc_headers, body(model_infer(model)))
+    refusal = answer.immediate_response
+    assert refusal.status.code == 200 and refusal.grpc_status.status == code.value[0]
+    assert refusal.details and not refusal.body
     await idle(p)
 
 
@@ -256,6 +319,13 @@ async def test_bad_requests_are_refused_at_once_naming_the_field(picker, extra, 
     await idle(p)
 
 
+async def test_sampling_parameters_are_the_replicas_to_judge(picker) -> None:
+    p = await picker()  # the table's replicas declare no sampling inputs
+    request = await routed(p, completion(temperature=0.2, top_p=0.9, seed=3))
+    await finish(p, request)
+    await idle(p)
+
+
 async def test_models_and_health_are_answered_by_the_picker(picker) -> None:
     p = await picker()
     answer = await ask(p.open(), headers("/v1/models", method="GET", end=True))
@@ -277,20 +347,20 @@ async def test_an_unknown_route_is_404_and_a_get_of_completions_405(picker) -> N
 
 async def test_over_the_inflight_bound_is_429_with_retry_after(picker) -> None:
     p = await picker(max_inflight=1)
-    held, _ = await routed(p)
+    held = await routed(p)
     answer = await ask(p.open(), headers(), body(completion()))
     assert answer.immediate_response.status.code == 429
     names = {h.header.key: h.header.raw_value for h in answer.immediate_response.headers.set_headers}
     assert int(names["retry-after"]) >= 1
     assert json.loads(answer.immediate_response.body)["error"]["code"] == "rate_limit_exceeded"
-    await finish(held)
+    await finish(p, held)
     await idle(p)
 
 
 async def test_a_queued_request_waits_in_the_picker_and_is_refused_at_its_deadline(picker) -> None:
     table = snapshot(1, routes(1, max_concurrency=1))
     p = await picker(table)
-    held, _ = await routed(p, completion(), ("x-ferry-tier", "standard"))
+    held = await routed(p, completion(), ("x-ferry-tier", "standard"))
     started = time.monotonic()
     answer = await ask(p.open(), headers("/v1/completions", ("x-ferry-tier", "standard"), ("x-ferry-timeout", "0.5")),
                        body(completion()))
@@ -298,14 +368,14 @@ async def test_a_queued_request_waits_in_the_picker_and_is_refused_at_its_deadli
     assert answer.WhichOneof("response") == "immediate_response"
     assert answer.immediate_response.status.code in (429, 503, 504)
     assert waited >= 0.4  # it waited in the tier queue for its deadline
-    await finish(held)
+    await finish(p, held)
     await idle(p)
 
 
 async def test_a_queued_request_goes_when_the_slot_frees(picker) -> None:
     table = snapshot(1, routes(1, max_concurrency=1))
     p = await picker(table)
-    held, _ = await routed(p, completion(), ("x-ferry-tier", "standard"))
+    held = await routed(p, completion(), ("x-ferry-tier", "standard"))
     waiting = p.open()
     await waiting.write(headers("/v1/completions", ("x-ferry-tier", "standard")))
     await waiting.read()
@@ -315,32 +385,74 @@ async def test_a_queued_request_goes_when_the_slot_frees(picker) -> None:
     pending = asyncio.ensure_future(waiting.read())
     await asyncio.sleep(0.2)
     assert not pending.done()  # queued behind the held one
-    await finish(held)
+    await finish(p, held)  # its report frees the slot
     answer = await asyncio.wait_for(pending, 5)
     assert destination(answer)[0].split(",")[0] == HTTP["r0"]
-    await finish(waiting)
+    await finish(p, Routed(waiting, set_headers(answer)["x-request-id"], destination(answer)[0].split(",")))
     await idle(p)
 
 
 async def test_a_fallback_that_served_moves_the_attempt_and_frees_the_first(picker) -> None:
     p = await picker()
-    call, endpoints = await routed(p)
-    await finish(call, served=endpoints[1])
+    request = await routed(p)
+    await request.call.done_writing()
+    await report(p, entry(request.request_id, UPSTREAM_END, 0, request.endpoints[0]))  # refused: Envoy goes on
+    assert p.proxy is not None and p.proxy.router.inflight == 1
+    await report(p, entry(request.request_id, UPSTREAM_END, 200, request.endpoints[1]))
     await idle(p)
+    assert p.proxy.metrics.value("proxy_retries_total", model="m", reason="unreached") == 1
     assert p.proxy is not None
     assert p.proxy.metrics.value("proxy_retries_total", model="m", reason="unreached") == 1
 
 
-async def test_inflight_returns_to_zero_when_the_client_leaves_mid_stream(picker) -> None:
+async def test_inflight_returns_to_zero_however_a_request_ends(picker) -> None:
     p = await picker()
-    calls = [(await routed(p))[0] for _ in range(5)]
-    assert p.proxy is not None and p.proxy.router.inflight == 5
-    for call in calls[:3]:
-        call.cancel()  # Envoy resets the stream when the downstream goes away
-    for call in calls[3:]:
-        await call.write(response_headers(200))
-        await call.read()
-        call.cancel()
+    requests = [await routed(p) for _ in range(6)]
+    assert p.proxy is not None and p.proxy.router.inflight == 6
+    for request in requests:
+        request.call.cancel()  # Envoy ends the processor stream once it has the decision: nothing is released yet
+    await report(p, entry("not-ours", UPSTREAM_END, 200, HTTP["r0"]))  # another picker's request: ignored
+    assert p.proxy.router.inflight == 6
+    first, second, third, *rest = requests
+    await report(p, entry(first.request_id, UPSTREAM_END, 200, first.endpoints[0]),  # the replica finished
+                 entry(second.request_id, DOWNSTREAM_END, 0),  # the client left before any answer
+                 entry(third.request_id, DOWNSTREAM_END, 503))  # nothing could be reached
+    await eventually(lambda: p.proxy is not None and p.proxy.router.inflight == 3)
+    await report(p, entry(first.request_id, DOWNSTREAM_END, 200, first.endpoints[0]),  # already ended: ignored
+                 *(entry(r.request_id, UPSTREAM_END, 200, r.endpoints[0]) for r in rest))
+    await idle(p)
+    lag = p.proxy.metrics.registry.get_sample_value("ferry_picker_report_lag_seconds_count", {"end": "upstream"})
+    assert lag == 4
+
+
+async def test_a_request_never_reported_is_closed_after_its_deadline(picker) -> None:
+    p = await picker()
+    assert p.proxy is not None and p.proxy.picker is not None
+    ends = p.proxy.picker.ends
+    ends.grace = 0.0
+    request = await routed(p, completion(), ("x-ferry-timeout", "0.3"))
+    await request.call.done_writing()
+    assert ends.sweep() == 0 and p.proxy.router.inflight == 1
+    await asyncio.sleep(0.35)
+    assert ends.sweep() == 1
+    await idle(p)
+    assert p.proxy.metrics.registry.get_sample_value("ferry_picker_report_expired_total") == 1
+
+
+async def test_the_forwarder_holds_the_request_deadline(picker) -> None:
+    p = await picker()
+    call = p.open()
+    answer = await ask(call, headers("/v1/completions", ("x-ferry-timeout", "2")), body(completion()))
+    assert 1000 < int(set_headers(answer)["x-envoy-upstream-rq-timeout-ms"]) <= 2000
+
+
+async def test_without_reports_the_end_of_the_processor_stream_ends_the_request(picker) -> None:
+    p = await picker(picker_end="stream")
+    request = await routed(p)
+    assert p.proxy is not None and p.proxy.router.inflight == 1
+    await request.call.write(response_headers(200))
+    await request.call.read()
+    await request.call.done_writing()
     await idle(p)
 
 
@@ -376,5 +488,5 @@ async def test_full_duplex_streamed_bodies_route_and_come_back_whole(picker) -> 
     chunk = await call.read()
     streamed = chunk.request_body.response.body_mutation.streamed_response
     assert streamed.body == raw and streamed.end_of_stream
-    await finish(call)
+    await finish(p, Routed(call, set_headers(answer)["x-request-id"], header.split(",")))
     await idle(p)

@@ -78,9 +78,11 @@ class NodeInfo:
 class Endpoint:
     """An endpoint of the node: its fixed replicas, or (``adopt``) every LLM model it serves.
 
-    A KServe v2 endpoint at ``address``; or, with ``openai_url``, an engine serving OpenAI HTTP itself
-    (:mod:`agent.openai`, ``engine`` one of its ``ENGINES``, ``address`` unused), whose models (``openai_models``,
-    else its ``/v1/models``) are adopted as replicas reached over HTTP only.
+    A KServe v2 endpoint at ``address`` (with ``http_address``, the same server's OpenAI-compatible front end,
+    ``host:port``, registered as each adopted replica's: a Triton server with its OpenAI front end); or, with
+    ``openai_url``, an engine serving OpenAI HTTP itself (:mod:`agent.openai`, ``engine`` one of its
+    ``ENGINES``, ``address`` unused), whose models (``openai_models``, else its ``/v1/models``) are adopted as
+    replicas reached over HTTP only.
     """
 
     address: str = ""
@@ -92,6 +94,7 @@ class Endpoint:
     openai_url: str | None = None  # http://host:port of an engine's OpenAI API
     engine: str = ""  # that engine: vllm | sglang | trtllm
     openai_models: tuple[str, ...] = ()  # the model names it serves (empty: read from its /v1/models)
+    http_address: str = ""  # with a KServe address: host:port of the same server's OpenAI front end
 
 
 class AgentMetrics:
@@ -205,7 +208,7 @@ class Agent:
                                            default_max_concurrency=self.settings.default_max_concurrency)
             else:
                 refused = merge_discovered(self.inventory, node=self.node.node, endpoint=i, address=source.address,
-                                           gpus=source.gpus, entries=entries,
+                                           gpus=source.gpus, entries=entries, http_address=source.http_address,
                                            default_max_concurrency=self.settings.default_max_concurrency)
             if refused:
                 log.warning("replicas %s ignored: at most %d per agent", refused, self.settings.max_replicas)

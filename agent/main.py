@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="simulated replicas load their model this long before they are ready (default 0)")
     parser.add_argument("--triton", metavar="ADDRESS", help="also adopt the LLM models of this KServe v2 endpoint")
     parser.add_argument("--triton-metrics", metavar="URL", help="that endpoint's Prometheus URL (optional)")
+    parser.add_argument("--triton-openai", metavar="URL",
+                        help="that server's OpenAI-compatible front end (http://HOST:PORT, optional): each adopted "
+                             "replica is also reached there, straight through Envoy")
     parser.add_argument("--no-http", action="store_true",
                         help="do not serve the simulated replicas' OpenAI/SGLang HTTP faces")
     openai = parser.add_argument_group("OpenAI-HTTP engines", "engines that serve OpenAI HTTP themselves")
@@ -177,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.gpus < 1:
             raise ValueError("--gpus must be >= 1")
         args.openai_endpoints = openai_endpoints(args)
+        if args.triton_openai:
+            if not args.triton:
+                raise ValueError("--triton-openai goes with --triton")
+            http_address(args.triton_openai)  # a bad URL fails here, naming the flag's value
         if args.standby and (replicas or args.triton or args.batch_runtime or args.openai):
             raise ValueError("--standby: a standby node loads no weights; it excludes --replica, --triton, "
                              "--openai and --batch-runtime")
@@ -264,7 +271,8 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
             endpoints.append(dataclasses.replace(endpoint, tls=args.transport is not None))
             batch_replicas = endpoints[-1].replicas
         if args.triton:
-            endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus))
+            endpoints.append(Endpoint(address=args.triton, metrics_url=args.triton_metrics, adopt=True, gpus=args.gpus,
+                                      http_address=http_address(args.triton_openai) if args.triton_openai else ""))
         endpoints += getattr(args, "openai_endpoints", [])
         metrics_host, _ = split_address(args.metrics_listen)
         metrics_port = start_metrics_server(args.metrics_listen)

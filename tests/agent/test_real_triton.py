@@ -57,7 +57,8 @@ async def test_agent_adopts_the_real_endpoint(server):
     fake = FakeFleet()
     grpc_server, port = await start_fleet(fake)
     agent = Agent(node=NodeInfo(node="gpu-1"), control_planes=[f"127.0.0.1:{port}"],
-                  endpoints=[Endpoint(address=server.grpc, metrics_url=server.metrics_url, adopt=True, gpus=8)],
+                  endpoints=[Endpoint(address=server.grpc, metrics_url=server.metrics_url, adopt=True, gpus=8,
+                                      http_address="127.0.0.1:9000")],  # its OpenAI front end, Envoy's way in
                   settings=SETTINGS, rng=random.Random(1), metrics=AgentMetrics(CollectorRegistry()))
     await agent.start()
     try:
@@ -67,6 +68,7 @@ async def test_agent_adopts_the_real_endpoint(server):
             seen.update({r.replica_id: r.state for r in message.replicas})
         assert sorted(seen) == ["gpu-1-llm-1", "gpu-1-llm-unary-1"]
         assert agent.inventory.replicas["gpu-1-llm-1"].spec.address == server.grpc
+        assert agent.inventory.replicas["gpu-1-llm-1"].spec.http_address == "127.0.0.1:9000"
     finally:
         await agent.stop()
         await grpc_server.stop(None)

@@ -108,9 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without it the children run with --insecure")
     parser.add_argument("--batch-gpus", type=int, default=0, metavar="N",
                         help="also run ferry's fixed-batch runtime (model batchstring) on a node of N GPUs")
-    parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL]",
+    parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL[,OPENAI_URL]]",
                         help="a running Triton (or any KServe v2) server: an agent beside it adopts its LLM models "
-                             "(repeatable; replaces the simulated replicas unless --replicas is given)")
+                             "(repeatable; replaces the simulated replicas unless --replicas is given); with its "
+                             "OpenAI front end's URL, Envoy also reaches them over OpenAI HTTP")
 
 
 def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -229,10 +230,11 @@ class Fleet:
                                                  "--region", regions[n % len(regions)], *reps, *cfg]))
         adopting = []
         for k, server in enumerate(args.triton):
-            address, _, metrics = server.partition(",")
+            address, _, rest = server.partition(",")
+            metrics, _, front = rest.partition(",")
             name = f"triton-{k + 1}"
             adopting.append(name)
-            extra = ["--triton-metrics", metrics] if metrics else []
+            extra = (["--triton-metrics", metrics] if metrics else []) + (["--triton-openai", front] if front else [])
             self.nodes.append(self._spawn(name, ["node", "--node", name, "--control-plane", ",".join(addresses),
                                                  "--region", args.region, "--triton", address, *extra, *cfg]))
         if args.batch_gpus > 0:

@@ -106,7 +106,9 @@ def test_read_commands_in_both_modes(up: dict[str, Any]) -> None:
         8, 2, 2)
     assert models["chat-small"]["versions"] == ["v1"] and "DEFAULT_VERSION" in ok(up, "models")
     table = data(up, "table")
-    assert table["regions"][0]["replicas"] == 4 and table["proxies"][0]["proxy_id"] == "proxy-1"
+    # every table consumer: the relay's proxy, the two pickers and Envoy (its endpoint list)
+    assert table["regions"][0]["replicas"] == 4
+    assert sorted(p["proxy_id"] for p in table["proxies"]) == ["envoy", "picker-1", "picker-2", "proxy-1"]
     assert "proxy-1" in ok(up, "table")
     assert data(up, "alloc", "--list") == {"slots": [], "pending": []}
 

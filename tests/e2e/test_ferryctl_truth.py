@@ -34,7 +34,7 @@ ENV = {k: v for k, v in os.environ.items() if k not in ("FERRY_ADMIN_TOKEN", "FE
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("ferryctl-truth")  # unsupervised: what these tests kill must stay dead
     child = Child("up", ["up", "--store", "etcd", "--control-planes", "2", "--replicas", "4", "--no-supervise",
-                         "--workdir", str(work / "fleet")], work).start()
+                         "--pickers", "0", "--workdir", str(work / "fleet")], work).start()  # the relay's proxy alone
     try:
         ready = child.wait_ready(90)
         yield {**ready, "ready_file": str(child.ready_path)}

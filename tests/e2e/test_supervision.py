@@ -37,7 +37,8 @@ def test_killed_proxy_and_node_are_restarted_behind_the_same_address(tmp_path: P
     try:
         ready = up.wait_ready(90)
         assert set(ready["proxies"]) == {"proxy-1", "proxy-2"} and set(ready["proxies"]) <= set(ready["pids"])
-        assert ready["restarts"] == {"controlplane": 0, "node-1": 0, "proxy-1": 0, "proxy-2": 0}
+        assert ready["restarts"] == {"controlplane": 0, "node-1": 0, "proxy-1": 0, "proxy-2": 0,
+                                     "picker-1": 0, "picker-2": 0, "envoy": 0}  # the Envoy path supervised too
         address = ready["data_plane"]
         old = ready["pids"]["proxy-1"]
         os.kill(old, signal.SIGKILL)

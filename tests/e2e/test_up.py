@@ -28,10 +28,12 @@ def test_ferry_up_runs_the_fleet_and_stops_on_sigint(tmp_path: Path) -> None:
     up = Child("up", ["up", "--replicas", "4", "--workdir", str(tmp_path / "fleet")], tmp_path).start()
     try:
         ready = up.wait_ready(90)
-        assert set(ready) >= {"data_plane", "control_plane", "models", "api_keys"}
+        assert set(ready) >= {"data_plane", "control_plane", "models", "api_keys", "envoy", "pickers"}
         assert ready["models"] == ["chat-large", "chat-small"]
         assert set(ready["api_keys"]) == {"enterprise-1", "paid-1", "free-1"}
-        assert len(ready["replicas"]) == 4 and len(ready["pids"]) == 4  # control plane, proxy, 2 nodes
+        # control plane, proxy, two pickers, Envoy, 2 nodes
+        assert len(ready["replicas"]) == 4 and set(ready["pids"]) == {
+            "controlplane", "proxy", "picker-1", "picker-2", "envoy", "node-1", "node-2"}
         call = subprocess.run([sys.executable, "-m", "ferry", "call", "--ready-file", str(up.ready_path),
                                "--model", "chat-small", "--prompt", "hello", "--max-tokens", "3", "--json"],
                               capture_output=True, text=True, timeout=60)

@@ -47,7 +47,7 @@ def test_ferry_up_with_etcd_and_two_control_planes(tmp_path: Path) -> None:
         assert _healthy(info["etcd"])
         etcd_pid = info["pids"]["etcd"]  # a child like the others, with its pid in the ready file
         assert _alive(etcd_pid) and set(info["pids"]) == {"etcd", "controlplane-1", "controlplane-2", "proxy",
-                                                          "node-1", "node-2"}
+                                                          "picker-1", "picker-2", "envoy", "node-1", "node-2"}
         status = _ctl("--ready-file", str(ready), "status", "--json")
         assert status.returncode == 0, status.stderr
         data = json.loads(status.stdout)
@@ -55,7 +55,8 @@ def test_ferry_up_with_etcd_and_two_control_planes(tmp_path: Path) -> None:
         assert sorted(p["role"] for p in data["control_planes"]) == ["follower", "leader"]
         assert all(p["reachable"] for p in data["control_planes"])
         assert data["regions"][0]["replicas"] == 4 and data["members"] == 2
-        assert [(p["proxy_id"], p["synced"]) for p in data["proxies"]] == [("proxy-1", True)]
+        assert sorted((p["proxy_id"], p["synced"]) for p in data["proxies"]) == [
+            ("envoy", True), ("picker-1", True), ("picker-2", True), ("proxy-1", True)]
         human = _ctl("--ready-file", str(ready), "status")
         assert human.returncode == 0 and "leader: controlplane-" in human.stdout and "PROXY_ID" in human.stdout
         key = info["api_keys"]["enterprise-1"]

@@ -28,19 +28,33 @@ dir; figures: when its new pid was in the ready file); ``proxy_kill``
 requests in every tier. Figures per scenario: per tier ``failed``/``total``,
 ``first_failed``, p50 and p99 latency of the successes (seconds), the
 recovery time, and the proxies' peak RSS (bytes, ``/proc/PID/status``).
+
+``--path envoy|relay`` chooses the door of a scenario that has both:
+``unread_streams`` drives Envoy by default (``ferry up``'s ``envoy``
+address, OpenAI ``POST /v1/completions`` over HTTP/1.1, :class:`HttpLoad`:
+the same tiers, keys and unary/streamed mix, tier in ``x-ferry-tier``, a
+request that fails with no output, a 503 or a broken connection, tried
+again once), its 200 unread streams are HTTP streams whose sockets are
+never read, and its slots count as freed once both pickers'
+``ferry_proxy_inflight`` gauges are back to 0 (and the replicas idle). The
+other scenarios drive the Python relay (gRPC) only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +67,7 @@ import grpc
 from ferry.cli.ctl.main import AdminClient
 from ferry.procs import Child, cpu_seconds
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, inference_pb2, inference_pb2_grpc
+from tools.peers.routers import envoy_binary_pid
 
 TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),
          ("standard", common_pb2.TIER_STANDARD, "paid-1"),
@@ -159,6 +174,61 @@ class Load:
         return out
 
 
+class HttpLoad(Load):
+    """:class:`Load` through Envoy: OpenAI ``/v1/completions`` over HTTP/1.1, unary and streamed (``stream``)."""
+
+    def __init__(self, ready: dict[str, Any], rate: float = 20.0, channels: int = 4, model: str = "chat-small",
+                 max_tokens: int = 4) -> None:
+        self.max_tokens = max_tokens
+        self.address = ready["envoy"]
+        self.keys = ready["api_keys"]
+        self.rate = rate
+        self.model = model
+        self._channels = []
+        self.outcomes = []
+        self._lock = threading.Lock()
+
+    def _once(self, n: int, tier: str, tenant: str, stream: bool, remaining: float) -> tuple[str, int]:
+        """One attempt: (code, bytes of output seen); code ``OK``, ``HTTP <status>``, ``CONNECTION`` or
+        ``INCOMPLETE``."""
+        host, _, port = self.address.rpartition(":")
+        body = json.dumps({"model": self.model, "prompt": f"drill {n % 50} hello", "max_tokens": self.max_tokens,
+                           "stream": stream}).encode()
+        conn = http.client.HTTPConnection(host, int(port), timeout=remaining)
+        try:
+            conn.request("POST", "/v1/completions", body, {
+                "Content-Type": "application/json", "Authorization": f"Bearer {self.keys[tenant]}",
+                "x-ferry-tier": tier, "Idempotency-Key": uuid.uuid4().hex})
+            answer = conn.getresponse()
+            data = answer.read()
+            if answer.status != 200:
+                return f"HTTP {answer.status}", 0
+            if stream and b"[DONE]" not in data:
+                return "INCOMPLETE", len(data)
+            return "OK", len(data)
+        except (OSError, http.client.HTTPException):
+            return "CONNECTION", 0
+        finally:
+            conn.close()
+
+    def _call(self, n: int) -> None:
+        name, _, tenant = TIERS[n % len(TIERS)]
+        kind = "stream" if (n // len(TIERS)) % 2 else "unary"
+        started = time.monotonic()
+        deadline = started + DEADLINE_SECONDS
+        first_ok, ok, code, first_code = False, False, "OK", "OK"
+        for attempt in range(2):
+            code, seen = self._once(n, name, tenant, kind == "stream", max(0.1, deadline - time.monotonic()))
+            ok = code == "OK"
+            if attempt == 0:
+                first_ok, first_code = ok, code
+            if ok or seen or code not in ("CONNECTION", "HTTP 503"):
+                break
+        with self._lock:
+            self.outcomes.append(Outcome(name, kind, ok, first_ok, code, first_code, time.monotonic() - started,
+                                         started))
+
+
 def _quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -200,6 +270,7 @@ class Scenario:
     max_tokens: int = 4
     in_flight_may_fail: bool = False  # the injury kills what holds the client's connection
     drive: Callable[[Child, dict[str, Any], float, float], dict[str, Any]] | None = None  # its own load, if any
+    drive_envoy: Callable[[Child, dict[str, Any], float, float], dict[str, Any]] | None = None  # the same, via Envoy
 
 def _kill_pid_and_wait_restart(up: Child, component: str) -> dict[str, Any]:
     old = read_ready(up)["pids"][component]
@@ -398,6 +469,116 @@ def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: floa
         **shares}}
 
 
+def _picker_inflight(ready: dict[str, Any]) -> float | None:
+    """The pickers' ``ferry_proxy_inflight`` summed (None when a picker's metrics do not answer)."""
+    total = 0.0
+    for name in ready.get("pickers", {}):
+        address = (ready.get("metrics") or {}).get(name)
+        try:
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=2) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return None
+        total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                     if line.startswith("ferry_proxy_inflight ") or line.startswith("ferry_proxy_inflight{"))
+    return total
+
+
+def _unread_http(address: str, key: str, count: int) -> list[socket.socket]:
+    """``count`` streamed batch completions (4,096 tokens each) sent through Envoy on sockets never read."""
+    host, _, port = address.rpartition(":")
+    socks = []
+    for i in range(count):
+        body = json.dumps({"model": "chat-small", "prompt": f"unread {i}", "max_tokens": 4096,
+                           "stream": True}).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n"
+                f"Authorization: Bearer {key}\r\nx-ferry-tier: batch\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # never read: let back-pressure reach Envoy
+        sock.sendall(head + body)
+        socks.append(sock)
+    return socks
+
+
+def _unread_streams_envoy(up: Child, ready: dict[str, Any], seconds: float, rate: float) -> dict[str, Any]:
+    """:func:`_unread_streams` through Envoy: HTTP load alone for ``seconds/2``, then with 200 unread HTTP streams
+    of the free tenant; slots freed once the pickers' in-flight gauges and the replicas are back to 0."""
+    half = seconds / 2
+    pids = ready["pids"]
+    envoy = envoy_binary_pid(pids["envoy"], Path(ready["workdir"]))
+    watched = {"envoy": [envoy], "pickers": [pid for n, pid in pids.items() if n.startswith("picker-")],
+               "proxy": [pids["proxy"]], "nodes": [pid for n, pid in pids.items() if n.startswith("node")],
+               "controlplane": [pid for n, pid in pids.items() if n.startswith("controlplane")]}
+
+    def cpu() -> dict[str, float]:
+        return {g: sum(cpu_seconds(pid) or 0.0 for pid in group) for g, group in watched.items()}
+
+    shares: dict[str, float] = {}
+
+    def share(label: str, before: dict[str, float], since: float, requests: int) -> None:
+        wall, now = time.monotonic() - since, cpu()
+        for group in watched:
+            shares[f"{group}_cpu_cores_{label}"] = round((now[group] - before[group]) / wall, 3)
+            if requests:
+                shares[f"{group}_cpu_ms_per_request_{label}"] = round((now[group] - before[group]) * 1000 / requests,
+                                                                      3)
+
+    def rss() -> int:
+        return rss_bytes(envoy) + sum(rss_bytes(pid) for pid in watched["pickers"])
+
+    at, used = time.monotonic(), cpu()
+    alone = HttpLoad(ready, rate)
+    alone.run(half)
+    share("without", used, at, len(alone.outcomes))
+    rss_before = rss()
+    socks = _unread_http(ready["envoy"], ready["api_keys"]["free-1"], 200)
+    peak = [rss_before]
+    inflight_peak = [0.0]
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            inflight_peak[0] = max(inflight_peak[0], _picker_inflight(ready) or 0.0)
+            done.wait(0.5)
+
+    done = threading.Event()
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    at, used = time.monotonic(), cpu()
+    loaded = HttpLoad(ready, rate)
+    loaded.run(half)
+    share("with", used, at, len(loaded.outcomes))
+    done.set()
+    sampler.join(2)
+    refused = 0
+    for sock in socks:  # a refusal (429/503) came back at once, in the first bytes
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            first = sock.recv(64)
+            refused += first.startswith(b"HTTP/1.1 4") or first.startswith(b"HTTP/1.1 5")
+        sock.close()
+
+    def busy() -> int:
+        return sum(r.load.running + r.load.queued for r in _replicas(ready).values())
+
+    closed = time.monotonic()
+    freed = wait_until(lambda: _picker_inflight(ready) == 0 and busy() == 0, 20)
+    inflight_after = _picker_inflight(ready)
+    fig_alone, fig_loaded = alone.figures(), loaded.figures()
+    tiers = {t: {**fig_loaded[t], "total": fig_loaded[t]["total"] + fig_alone[t]["total"],
+                 "failed": fig_loaded[t]["failed"] + fig_alone[t]["failed"]} for t in fig_loaded}
+    p99_alone = _quantile(sorted(o.seconds for o in alone.outcomes if o.ok), 0.99)
+    p99_loaded = _quantile(sorted(o.seconds for o in loaded.outcomes if o.ok), 0.99)
+    ratio = round(p99_loaded / p99_alone, 3) if p99_alone and p99_loaded else None
+    return {"tiers": tiers, "recovery": {
+        "path": "envoy", "unread_streams": len(socks), "unread_refused": refused, "held_seconds": round(half, 1),
+        "p99_without": p99_alone, "p99_with": p99_loaded, "p99_ratio": ratio,
+        "envoy_pickers_rss_before_bytes": rss_before, "envoy_pickers_rss_peak_bytes": peak[0],
+        "pickers_inflight_peak": inflight_peak[0], "pickers_inflight_after": inflight_after,
+        "slots_freed_after_seconds": freed, "closed_at_s": round(closed - at, 1), **shares}}
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("baseline", ["--replicas", "4"], None),
     Scenario("node_kill", ["--replicas", "4"], lambda up, r: _kill_pid_and_wait_restart(up, "node-1")),
@@ -407,14 +588,23 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              lambda up, r: _kill_pid_and_wait_restart(up, "etcd")),
     Scenario("proxy_kill", ["--replicas", "4", "--proxies", "2"], lambda up, r: _proxy_kill(up, r), max_tokens=64,
              in_flight_may_fail=True),
-    Scenario("unread_streams", ["--replicas", "4"], None, drive=_unread_streams),
+    Scenario("unread_streams", ["--replicas", "4"], None, drive=_unread_streams, drive_envoy=_unread_streams_envoy),
     Scenario("fake_agent", ["--replicas", "4"], _fake_agent),
 )}
 
 
-def run_scenario(name: str, seconds: float, rate: float, workdir: Path) -> dict[str, Any]:
-    """Start ``ferry up`` with the scenario's flags, load it, injure it, and return the figures."""
+def default_path(name: str) -> str:
+    """``envoy`` for a scenario with an Envoy variant, else ``relay``."""
+    return "envoy" if SCENARIOS[name].drive_envoy is not None else "relay"
+
+
+def run_scenario(name: str, seconds: float, rate: float, workdir: Path, path: str | None = None) -> dict[str, Any]:
+    """Start ``ferry up`` with the scenario's flags, load it (through ``path``: ``envoy`` or ``relay``, default
+    :func:`default_path`), injure it, and return the figures."""
     scenario = SCENARIOS[name]
+    path = path or default_path(name)
+    if path == "envoy" and scenario.drive_envoy is None:
+        raise ValueError(f"scenario {name} has no Envoy variant: use --path relay")
     up = Child("up", ["up", *scenario.flags, "--workdir", str(workdir / "fleet")], workdir).start()
     try:
         ready = up.wait_ready(90)
@@ -438,10 +628,11 @@ def run_scenario(name: str, seconds: float, rate: float, workdir: Path) -> dict[
                 recovery.update(scenario.injure(up, ready))
 
         started = time.monotonic()
-        if scenario.drive is not None:
-            driven = scenario.drive(up, ready, seconds, rate)
+        drive = scenario.drive_envoy if path == "envoy" else scenario.drive
+        if drive is not None:
+            driven = drive(up, ready, seconds, rate)
             stop.set()
-            return {"scenario": name, "seconds": round(time.monotonic() - started, 2), "rate": rate,
+            return {"scenario": name, "path": path, "seconds": round(time.monotonic() - started, 2), "rate": rate,
                     "tiers": driven["tiers"], "recovery": driven["recovery"], "proxy_peak_rss_bytes": peak,
                     "restarts": read_ready(up).get("restarts", {})}
         load.run(seconds, injure if scenario.injure else None)
@@ -490,13 +681,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--path", choices=("envoy", "relay"), default=None,
+                        help="the door: envoy (default where a scenario has an Envoy variant) or relay")
     parser.add_argument("--out", default="bench-results/drills.json")
     args = parser.parse_args(argv)
+    names = args.scenario or list(SCENARIOS)
+    if args.path == "envoy" and any(SCENARIOS[n].drive_envoy is None for n in names):
+        parser.error(f"--path envoy: only {', '.join(n for n, s in SCENARIOS.items() if s.drive_envoy)} "
+                     "have an Envoy variant")
     results = []
     failed = 0
-    for name in args.scenario or list(SCENARIOS):
+    for name in names:
         with tempfile.TemporaryDirectory(prefix=f"ferry-drill-{name}-") as tmp:
-            figures = run_scenario(name, args.seconds, args.rate, Path(tmp))
+            figures = run_scenario(name, args.seconds, args.rate, Path(tmp), args.path)
         figures["misses"] = verdict(figures)
         failed += bool(figures["misses"])
         results.append(figures)

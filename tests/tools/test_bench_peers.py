@@ -229,7 +229,8 @@ def test_arguments_and_router_list() -> None:
     args = bench_peers.parse_args([])
     assert args.replicas == 8 and args.load == 0.8 and args.max_output == 32
     assert [r.label for r in routers.parse_routers(args.routers)] == [
-        "ferry", "sglang:cache_aware", "sglang:round_robin", "vllm:cache_aware", "vllm:consistent_hash"]
+        "ferry", "ferry:envoy", "sglang:cache_aware", "sglang:round_robin", "vllm:cache_aware", "vllm:consistent_hash"]
+    assert [r.label for r in routers.parse_routers("ferry:relay,ferry:envoy")] == ["ferry", "ferry:envoy"]
     args = bench_peers.parse_args(["--routers", "ferry,vllm:consistent_hash", "--minutes", "1", "--start-minute",
                                    "2", "--engine", "max_running=30", "--speedup", "3"])
     assert args.minutes == 1.0 and args.start_minute == 2.0 and args.engine == ["max_running=30"]
@@ -273,6 +274,39 @@ def test_short_end_to_end_run(tmp_path: Path) -> None:
         assert r["requests"] == 12 and r["ok"] == 12
         assert r["prefix_hit_ratio"] is not None
     assert (tmp_path / "ttft.png").exists()
+
+
+@pytest.mark.timeout(180)
+def test_envoy_path_end_to_end(tmp_path: Path) -> None:
+    """Ferry's Envoy path in front of two HTTP replicas: every request answered, Envoy's and the pickers' CPU."""
+    out = tmp_path / "peers.json"
+    code = bench_peers.main(["--trace", str(bench_peers.BUNDLED), "--replicas", "2", "--limit", "12",
+                             "--speedup", "4", "--routers", "ferry:envoy", "--json-out", str(out),
+                             "--plot", str(tmp_path / "ttft.png"), "--workdir", str(tmp_path / "work")])
+    assert code == 0
+    [row] = json.loads(out.read_text())["routers"]
+    assert row["router"] == "ferry:envoy" and row["requests"] == 12 and row["ok"] == 12
+    assert row["data_path_roles"] == ["envoy", "picker-1", "picker-2"] and row["envoy_pid"] > 0
+    assert row["cpu_seconds"]["envoy"] > 0 and row["cpu_seconds"]["data_path"] > 0
+    assert sum(row["proxy_counters"]["picks"].values()) >= 12  # the pickers decided every request
+    report = json.loads(out.read_text())
+    assert report["criteria"]["ferry:envoy"]["errors"]["pass"] is True
+
+
+def test_criteria_against_the_best_peer() -> None:
+    def row(name: str, ttft: float, e2e: float, hit: float, cpu: float, ok: int = 10) -> dict[str, object]:
+        return {"router": name, "requests": 10, "ok": ok, "ttft_ms": {"p99": ttft}, "e2e_ms": {"p99": e2e},
+                "prefix_hit_ratio": hit, "cpu_seconds_per_1k": {"data_path": cpu}}
+    report = {"routers": [row("ferry:envoy", 700.0, 900.0, 0.49, 0.9),
+                          row("sglang:cache_aware", 1000.0, 950.0, 0.5, 2.0),
+                          row("vllm:cache_aware", 900.0, 1000.0, 0.5, 3.0), {"router": "x", "failed": "no"}]}
+    checks = bench_peers.criteria(report, 0.5)["ferry:envoy"]
+    assert checks["ttft_p99_ms"] == {"value": 700.0, "bound": 720.0, "pass": True}
+    assert checks["e2e_p99_ms"]["pass"] and checks["hit_ratio"]["pass"] and checks["errors"]["pass"]
+    assert checks["cpu_s_per_1k_data_path"] == {"value": 0.9, "bound": 1.0, "pass": True}
+    report["routers"][0] = row("ferry:envoy", 800.0, 960.0, 0.4, 1.1, ok=9)
+    checks = bench_peers.criteria(report, 0.5)["ferry:envoy"]
+    assert not any(c["pass"] for c in checks.values())
 
 
 def test_the_slice_in_the_simulator_maps_each_router_and_bounds_the_tail() -> None:

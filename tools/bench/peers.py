@@ -1,6 +1,8 @@
 """Ferry against the peer routers in real time: the same simulated replicas, the same trace slice, the same load.
 
-For each router of ``--routers`` (default: ``ferry``, ``sglang:cache_aware``,
+For each router of ``--routers`` (default: ``ferry`` (the Python relay),
+``ferry:envoy`` (Envoy forwarding OpenAI HTTP to the replicas' HTTP faces,
+two endpoint pickers deciding), ``sglang:cache_aware``,
 ``sglang:round_robin``, ``vllm:cache_aware``, ``vllm:consistent_hash``), in
 turn: start ``--replicas`` fresh simulated replicas (empty prefix caches;
 :mod:`tools.peers.replicas`, engine ``--engine KEY=VALUE``), start the router
@@ -36,10 +38,21 @@ refusals by status; the prefix-hit ratio the replicas measured (their
 differences over the replay, all replicas summed) and its ratio to the
 infinite-cache limit; the busiest replica's answered requests over the mean
 (``nv_inference_request_success``); CPU seconds per 1,000 requests of each
-role of the router (Ferry: proxy, control plane, agents, the ``ferry up``
+role of the router (Ferry's relay: proxy, control plane, agents, the
+``ferry up`` launcher; Ferry's Envoy path: the Envoy binary, each picker,
+the ``ferry envoy`` wrapper, the idle relay proxy, control plane, agents,
 launcher; a peer: its process tree), of the replicas and of this client,
-from ``/proc`` before and after the replay; the machine's 1-minute load
+from ``/proc`` before and after the replay, and ``data_path``: the roles
+every request crosses (the relay's proxy; Envoy + the pickers; a peer's
+router), with control plane and agents apart; the machine's 1-minute load
 average, sampled every second of the replay.
+
+**Pass criteria** of Ferry's paths (:func:`criteria`, printed and written
+under ``criteria``), against the peers measured in the same run: TTFT p99 at
+most 0.8x the best peer's, end-to-end p99 at most the best peer's, hit ratio
+at least 0.97x the infinite-cache limit, no errors (every request sent
+answered OK), and data-path CPU per 1,000 requests at most 0.5x
+``sglang:cache_aware``'s router.
 
 The **infinite-cache limit** is computed over exactly the prompts sent: the
 chained 512-word block hashes of each prompt (:func:`ferry.tokens.block_hashes`,
@@ -61,6 +74,7 @@ Example::
 
     python -m tools.bench.peers
     python -m tools.bench.peers --routers ferry,sglang:cache_aware --minutes 2
+    python -m tools.bench.peers --routers ferry,ferry:envoy,sglang:cache_aware,vllm:cache_aware
 """
 
 from __future__ import annotations
@@ -97,9 +111,13 @@ from tools.simulate import engine_params
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_ENV = "FERRY_MOONCAKE_TRACE"
 BUNDLED = ROOT / "tools" / "data" / "mooncake_conversation_first2min.jsonl"
-DEFAULT_ROUTERS = "ferry,sglang:cache_aware,sglang:round_robin,vllm:cache_aware,vllm:consistent_hash"
+DEFAULT_ROUTERS = "ferry,ferry:envoy,sglang:cache_aware,sglang:round_robin,vllm:cache_aware,vllm:consistent_hash"
 DEFAULT_WINDOW = (10.0, 4.0)  # minutes 10 to 14 of the full trace
 PERCENTILES = (50, 90, 99)
+TTFT_P99_VS_BEST_PEER = 0.8
+HIT_VS_LIMIT = 0.97
+CPU_VS_SGLANG = 0.5
+CPU_REFERENCE = "sglang:cache_aware"
 
 
 def _positive(text: str) -> float:
@@ -245,7 +263,10 @@ def measure_router(spec: routers.RouterSpec, args: argparse.Namespace, planned: 
             running.stop()
     finally:
         replicas.stop()
-    row = summarize(spec, outcomes, elapsed, before, after, cpu, sampler.samples, ready_s, workdir)
+    row = summarize(spec, outcomes, elapsed, before, after, cpu, sampler.samples, ready_s, workdir,
+                    data_path=running.data_path)
+    if running.info.get("envoy_pid"):
+        row["envoy_pid"] = running.info["envoy_pid"]
     if counters:
         row["proxy_counters"] = counters
     return row
@@ -253,7 +274,8 @@ def measure_router(spec: routers.RouterSpec, args: argparse.Namespace, planned: 
 
 def summarize(spec: routers.RouterSpec, outcomes: list[load.Outcome], elapsed: float,
               before: list[routers.ReplicaCounters], after: list[routers.ReplicaCounters], cpu: dict[str, float],
-              load_samples: list[float], ready_s: float, workdir: Path) -> dict[str, Any]:
+              load_samples: list[float], ready_s: float, workdir: Path,
+              data_path: Sequence[str] = ()) -> dict[str, Any]:
     sent = [o for o in outcomes if o.status != "NOT_SENT"]
     ok = [o for o in sent if o.status == "OK"]
     ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
@@ -267,6 +289,8 @@ def summarize(spec: routers.RouterSpec, outcomes: list[load.Outcome], elapsed: f
     mean_served = sum(served) / len(served) if served else 0.0
     router_roles = [k for k in cpu if k not in ("replicas", "client")]
     cpu = {**cpu, "router_total": round(sum(cpu[k] for k in router_roles), 3)}
+    if data_path:
+        cpu["data_path"] = round(sum(cpu.get(k, 0.0) for k in data_path), 3)
     per_k = {k: round(v * 1000 / len(sent), 2) if sent else None for k, v in cpu.items()}
 
     def ms(values: list[float]) -> dict[str, float | None]:
@@ -285,7 +309,53 @@ def summarize(spec: routers.RouterSpec, outcomes: list[load.Outcome], elapsed: f
         "load_average": {"mean": round(sum(load_samples) / len(load_samples), 2) if load_samples else None,
                          "max": round(max(load_samples), 2) if load_samples else None},
         "elapsed_s": round(elapsed, 1), "startup_s": round(ready_s, 1), "logs": str(workdir),
+        "data_path_roles": list(data_path),
     }
+
+
+def criteria(report: dict[str, Any], limit_ratio: float) -> dict[str, dict[str, Any]]:
+    """The pass criteria (module doc) of each Ferry path measured, against the peers of the same run."""
+    measured = [r for r in report["routers"] if "failed" not in r]
+    peers = [r for r in measured if not r["router"].startswith("ferry")]
+    best_ttft = min((r["ttft_ms"]["p99"] for r in peers if r["ttft_ms"]["p99"] is not None), default=None)
+    best_e2e = min((r["e2e_ms"]["p99"] for r in peers if r["e2e_ms"]["p99"] is not None), default=None)
+    reference = next((r for r in peers if r["router"] == CPU_REFERENCE), None)
+    ref_cpu = reference["cpu_seconds_per_1k"].get("data_path") if reference else None
+    out: dict[str, dict[str, Any]] = {}
+    for r in measured:
+        if not r["router"].startswith("ferry"):
+            continue
+        ttft, e2e, hit = r["ttft_ms"]["p99"], r["e2e_ms"]["p99"], r["prefix_hit_ratio"]
+        cpu = r["cpu_seconds_per_1k"].get("data_path")
+
+        def check(value: float | None, bound: float | None, *, at_least: bool = False) -> dict[str, Any]:
+            ok = None if value is None or bound is None else (value >= bound if at_least else value <= bound)
+            return {"value": value, "bound": None if bound is None else round(bound, 3), "pass": ok}
+
+        out[r["router"]] = {
+            "ttft_p99_ms": check(ttft, None if best_ttft is None else TTFT_P99_VS_BEST_PEER * best_ttft),
+            "e2e_p99_ms": check(e2e, best_e2e),
+            "hit_ratio": check(hit, HIT_VS_LIMIT * limit_ratio if limit_ratio else None, at_least=True),
+            "errors": {"value": r["requests"] - r["ok"], "bound": 0, "pass": r["ok"] == r["requests"]},
+            "cpu_s_per_1k_data_path": check(cpu, None if ref_cpu is None else CPU_VS_SGLANG * ref_cpu),
+        }
+    return out
+
+
+def print_criteria(report: dict[str, Any]) -> None:
+    """One line per criterion of each Ferry path: value, bound, PASS / FAIL (or n/a without a peer to compare)."""
+    names = {"ttft_p99_ms": f"TTFT p99 <= {TTFT_P99_VS_BEST_PEER}x best peer's (ms)",
+             "e2e_p99_ms": "e2e p99 <= best peer's (ms)",
+             "hit_ratio": f"hit ratio >= {HIT_VS_LIMIT}x the infinite-cache limit",
+             "errors": "requests not answered OK == 0",
+             "cpu_s_per_1k_data_path": f"data-path CPU s/1k <= {CPU_VS_SGLANG}x {CPU_REFERENCE}'s router"}
+    for router, checks in report["criteria"].items():
+        roles: list[str] = next((r.get("data_path_roles") or [] for r in report["routers"] if r["router"] == router),
+                                [])
+        print(f"criteria for {router} (data path: {' + '.join(roles)}):")
+        for key, check in checks.items():
+            verdict = "n/a" if check["pass"] is None else ("PASS" if check["pass"] else "FAIL")
+            print(f"  {verdict:<4}  {names[key]}: {check['value']} vs {check['bound']}")
 
 
 # -- report -----------------------------------------------------------------------------------------------------------
@@ -297,7 +367,8 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 def print_table(report: dict[str, Any]) -> None:
     limit = report["infinite_cache_limit"]["ratio"]
     header = ["router", "req", "ok", "TTFT p50", "TTFT p99", "e2e p50", "e2e p99", "errors (refusals)",
-              "hit", "hit/limit", "max/mean", "CPU s/1k router", "CPU s/1k by role", "CPU s/1k replicas", "load avg"]
+              "hit", "hit/limit", "max/mean", "CPU s/1k data path", "CPU s/1k router", "CPU s/1k by role",
+              "CPU s/1k replicas", "load avg"]
     rows = []
     for r in report["routers"]:
         if "failed" in r:
@@ -305,14 +376,15 @@ def print_table(report: dict[str, Any]) -> None:
             continue
         per_k = r["cpu_seconds_per_1k"]
         roles = ", ".join(f"{k} {v:.1f}" for k, v in per_k.items()
-                          if k not in ("router_total", "replicas", "client") and v is not None)
+                          if k not in ("router_total", "data_path", "replicas", "client") and v is not None)
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "0"
         hit = r["prefix_hit_ratio"]
         rows.append([
             r["router"], str(r["requests"]), str(r["ok"]), _fmt(r["ttft_ms"]["p50"]), _fmt(r["ttft_ms"]["p99"]),
             _fmt(r["e2e_ms"]["p50"]), _fmt(r["e2e_ms"]["p99"]), f"{errors} ({r['refusals']})",
             _fmt(hit, 3), _fmt(hit / limit if hit is not None and limit else None, 2),
-            _fmt(r["max_mean_requests"], 2), _fmt(per_k["router_total"], 1), roles, _fmt(per_k["replicas"], 1),
+            _fmt(r["max_mean_requests"], 2), _fmt(per_k.get("data_path"), 2), _fmt(per_k["router_total"], 1),
+            roles, _fmt(per_k["replicas"], 1),
             _fmt(r["load_average"]["mean"], 1)])
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
@@ -470,9 +542,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     report["ranking"]["disagree"] = simulated.disagreements(report["ranking"]["real"], report["ranking"]["sim"])
     report["ranking"]["agree"] = not report["ranking"]["disagree"]
+    report["criteria"] = criteria(report, limit["ratio"])
     print()
     print_table(report)
     print_sim(report)
+    print_criteria(report)
     print(f"wall time {report['wall_s']:.0f} s")
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)

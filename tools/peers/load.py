@@ -248,7 +248,7 @@ class HttpTarget:
     """A router's HTTP API, streamed: OpenAI ``/v1/completions`` or SGLang ``/generate``."""
 
     def __init__(self, base_url: str, *, model: str = "chat", api: str = "completions",
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, temperature: float | None = 0.0) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
             raise ValueError(f"expected http://host:port, got {base_url!r}")
@@ -256,6 +256,7 @@ class HttpTarget:
             raise ValueError(f"api must be completions or generate, got {api!r}")
         self.name = base_url
         self.host, self.port, self.model, self.api = parts.hostname, parts.port, model, api
+        self.temperature = temperature  # None: not sent (a router that refuses a parameter its replica lists not)
         self.path = "/v1/completions" if api == "completions" else "/generate"
         self.extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
@@ -264,10 +265,15 @@ class HttpTarget:
     def body(self, request: Planned) -> dict[str, Any]:
         """The JSON body of one request."""
         if self.api == "generate":
-            return {"text": request.prompt, "stream": True,
-                    "sampling_params": {"max_new_tokens": request.max_tokens, "temperature": 0}}
-        return {"model": self.model, "prompt": request.prompt, "max_tokens": request.max_tokens, "stream": True,
-                "temperature": 0}
+            sampling: dict[str, Any] = {"max_new_tokens": request.max_tokens}
+            if self.temperature is not None:
+                sampling["temperature"] = self.temperature
+            return {"text": request.prompt, "stream": True, "sampling_params": sampling}
+        body: dict[str, Any] = {"model": self.model, "prompt": request.prompt, "max_tokens": request.max_tokens,
+                                "stream": True}
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        return body
 
     async def open(self, requests: Sequence[Planned]) -> None:
         for r in requests:

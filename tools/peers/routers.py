@@ -12,7 +12,23 @@
   writes it once every agent's replica is in the table and the proxy applied
   it) and checks with ``ferryctl --json replicas`` that all N are in the
   table. CPU roles: ``proxy``, ``controlplane``, ``agents`` (the N agent
-  processes) and ``launcher`` (``ferry up`` itself).
+  processes) and ``launcher`` (``ferry up`` itself). This is the Python
+  relay (label ``ferry``, also ``ferry:relay``), run with ``--pickers 0``.
+- :func:`start_ferry_envoy` (``ferry:envoy``): Ferry's native data path,
+  Envoy forwarding OpenAI HTTP straight to the replicas' HTTP faces, its two
+  endpoint pickers deciding each request over ``ext_proc``. ``ferry up
+  --replicas 0 --pickers 2`` (control plane, pickers, Envoy; the relay proxy
+  idles beside them) with the relay's ``--triton`` adoption of every replica
+  plus its HTTP face (``--triton GRPC,METRICS,HTTP``), so both paths see the
+  same replicas and telemetry. Waits for the table to list all N and for
+  Envoy to answer a completion. The load is the peers'
+  (:class:`load.HttpTarget`), with the enterprise tenant's key and tier
+  ``interactive``. CPU roles: ``envoy`` (the Envoy
+  binary, found from the ``ferry envoy`` wrapper's ready file or its
+  children), ``picker-1``, ``picker-2``, ``envoy_wrapper`` (the ``ferry
+  envoy`` process alone: it watches the table), ``proxy`` (idle),
+  ``controlplane``, ``agents`` and ``launcher``. The data path is
+  ``envoy`` + the pickers. The relay (``ferry``) runs with ``--pickers 0``.
 - :func:`start_peer`: the peer router's own binary from its virtual
   environment under ``.venv-peers/`` (``sglang-router launch`` of
   sglang-router 0.3.2, ``vllm-router`` of vllm-router 0.1.17), bound to
@@ -33,6 +49,7 @@ measured replay.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -40,6 +57,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -75,7 +94,7 @@ PEERS = {
 
 @dataclasses.dataclass(frozen=True)
 class RouterSpec:
-    """``ferry`` or ``PEER:POLICY``."""
+    """``ferry`` (the Python relay), ``ferry:envoy`` (Envoy and its pickers) or ``PEER:POLICY``."""
 
     kind: str
     policy: str = ""
@@ -92,12 +111,14 @@ def parse_routers(text: str) -> list[RouterSpec]:
         if not item:
             continue
         kind, _, policy = item.partition(":")
-        if kind == "ferry" and not policy:
+        if kind == "ferry" and policy in ("", "relay"):
             out.append(RouterSpec("ferry"))
+        elif kind == "ferry" and policy == "envoy":
+            out.append(RouterSpec("ferry", "envoy"))
         elif kind in PEERS and policy in PEERS[kind].policies:
             out.append(RouterSpec(kind, policy))
         else:
-            known = ", ".join(["ferry", *(f"{k}:{p}" for k, v in PEERS.items() for p in v.policies)])
+            known = ", ".join(["ferry", "ferry:envoy", *(f"{k}:{p}" for k, v in PEERS.items() for p in v.policies)])
             raise ValueError(f"unknown router {item!r}; known: {known}")
     if not out:
         raise ValueError("no router given")
@@ -187,12 +208,16 @@ class Running:
     roles: dict[str, list[int]]            # CPU roles: root pids (each counted with its descendants)
     solo: dict[str, int] = dataclasses.field(default_factory=dict)  # roles counted without descendants
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extra: list[Proc] = dataclasses.field(default_factory=list)  # started beside it, stopped first
+    data_path: tuple[str, ...] = ()        # the roles every request crosses (the router's own CPU)
 
     def target(self) -> load.Target:
         made: load.Target = self.make_target()
         return made
 
     def stop(self) -> int | None:
+        for proc in self.extra:
+            proc.stop()
         return self.proc.stop()
 
 
@@ -200,27 +225,39 @@ def start_router(spec: RouterSpec, replicas: Replicas, workdir: Path, *, timeout
                  ferry_config: str | None = None) -> Running:
     """Start one router in front of ``replicas``; ProcFailed (with its log's tail) if it does not come up."""
     workdir.mkdir(parents=True, exist_ok=True)
+    if spec.kind == "ferry" and spec.policy == "envoy":
+        return start_ferry_envoy(replicas, workdir, timeout=timeout, config=ferry_config)
     if spec.kind == "ferry":
         return start_ferry(replicas, workdir, timeout=timeout, config=ferry_config)
     return start_peer(spec, replicas, workdir, timeout=timeout)
 
 
-def start_ferry(replicas: Replicas, workdir: Path, *, timeout: float = 120.0, config: str | None = None) -> Running:
+def _ferry_up(replicas: Replicas, workdir: Path, *, pickers: int, timeout: float,
+              config: str | None) -> tuple[Proc, dict[str, Any]]:
+    """``ferry up`` adopting every replica by its KServe v2 address and metrics (``--triton``), and, with
+    pickers, its OpenAI HTTP face too (the same telemetry whichever path serves); waits for the table."""
     ready = workdir / "up.json"
     ready.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "ferry", "up", "--replicas", "0", "--models", replicas.model,
-            "--ready-file", str(ready), "--workdir", str(workdir / "up"), "--timeout", str(timeout)]
+            "--ready-file", str(ready), "--workdir", str(workdir / "up"), "--timeout", str(timeout),
+            "--pickers", str(pickers)]
     if config:
         argv += ["--config", config]
     for rep in replicas.replicas:
-        argv += ["--triton", f"{rep['grpc']},{rep['metrics']}"]
-    proc = Proc("ferry", argv, workdir / "ferry-up.log", cwd=ROOT, env={"GRPC_VERBOSITY": "ERROR"}).start()
+        argv += ["--triton", f"{rep['grpc']},{rep['metrics']}" + (f",{rep['http']}" if pickers else "")]
+    proc = Proc("ferry-envoy" if pickers else "ferry", argv, workdir / "ferry-up.log", cwd=ROOT,
+                env={"GRPC_VERBOSITY": "ERROR"}).start()
     try:
         info = wait_json(ready, proc, timeout + 30)
         _wait_ferry_table(ready, replicas.count, proc, timeout)
     except BaseException:
         proc.stop()
         raise
+    return proc, info
+
+
+def start_ferry(replicas: Replicas, workdir: Path, *, timeout: float = 120.0, config: str | None = None) -> Running:
+    proc, info = _ferry_up(replicas, workdir, pickers=0, timeout=timeout, config=config)
     pids: dict[str, int] = info.get("pids", {})
     roles = {"proxy": [pids["proxy"]], "controlplane": [pids["controlplane"]],
              "agents": [pid for name, pid in pids.items() if name.startswith("triton-")]}
@@ -228,17 +265,92 @@ def start_ferry(replicas: Replicas, workdir: Path, *, timeout: float = 120.0, co
     model = (info.get("models") or [replicas.model])[0]
     address = info["data_plane"]
     return Running(RouterSpec("ferry"), proc, lambda: load.GrpcTarget(address, api_key=key, model=model), roles,
-                   solo={"launcher": proc.pid},
+                   solo={"launcher": proc.pid}, data_path=("proxy",),
                    info={"data_plane": address, "metrics": f"http://{info['metrics']['proxy']}/metrics"})
 
 
+def start_ferry_envoy(replicas: Replicas, workdir: Path, *, timeout: float = 120.0,
+                      config: str | None = None) -> Running:
+    """``ferry up`` with Envoy and two pickers over the replicas the relay adopts, with their HTTP faces."""
+    proc, info = _ferry_up(replicas, workdir, pickers=2, timeout=timeout, config=config)
+    up_dir = workdir / "up"
+    try:
+        if not info.get("envoy"):
+            raise ProcFailed(f"ferry up started no Envoy (ready file {workdir / 'up.json'}); log {proc.log}")
+        pids: dict[str, int] = info.get("pids", {})
+        envoy_pid = envoy_binary_pid(pids["envoy"], up_dir)
+        pickers = sorted(name for name in pids if name.startswith("picker-"))
+        roles = {"envoy": [envoy_pid], **{name: [pids[name]] for name in pickers},
+                 "proxy": [pids["proxy"]], "controlplane": [pids["controlplane"]],
+                 "agents": [pid for name, pid in pids.items() if name.startswith("triton-")]}
+        key = (info.get("api_keys") or {}).get("enterprise-1") or next(iter((info.get("api_keys") or {}).values()))
+        base = f"http://{info['envoy']}"
+        headers = {"Authorization": f"Bearer {key}", "x-ferry-tier": "interactive"}
+        metrics = [f"http://{info['metrics'][name]}/metrics" for name in pickers if info["metrics"].get(name)]
+        running = Running(RouterSpec("ferry", "envoy"), proc,
+                          lambda: load.HttpTarget(base, model=replicas.model, headers=headers),
+                          roles, solo={"envoy_wrapper": pids["envoy"], "launcher": proc.pid},
+                          data_path=("envoy", *pickers),
+                          info={"url": base, "metrics": metrics, "envoy_admin": info.get("envoy_admin", ""),
+                                "envoy_pid": envoy_pid, "pickers": info.get("pickers", {})})
+        _wait_completion(base, headers, replicas.model, proc, timeout)
+    except BaseException:
+        proc.stop()
+        raise
+    return running
+
+
+def envoy_binary_pid(wrapper: int, workdir: Path) -> int:
+    """The Envoy binary's pid: ``envoy_pid`` of the wrapper's ready file, else the wrapper's child named envoy."""
+    for path in (workdir / "envoy.ready.json", workdir / "envoy" / "envoy.ready.json"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(json.loads(path.read_text()).get("envoy_pid") or 0)
+            if pid:
+                return pid
+    for task in Path(f"/proc/{wrapper}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError):
+            for child in (task / "children").read_text().split():
+                if "envoy" in Path(f"/proc/{child}/comm").read_text():
+                    return int(child)
+    raise ProcFailed(f"no Envoy binary under the ferry envoy process {wrapper}")
+
+
+def _wait_completion(base: str, headers: dict[str, str], model: str, proc: Proc, timeout: float) -> None:
+    """Until Envoy answers a one-token completion with 200 (its endpoints and the pickers' tables are in)."""
+    body = json.dumps({"model": model, "prompt": "ready?", "max_tokens": 1}).encode()
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(f"{base}/v1/completions", data=body, method="POST",
+                                         headers={**headers, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=10.0) as answer:
+                if answer.status == 200:
+                    return
+                last = str(answer.status)
+        except urllib.error.HTTPError as exc:
+            last = f"{exc.code}: {exc.read()[:200]!r}"
+        except OSError as exc:
+            last = str(exc)
+        proc.check()
+        time.sleep(0.5)
+    raise ProcFailed(f"ferry:envoy: no completion through Envoy in {timeout:.0f} s (last {last}); log {proc.log}")
+
+
 def proxy_counters(running: Running) -> dict[str, dict[str, float]]:
-    """Ferry's proxy counters that explain a run: picks by branch, ejections by reason (empty for a peer)."""
-    url = running.info.get("metrics")
-    if not url:
+    """Ferry's proxy counters that explain a run: picks by branch, ejections by reason, summed over the
+    proxy or the pickers (empty for a peer)."""
+    urls = running.info.get("metrics")
+    if not urls:
         return {}
-    status, text = http_get(str(url), timeout=10.0)
-    if status != 200:
+    if running.spec.kind != "ferry":
+        return {}
+    text = ""
+    for url in ([urls] if isinstance(urls, str) else urls):
+        status, body = http_get(str(url), timeout=10.0)
+        if status == 200:
+            text += body + "\n"
+    if not text:
         return {}
     out: dict[str, dict[str, float]] = {"picks": {}, "ejections": {}}
     for line in text.splitlines():
@@ -289,6 +401,7 @@ def start_peer(spec: RouterSpec, replicas: Replicas, workdir: Path, *, timeout: 
         proc.stop()
         raise
     return Running(spec, proc, lambda: load.HttpTarget(base, model=replicas.model), {"router": [proc.pid]},
+                   data_path=("router",),
                    info={"url": base, "metrics": f"http://127.0.0.1:{metrics_port}/metrics", "argv": argv[1:]})
 
 

@@ -41,7 +41,8 @@ from tools.sim.policies import POLICIES, Ferry, PolicyFactory
 from tools.sim.report import summarize
 from tools.sim.workload import SimRequest, cached_lead
 
-SIM_POLICY = {"ferry": "ferry", "sglang:cache_aware": "cache_aware_load", "vllm:cache_aware": "cache_aware_load",
+SIM_POLICY = {"ferry": "ferry", "ferry:envoy": "ferry",
+              "sglang:cache_aware": "cache_aware_load", "vllm:cache_aware": "cache_aware_load",
               "sglang:round_robin": "round_robin", "vllm:round_robin": "round_robin",
               "vllm:consistent_hash": "prompt_hash", "sglang:random": "random", "vllm:random": "random"}
 

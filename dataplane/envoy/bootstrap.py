@@ -157,6 +157,11 @@ class EnvoySettings:
     - ``upstream_protocol`` ("http1"; or "h2c"): how OpenAI HTTP reaches the replicas (cluster
       ``ferry_replicas``), whatever the client spoke; KServe v2 gRPC (paths under
       ``/inference.GRPCInferenceService/``) always goes over h2c (cluster ``ferry_replicas_kserve``).
+    - ``picker_balance`` ("failover"): the first picker of ``--pickers`` decides every request while it is
+      healthy and the next takes over when it is not (Envoy's priorities), so one picker's state (where it
+      sent each prefix, its in-flight counts) sees every request; measured on the peers bench, two pickers
+      sharing the requests round robin ("round_robin") kept 0.67 of the infinite-cache hit limit against
+      0.97 for one. More decisions than one picker's core can make take more Envoy + picker pods.
     - ``picker_health_interval_ms`` (1000), ``picker_ejection_failures`` (2),
       ``picker_ejection_ms`` (5000): gRPC health checks of the pickers
       (service ``envoy.service.ext_proc.v3.ExternalProcessor``) and outlier
@@ -186,6 +191,7 @@ class EnvoySettings:
     access_log: str = "stdout"
     upstream_routing: str = "override_host"
     upstream_protocol: str = "http1"
+    picker_balance: str = "failover"
     picker_health_interval_ms: int = 1000
     picker_ejection_failures: int = 2
     picker_ejection_ms: int = 5000
@@ -212,6 +218,7 @@ class EnvoySettings:
                 raise ConfigError(f"envoy.{key}", "must be within 65535 .. 2147483647")
         for key, value, allowed in (("request_body_mode", self.request_body_mode, BODY_MODES),
                                     ("response_header_mode", self.response_header_mode, ("SEND", "SKIP")),
+                                    ("picker_balance", self.picker_balance, ("failover", "round_robin")),
                                     ("upstream_routing", self.upstream_routing, ROUTINGS),
                                     ("upstream_protocol", self.upstream_protocol, UPSTREAM_PROTOCOLS)):
             if value not in allowed:
@@ -354,6 +361,16 @@ def _upstream_tls(tls: TlsFiles) -> dict[str, Any]:
         "@type": _TYPE + "extensions.transport_sockets.tls.v3.UpstreamTlsContext", "common_tls_context": common}}
 
 
+def _picker_endpoints(settings: EnvoySettings, pickers: Sequence[str]) -> list[dict[str, Any]]:
+    """``failover``: the first picker decides everything while it is healthy, the next takes over (priorities
+    0, 1, …), so one picker's state (where it sent each prefix, its in-flight counts) sees every request;
+    ``round_robin``: all at priority 0, each seeing a share."""
+    if settings.picker_balance == "round_robin":
+        return [{"lb_endpoints": [{"endpoint": {"address": _socket_address(p)}} for p in pickers]}]
+    return [{"priority": k, "lb_endpoints": [{"endpoint": {"address": _socket_address(p)}}]}
+            for k, p in enumerate(pickers)]
+
+
 def _picker_cluster(settings: EnvoySettings, pickers: Sequence[str], tls: TlsFiles | None = None) -> dict[str, Any]:
     failures = settings.picker_ejection_failures
     cluster = {
@@ -362,8 +379,7 @@ def _picker_cluster(settings: EnvoySettings, pickers: Sequence[str], tls: TlsFil
         "connect_timeout": _duration(settings.connect_timeout_ms),
         "lb_policy": "ROUND_ROBIN",
         "circuit_breakers": _circuit_breakers(),  # one processor stream per request, queued ones included
-        "load_assignment": {"cluster_name": PICKER_CLUSTER, "endpoints": [
-            {"lb_endpoints": [{"endpoint": {"address": _socket_address(p)}} for p in pickers]}]},
+        "load_assignment": {"cluster_name": PICKER_CLUSTER, "endpoints": _picker_endpoints(settings, pickers)},
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _TYPE + "extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http2_protocol_options": {}}}},

@@ -113,11 +113,13 @@ def test_ext_proc_filter(mode: str, trailers: str) -> None:
         "receiving_namespaces": {"untyped": ["envoy.lb"]}}
 
 
-def test_picker_cluster_is_health_checked_and_ejects() -> None:
-    cluster = _cluster(_render(), PICKER_CLUSTER)
-    hosts = [e["endpoint"]["address"]["socket_address"]["port_value"]
-             for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
-    assert hosts == [9001, 9002]
+@pytest.mark.parametrize(("balance", "groups"), [("failover", [(0, [9001]), (1, [9002])]),
+                                                 ("round_robin", [(0, [9001, 9002])])], ids=["failover", "round-robin"])
+def test_picker_cluster_is_health_checked_and_ejects(balance: str, groups: list[tuple[int, list[int]]]) -> None:
+    cluster = _cluster(_render(picker_balance=balance), PICKER_CLUSTER)
+    assert [(group.get("priority", 0), [e["endpoint"]["address"]["socket_address"]["port_value"]
+                                        for e in group["lb_endpoints"]])
+            for group in cluster["load_assignment"]["endpoints"]] == groups
     assert cluster["health_checks"][0]["grpc_health_check"] == {"service_name": EXT_PROC_SERVICE}
     assert cluster["health_checks"][0]["interval"] == "1.000s"
     assert cluster["outlier_detection"]["consecutive_local_origin_failure"] == 2
@@ -571,15 +573,19 @@ async def test_fails_closed_without_pickers(tmp_path: Path, replicas: list[Repli
 
 @pytest.mark.e2e
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("balance", ["failover", "round_robin"])
 async def test_a_stopped_picker_is_skipped(tmp_path: Path, replicas: list[Replica],
-                                           client: aiohttp.ClientSession) -> None:
+                                           client: aiohttp.ClientSession, balance: str) -> None:
     a = replicas[0]
     first, second = StubPicker(a.address), StubPicker(a.address)
     async with serve_picker(first) as (address1, server1), serve_picker(second) as (address2, _server2), \
-            running_envoy(tmp_path, [address1, address2], [a.address]) as envoy:
+            running_envoy(tmp_path, [address1, address2], [a.address], picker_balance=balance) as envoy:
         for _ in range(4):
             assert (await _get(client, _url(envoy)))[0] == 200
-        assert first.requests and second.requests  # round robin over both
+        if balance == "failover":  # the first decides everything while it is healthy
+            assert (first.requests, second.requests) == (4, 0)
+        else:
+            assert first.requests and second.requests  # round robin over both
         _, checks = await envoy.admin("GET", f"/stats?filter=^cluster.{PICKER_CLUSTER}.health_check.success$")
         assert int(checks.strip().rpartition(" ")[2]) >= 2  # both pickers passed a gRPC health check
         await server1.stop(grace=None)
@@ -592,6 +598,7 @@ async def test_a_stopped_picker_is_skipped(tmp_path: Path, replicas: list[Replic
             failures += status != 200
         # The ext_proc stream is opened again on the live picker (grpc_service.retry_policy): measured 0.
         assert failures <= 2
+        assert second.requests >= 20
 
 
 @pytest.mark.e2e

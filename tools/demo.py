@@ -2,9 +2,9 @@
 
 Starts ``ferry up`` (one control plane, one proxy, four nodes with eight
 simulated replicas of two models, each its own process), waits for its ready
-file, shows ``ferryctl replicas``, sends one chat completion through the
-OpenAI-compatible HTTP front door with the official ``openai`` client
-(:func:`openai_request`), replays the first ``--minutes`` of the
+file, shows ``ferryctl replicas``, sends one chat completion through Envoy
+(the native data path: a picker decides, the replica's answer streams back
+untouched) with the official ``openai`` client (:func:`openai_request`), replays the first ``--minutes`` of the
 Mooncake conversation trace at ``--speedup`` with a progress bar (from
 ``traces/`` when ``python -m tools.fetch_traces`` put it there, else the
 bundled excerpt of its first two minutes in ``tools/data``; the replay
@@ -68,13 +68,16 @@ def stop_board(proc: subprocess.Popen[bytes], log: Path) -> None:
 
 
 def openai_request(ready: dict[str, Any]) -> None:
-    """One streamed chat completion through the HTTP front door with the ``openai`` client; prints it and its usage."""
+    """One streamed chat completion with the ``openai`` client through Envoy (the native path: a picker decides,
+    the replica's own HTTP answer streams back untouched), else the proxy's HTTP front door; prints it."""
     import openai  # the dev extra: the client services already use
 
     tenant, key = next(iter(ready["api_keys"].items()))
     model = ready["models"][-1]
-    client = openai.OpenAI(base_url=f"http://{ready['http']}/v1", api_key=key, max_retries=0, timeout=30)
-    print(f"openai client -> http://{ready['http']}/v1 (tenant {tenant}, model {model}):")
+    address = ready.get("envoy") or ready["http"]
+    client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=key, max_retries=0, timeout=30)
+    path = "Envoy, a picker deciding" if ready.get("envoy") else "the proxy's HTTP front door"
+    print(f"openai client -> http://{address}/v1 through {path} (tenant {tenant}, model {model}):")
     stream = client.chat.completions.create(model=model, max_tokens=12, stream=True,
                                             stream_options={"include_usage": True},
                                             messages=[{"role": "user", "content": "Say hello to the river."}])

@@ -293,3 +293,28 @@ def test_bad_flags_are_refused_naming_the_flag(flags: list[str], field: str) -> 
     args = build_parser().parse_args(["board", *flags])
     with pytest.raises(UsageError, match=field):
         board.run(None, args, lambda *_: {}, lambda _: None)  # type: ignore[arg-type, return-value]
+
+
+def test_envoy_and_its_pickers_are_drawn_as_the_native_path() -> None:
+    native = (g.Proxy("envoy", "east", "cp-1", True, 0, None, None, 2.0, kind="envoy"),
+              g.Proxy("picker-1", "east", "cp-1", True, 0, 9.0, None, 2.0, kind="picker"),
+              g.Proxy("picker-2", "east", "cp-1", True, 0, 0.0, None, 2.0, kind="picker"))
+    snap = fleet()
+    dot = g.to_dot(replace(snap, proxies=snap.proxies + native))
+    found = edges(dot)
+    labels = {(a, b): label for a, b, label, _ in found}
+    envoy, picker = g.node_id("proxy", "envoy"), g.node_id("proxy", "picker-1")
+    assert labels[(g.node_id("services", "east"), envoy)].startswith("OpenAI HTTP, KServe v2 gRPC")
+    assert "9.0 req/s" in labels[(g.node_id("services", "east"), envoy)]  # what its pickers decided
+    assert labels[(envoy, picker)].startswith("ext_proc: where to?")
+    assert labels[(envoy, g.node_id("node", "n1"))].startswith("same bytes, untouched")
+    assert labels[(picker, g.node_id("tiers", "east"))].startswith("admit")
+    assert (picker, g.node_id("services", "east")) not in labels  # no token crosses a picker
+    assert "Envoy envoy" in nodes(dot)[envoy] and "picker picker-1" in nodes(dot)[picker]
+
+
+@pytest.mark.parametrize(("proxy_id", "kind"), [("envoy", "envoy"), ("pod-7-envoy", "envoy"), ("picker-2", "picker"),
+                                                ("pod-7-picker-1", "picker"), ("proxy-1", "proxy")],
+                         ids=["envoy", "pod-envoy", "picker", "pod-picker", "proxy"])
+def test_a_table_consumer_is_known_by_its_id(proxy_id: str, kind: str) -> None:
+    assert g.kind_of(proxy_id) == kind

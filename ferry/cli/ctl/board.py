@@ -161,7 +161,7 @@ def snapshot(before: Sample, after: Sample, title: str = "Ferry") -> g.Snapshot:
     live_in_region: dict[str, int] = {}
     watching: dict[tuple[str, str], int] = {}
     for p in rows.values():
-        if p["connected"]:
+        if p["connected"] and g.kind_of(p["proxy_id"]) != "envoy":  # Envoy reports no usage: not a share
             live_in_region[p["region"]] = live_in_region.get(p["region"], 0) + 1
             watching[(p["control_plane"], p["region"])] = watching.get((p["control_plane"], p["region"]), 0) + 1
     proxies = []
@@ -169,7 +169,8 @@ def snapshot(before: Sample, after: Sample, title: str = "Ferry") -> g.Snapshot:
         requests = per_second(before.counters.get((PROXY_REQUESTS, pid)), after.counters.get((PROXY_REQUESTS, pid)),
                               dt)
         tokens = per_second(before.counters.get((PROXY_TOKENS, pid)), after.counters.get((PROXY_TOKENS, pid)), dt)
-        if requests is None and p["region"] in region_rates:
+        kind = g.kind_of(pid)
+        if requests is None and p["region"] in region_rates and kind != "envoy":
             requests = region_rates[p["region"]] / max(1, live_in_region.get(p["region"], 0))
         key = (PUSHES, p["control_plane"], p["region"])
         pushes = per_second(before.counters.get(key), after.counters.get(key), dt)
@@ -178,7 +179,7 @@ def snapshot(before: Sample, after: Sample, title: str = "Ferry") -> g.Snapshot:
         if not p["connected"]:
             requests, tokens, pushes = 0.0, 0.0, 0.0
         proxies.append(g.Proxy(pid, p["region"], p["control_plane"], bool(p["connected"]), int(p["lag_versions"]),
-                               requests, tokens, pushes))
+                               requests, tokens, pushes, kind=kind))
     agents: dict[str, int] = {}
     for n in after.nodes:
         if n["agent_connected"] and n["live"]:

@@ -8,7 +8,10 @@ not placed by hand; the legend is the graph's label, under the picture.
 
 What is drawn:
 
-- one cluster per region with its services (the callers), its proxies, its
+- one cluster per region with its services (the callers), its proxies (the
+  Python relay), its Envoys and their endpoint pickers (the native path:
+  services to Envoy, Envoy asking a picker over ``ext_proc``, Envoy to the
+  replicas' nodes, untouched; Envoy's own rates are not measured, ``?``), its
   tier queues (``interactive``, ``standard``, ``batch``: waiting, rate,
   reserved and lent slots) and its nodes, each node one box listing its
   replicas coloured by state (at most :data:`MAX_REPLICAS_LISTED` a node,
@@ -45,6 +48,11 @@ TIERS = ("interactive", "standard", "batch")
 STATE_COLOURS = {"ready": "#c8e6c9", "warming": "#fff59d", "draining": "#ffcc80", "drained": "#e0e0e0",
                  "dead": "#ef9a9a", "standby": "#bbdefb"}
 DEAD_COLOUR = "#c62828"
+KINDS = {  # a data-plane box: its title, what it does, the requirements it serves, its colour
+    "proxy": ("proxy", "the Python relay", ["R1", "R4", "R7", "R8", "R10", "R12", "R13"], "#e8f5e9"),
+    "picker": ("picker", "decides for Envoy (ext_proc)", ["R1", "R2", "R4", "R7", "R8", "R10"], "#e0f2f1"),
+    "envoy": ("Envoy", "forwards; tokens cross no Python", ["R1", "R4"], "#e3f2fd"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,16 +122,28 @@ class Store:
 
 @dataclasses.dataclass(frozen=True)
 class Proxy:
-    """A proxy: the control plane it watches from, its rates."""
+    """A table consumer of the data plane: a proxy (the Python relay), an endpoint picker or an Envoy
+    (``kind``, :func:`kind_of`); the control plane it watches from, its rates."""
 
     id: str
     region: str
     control_plane: str
     connected: bool
     lag_versions: int = 0
-    requests_per_s: float | None = None    # requests it answered per second
+    requests_per_s: float | None = None    # requests it answered (a picker: decided) per second
     tokens_per_s: float | None = None      # tokens it streamed back per second
     pushes_per_s: float | None = None      # table snapshots it was sent per second
+    kind: str = "proxy"                    # proxy | picker | envoy
+
+
+def kind_of(proxy_id: str) -> str:
+    """``envoy`` or ``picker`` by the id ``ferry up`` and the manifests give them (``envoy``, ``picker-1``,
+    ``POD-envoy``, ``POD-picker-1``), else ``proxy``."""
+    if proxy_id == "envoy" or proxy_id.endswith("-envoy"):
+        return "envoy"
+    if proxy_id.startswith("picker-") or "-picker-" in proxy_id:
+        return "picker"
+    return "proxy"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,16 +321,33 @@ def flows(s: Snapshot) -> list[Flow]:
     regions = s.regions()
     for p in s.proxies:
         gone = not p.connected
-        out.append(Flow(node_id("services", p.region), node_id("proxy", p.id), "requests (gRPC, HTTP)",
-                        rate(p.requests_per_s, "req"), gone, "R1 R7"))
-        out.append(Flow(node_id("proxy", p.id), node_id("services", p.region), "tokens streamed back",
-                        rate(p.tokens_per_s, "tok"), gone))
-        out.append(Flow(node_id("proxy", p.id), node_id("tiers", p.region), "admit", rate(p.requests_per_s, "req"),
-                        gone, "R2"))
         source = planes.get(p.control_plane)
         if source is not None:
-            out.append(Flow(node_id("cp", source.id), node_id("proxy", p.id), "Tables.Watch: table pushes",
+            what = "endpoint list" if p.kind == "envoy" else "table pushes"
+            out.append(Flow(node_id("cp", source.id), node_id("proxy", p.id), f"Tables.Watch: {what}",
                             rate(p.pushes_per_s, "push"), gone or not source.reachable, "R5", constraint=False))
+        if p.kind == "envoy":  # the native path: Envoy carries the bytes, its pickers decide
+            pickers = [q for q in s.proxies if q.kind == "picker" and q.region == p.region]
+            decided = _sum(q.requests_per_s for q in pickers)
+            out.append(Flow(node_id("services", p.region), node_id("proxy", p.id), "OpenAI HTTP, KServe v2 gRPC",
+                            rate(decided, "req"), gone, "R1 R7"))
+            out.append(Flow(node_id("proxy", p.id), node_id("services", p.region), "answers streamed back, native",
+                            rate(None, "tok"), gone))
+            for q in pickers:
+                out.append(Flow(node_id("proxy", p.id), node_id("proxy", q.id), "ext_proc: where to?",
+                                rate(q.requests_per_s, "req"), gone or not q.connected, "R1"))
+            members = [n for n in s.nodes if n.region == p.region][:MAX_NODES_DRAWN]
+            for n in members:
+                out.append(Flow(node_id("proxy", p.id), node_id("node", n.name), "same bytes, untouched",
+                                rate(None, "req"), gone or not n.live, "R1", constraint=False))
+            continue
+        if p.kind == "proxy":
+            out.append(Flow(node_id("services", p.region), node_id("proxy", p.id), "requests (gRPC, HTTP)",
+                            rate(p.requests_per_s, "req"), gone, "R1 R7"))
+            out.append(Flow(node_id("proxy", p.id), node_id("services", p.region), "tokens streamed back",
+                            rate(p.tokens_per_s, "tok"), gone))
+        out.append(Flow(node_id("proxy", p.id), node_id("tiers", p.region), "admit", rate(p.requests_per_s, "req"),
+                        gone, "R2"))
     for region in regions:
         members = [n for n in s.nodes if n.region == region]
         drawn, folded = members[:MAX_NODES_DRAWN], members[MAX_NODES_DRAWN:]
@@ -394,9 +431,10 @@ def to_dot(s: Snapshot) -> str:
         lines.append(_node(node_id("services", region), callers, extra=", shape=oval, margin=0.05"))
         for p in (p for p in s.proxies if p.region == region):
             state = "connected" if p.connected else "DISCONNECTED"
-            rows = [f"<B>proxy {_e(p.id)}</B>", _e(f"{state}, table lag {p.lag_versions}"),
-                    _tags(["R1", "R4", "R7", "R8", "R10", "R12", "R13"])]
-            lines.append(_node(node_id("proxy", p.id), _box(rows, colour="#e8f5e9" if p.connected else "#ffebee"),
+            title, what, tags, colour = KINDS[p.kind]
+            rows = [f"<B>{_e(title)} {_e(p.id)}</B>", _e(what), _e(f"{state}, table lag {p.lag_versions}"),
+                    _tags(tags)]
+            lines.append(_node(node_id("proxy", p.id), _box(rows, colour=colour if p.connected else "#ffebee"),
                                dead=not p.connected))
         queue_rows = [f"<B>tier queues</B> ({_e(region)}, in every proxy)",
                       '<FONT POINT-SIZE="9">waiting; requests/s (the last second); slots reserved, lent</FONT>']

@@ -45,7 +45,7 @@ def test_ferry_up_adopts_a_real_triton(tmp_path: Path, triton_factory: Callable[
                                    "--model", model, "--prompt", "a long answer", "--max-tokens", "500",
                                    "--timeout", "0.5", *extra], capture_output=True, text=True, timeout=60)
             assert late.returncode == 1 and late.stderr.startswith("DEADLINE_EXCEEDED"), (model, late.stderr)
-        assert ready["pids"].keys() == {"controlplane", "proxy", "triton-1"}
+        assert ready["pids"].keys() == {"controlplane", "proxy", "picker-1", "picker-2", "envoy", "triton-1"}
         up.kill(signal.SIGINT)
         assert up.proc is not None and up.proc.wait(30) == 0
         assert server.alive(), "ferry up stops only what it started"

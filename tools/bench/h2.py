@@ -78,13 +78,12 @@ from tomli_w import dumps
 from tritonclient.grpc import service_pb2
 
 from ferry.cli.up.main import wait_routable
-from ferry.config import hash_api_key
 from ferry.etcd import free_port
 from ferry.grpcutil import split_address
 from ferry.procs import Child, stop_all
 from ferry.v1 import common_pb2, inference_pb2
 from tools.bench.overhead import _bytes_tensor, direct_request, served
-from tools.bench.rig import MODEL, PROMPT, ROOT, Fleet, proxy_ids
+from tools.bench.rig import MODEL, PROMPT, ROOT, Fleet, proxy_ids, rig_config
 from tools.peers.procs import cpu_seconds, tree
 from tools.peers.routers import envoy_binary_pid
 
@@ -385,14 +384,7 @@ def h2_fleet(more_proxies: Sequence[Sequence[str]] = (), *, envoy: bool = True,
              pickers: int = 2) -> Iterator[tuple[Fleet, EnvoyPath | None, Processes]]:
     """The rig of :func:`tools.bench.rig.one_replica_fleet` (the same config, replica and proxies) and, with
     ``envoy``, ``pickers`` endpoint pickers and ``ferry envoy`` asking them; stopped on exit."""
-    key = "fk_" + secrets.token_hex(16)
-    config = {
-        "tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key), "plan": "enterprise"}],
-        "models": [{"name": MODEL}],
-        "replica": {"max_running": 1024, "max_queue": 8192, "prefill_base_seconds": 0.0,
-                    "prefill_seconds_per_token": 0.0, "decode_base_seconds": 0.001,
-                    "decode_seconds_per_request": 0.0},
-    }
+    key, config = rig_config()
     with tempfile.TemporaryDirectory(prefix="ferry-bench-h2-fleet-") as tmp:
         work = Path(tmp)
         (work / "ferry.toml").write_text(dumps(config))

@@ -53,14 +53,11 @@ def proxy_ids(ready: dict[str, Any]) -> list[str]:
     return [w["proxy_id"] for w in ready.get("workers", [])] or [ready["proxy_id"]]
 
 
-@contextlib.contextmanager
-def one_replica_fleet(proxy_args: Sequence[str] = (), *, sections: Mapping[str, Any] | None = None,
-                      more_proxies: Sequence[Sequence[str]] = ()) -> Iterator[Fleet]:
-    """The rig's processes (``proxy_args`` added to the proxy's; ``sections`` added to the config file; one more
-    proxy per ``more_proxies`` entry, with those arguments, in front of the same replica), stopped on exit
-    whatever happens."""
+def rig_config(sections: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """A fresh API key and the rig's config file: one enterprise tenant of that key, the model, a near-free
+    simulated replica (1,024 slots, 1 ms decode steps, no prefill time), and ``sections`` added."""
     key = "fk_" + secrets.token_hex(16)
-    config = {
+    return key, {
         "tenants": [{"name": "bench", "api_key_sha256": hash_api_key(key), "plan": "enterprise"}],
         "models": [{"name": MODEL}],
         "replica": {"max_running": 1024, "max_queue": 8192, "prefill_base_seconds": 0.0,
@@ -68,6 +65,15 @@ def one_replica_fleet(proxy_args: Sequence[str] = (), *, sections: Mapping[str, 
                     "decode_seconds_per_request": 0.0},
         **(sections or {}),
     }
+
+
+@contextlib.contextmanager
+def one_replica_fleet(proxy_args: Sequence[str] = (), *, sections: Mapping[str, Any] | None = None,
+                      more_proxies: Sequence[Sequence[str]] = ()) -> Iterator[Fleet]:
+    """The rig's processes (``proxy_args`` added to the proxy's; ``sections`` added to the config file; one more
+    proxy per ``more_proxies`` entry, with those arguments, in front of the same replica), stopped on exit
+    whatever happens."""
+    key, config = rig_config(sections)
     with tempfile.TemporaryDirectory(prefix="ferry-bench-") as tmp:
         work = Path(tmp)
         (work / "ferry.toml").write_text(dumps(config))

@@ -101,7 +101,6 @@ class Flow:
         self.endpoints: dict[str, str] = {}  # address -> replica id, of the handoff's order
         self.status = 0  # the answer's HTTP status, once its headers came back
         self.begun = False
-        self.refused: FerryError | None = None
 
 
 class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -265,7 +264,6 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         """An immediate answer: OpenAI's error shape, or a gRPC status to a gRPC caller; counted and logged as the
         front doors do (``unknown`` model and tier when refused before they were known)."""
         state = flow.state
-        flow.refused = error
         if isinstance(error, bodies.Unrouted):
             code, body, retry = error.status, openai.error_body(str(error), "invalid_request_error",
                                                                 code=error.code), None

@@ -3,12 +3,16 @@
 Starts ``--control-planes`` control planes (default 1), ``--proxies`` proxies
 per region (default 1) and ``--replicas`` simulated replicas on nodes of
 ``--replicas-per-node`` (each node is one process: its agent and its
-replicas, which still talk over gRPC), on loopback ports chosen by the kernel.
+replicas, which still talk over gRPC), and the native data path of the first
+region: ``--pickers`` endpoint pickers (default 2, in failover; 0: none) and
+one ``ferry envoy`` asking them, on loopback ports chosen by the kernel.
 Replica *i* serves model ``models[i % len(models)]``. Unless the config file
 names tenants, three are made up with fresh API keys (one per plan). It waits
 until every replica is in the region's table and the proxy applied it, writes
 ``--ready-file`` (``data_plane``, ``http`` (the proxy's OpenAI-compatible HTTP
-API, docs/api.md; ``http_by_region`` with regions), ``control_plane``, ``control_planes``,
+API, docs/api.md; ``http_by_region`` with regions), ``envoy`` (Envoy's
+listener: OpenAI HTTP and KServe v2 gRPC, a picker deciding), ``envoy_admin``,
+``pickers`` (name to address), ``control_plane``, ``control_planes``,
 ``models`` (those served: with a replica in the tables, as the control plane
 lists them, ``--models`` order first), ``api_keys``, ``admin_token``, and the pids, metrics and replicas
 of every component; ``pids`` also holds etcd's when it started one), and runs

@@ -47,10 +47,14 @@ The pickers must serve gRPC health (``grpc.health.v1``) for the service
 gets no new stream (when none is healthy, Envoy tries them all). A stream
 that cannot reach a picker is opened again on another one.
 
-The filter fails closed by default (``failure_mode_allow = False``): when no
-picker answers, the request gets a 5xx and is not forwarded. Failing open
-would forward requests unpicked and skip the picker's authentication, tenant
-quotas and admission.
+Nothing undecided is forwarded: the forwarding routes match only a request
+whose destination a picker put in Envoy's dynamic metadata (:data:`DECIDED`,
+which a client cannot write), and every other request meets a 503 route. So
+the filter goes on past a picker's failure (``failure_mode_allow = True``, the
+default): a picker that dies after deciding costs its request nothing, and
+one that dies before leaves the request to the 503; authentication, tenant
+quotas and admission are never skipped. ``False`` fails the request on any
+picker error instead (Envoy's own 503), even after the decision.
 
 Defaults: ext_proc message timeout 1 s (Envoy's own default, 200 ms, cut
 requests with a 504 while a busy 2-core machine delayed the picker's loop;
@@ -84,7 +88,14 @@ ROUTINGS = ("override_host", "original_dst")
 UPSTREAM_PROTOCOLS = ("http1", "h2c")
 KSERVE_CLUSTER = "ferry_replicas_kserve"  # KServe v2 gRPC to the replicas: always HTTP/2 (h2c)
 KSERVE_PREFIX = "/inference.GRPCInferenceService/"  # the KServe v2 gRPC service's paths
-CIRCUIT_LIMIT = 1_000_000  # Envoy's per-cluster circuit breakers, lifted: the picker's admission bounds the load
+CIRCUIT_LIMIT = 1_000_000
+# A route forwards only a request a picker decided: its destination in Envoy's dynamic metadata, which a client
+# cannot write. So a picker's failure after it decided lets the request go on as decided, and one before it
+# decided leaves the request to the 503 route (UNDECIDED), never forwarded unauthenticated.
+DECIDED = {"filter": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}],
+           "value": {"string_match": {"safe_regex": {"regex": ".+"}}}}
+UNDECIDED = ('{"error":{"message":"no endpoint picker decided this request; retry","type":"server_error",'
+             '"param":null,"code":"unavailable"}}')  # Envoy's per-cluster circuit breakers, lifted: the picker's admission bounds the load
 
 _TYPE = "type.googleapis.com/envoy."
 
@@ -129,9 +140,8 @@ class EnvoySettings:
     - ``message_timeout_ms`` (1000): how long ext_proc waits for each picker
       answer; ``max_message_timeout_ms`` (30000): the most a picker may extend
       it per message (``override_message_timeout``) to queue a request.
-    - ``failure_mode_allow`` (False): fail closed (a 5xx when no picker
-      answers). True forwards unpicked requests: it skips the picker's
-      authentication, quotas and admission.
+    - ``failure_mode_allow`` (True): go on past a picker's error; only a decided request is forwarded
+      either way (the module doc), so True loses no decided request and skips nothing.
     - ``request_body_mode`` ("BUFFERED"): or "FULL_DUPLEX_STREAMED" (the mode
       of the Inference Extension gateways; the picker must then echo each body
       chunk as a ``StreamedBodyResponse``).
@@ -174,7 +184,7 @@ class EnvoySettings:
     concurrency: int = 2
     message_timeout_ms: int = 1000
     max_message_timeout_ms: int = 30_000
-    failure_mode_allow: bool = False
+    failure_mode_allow: bool = True
     request_body_mode: str = "BUFFERED"
     response_header_mode: str = "SKIP"
     report_flush_ms: int = 10
@@ -321,11 +331,17 @@ def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
             "envoy_grpc": {"cluster_name": PICKER_CLUSTER},
             # The stream opened again on another picker when the connection to one failed (retry_on is
             # needed: with back-off alone, 1.40 did not retry; measured).
+            # With the pickers in failover (one per priority), a retry must leave the priority it tried, not
+            # draw the dead picker again while its health check has not noticed (previous_priorities).
             "retry_policy": {
-                "num_retries": 1,
+                "num_retries": 2,
                 "retry_on": "connect-failure,refused-stream,reset-before-request,unavailable",
                 "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
                     "@type": _TYPE + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+                "host_selection_retry_max_attempts": 3,
+                "retry_priority": {"name": "envoy.retry_priorities.previous_priorities", "typed_config": {
+                    "@type": _TYPE + "extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig",
+                    "update_frequency": 1}},
                 "retry_back_off": {"base_interval": "0.002s", "max_interval": "0.020s"},
             },
         },
@@ -490,10 +506,13 @@ def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None, p
         "http2_protocol_options": _http2_options(settings),
         "access_log": [*_access_log(settings), *_reports(settings, pickers)],
         "route_config": {"name": "ferry", "virtual_hosts": [{
-            "name": "ferry", "domains": ["*"], "routes": [{
-                "match": {"prefix": prefix}, "route": route(cluster),
-                "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}
-                for prefix, cluster in ((KSERVE_PREFIX, KSERVE_CLUSTER), ("/", REPLICA_CLUSTER))]}]},
+            "name": "ferry", "domains": ["*"], "routes": [
+                *({"match": {"prefix": prefix, "dynamic_metadata": [DECIDED]}, "route": route(cluster),
+                   "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}
+                  for prefix, cluster in ((KSERVE_PREFIX, KSERVE_CLUSTER), ("/", REPLICA_CLUSTER))),
+                # no picker's decision: nothing is forwarded (only a decided request matches the routes above)
+                {"match": {"prefix": "/"}, "direct_response": {"status": 503, "body": {"inline_string": UNDECIDED}},
+                 "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}]}]},
         "http_filters": [
             _ext_proc_filter(settings),
             {"name": "envoy.filters.http.router",

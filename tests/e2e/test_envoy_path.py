@@ -519,17 +519,21 @@ async def test_a_picker_killed_under_load_costs_no_request(fresh: Any) -> None:
     outcomes: Counter[str] = Counter()
     killed_at = [0.0]
     after_kill = [0]
+    late: list[float] = []  # failures of requests sent a second or more after the kill
     async with aiohttp.ClientSession() as session:
 
         async def worker(w: int) -> None:
             i = 0
             while after_kill[0] < 120 and i < 40:
                 i += 1
+                sent = time.monotonic()
                 try:
                     await stream_whole(session, up, body(f"load {w} {i}", 30))
                     outcomes["ok"] += 1
                 except (AssertionError, aiohttp.ClientError, TimeoutError) as exc:
                     outcomes[f"failed: {str(exc)[:120]}"] += 1
+                    if killed_at[0] and sent > killed_at[0] + 1.0:
+                        late.append(sent - killed_at[0])
                 if killed_at[0]:
                     after_kill[0] += 1
 
@@ -544,11 +548,13 @@ async def test_a_picker_killed_under_load_costs_no_request(fresh: Any) -> None:
         await asyncio.gather(killer(), *(worker(w) for w in range(20)))
     assert killed_at[0] and after_kill[0] >= 100, (after_kill, outcomes)
     # The picker ends each processor stream as soon as it has answered, so its death cuts no stream already
-    # forwarded (no answer is truncated); what it cannot save are the requests it was deciding at the instant of
-    # the kill, which Envoy refuses closed with a 503 (retryable): 0 to 4 of about 180 in runs here.
+    # forwarded (no answer is truncated). What it cannot save are the requests it was deciding at the instant of
+    # the kill, refused closed by Envoy with a 503 (retryable): 0 to 5 of about 180 here, more on a busier
+    # machine; a request sent later goes to the second picker (a retry leaves the dead one's priority).
     truncated = {k: n for k, n in outcomes.items() if k != "ok" and "503" not in k}
     assert not truncated, outcomes
-    assert outcomes.total() - outcomes["ok"] <= 6, outcomes
+    assert not late, (late, outcomes)
+    assert outcomes.total() - outcomes["ok"] <= 20, outcomes  # at most the requests in flight at the kill
 
 
 @pytest.mark.timeout(60)

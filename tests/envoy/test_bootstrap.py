@@ -34,6 +34,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dataplane.envoy.bootstrap import (
     BODY_MODES,
+    DECIDED,
     ENDPOINT_KEY,
     EXT_PROC_SERVICE,
     KSERVE_CLUSTER,
@@ -101,7 +102,7 @@ def test_listener_and_admin_bind_loopback_with_exact_balance() -> None:
 def test_ext_proc_filter(mode: str, trailers: str) -> None:
     filt = _ext_proc(_render(request_body_mode=mode))
     assert filt["grpc_service"]["envoy_grpc"] == {"cluster_name": PICKER_CLUSTER}
-    assert filt["failure_mode_allow"] is False
+    assert filt["failure_mode_allow"] is True  # safe: only a decided request matches a forwarding route
     assert filt["message_timeout"] == "1.000s"
     assert filt["max_message_timeout"] == "30.000s"
     assert filt["allow_mode_override"] is False
@@ -138,8 +139,11 @@ def test_replica_cluster_protocol(protocol: str, key: str) -> None:
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     assert "http2_protocol_options" in kserve["explicit_http_config"]  # gRPC: always h2c
     routes = _manager(config)["route_config"]["virtual_hosts"][0]["routes"]
-    assert [(r["match"]["prefix"], r["route"]["cluster"]) for r in routes] == [
+    assert [(r["match"]["prefix"], r["route"]["cluster"]) for r in routes[:2]] == [
         ("/inference.GRPCInferenceService/", KSERVE_CLUSTER), ("/", REPLICA_CLUSTER)]
+    # only a request a picker decided (its destination in Envoy's metadata) is forwarded; the rest get a 503
+    assert all(r["match"]["dynamic_metadata"] == [DECIDED] for r in routes[:2])
+    assert routes[2]["match"] == {"prefix": "/"} and routes[2]["direct_response"]["status"] == 503
 
 
 def test_circuit_breakers_leave_admission_to_the_pickers() -> None:
@@ -162,7 +166,7 @@ def test_override_host_reads_the_metadata_and_reports_the_served_endpoint() -> N
     assert policy["typed_config"]["selected_host_key"] == {"key": LB_NAMESPACE, "path": [{"key": SERVED_KEY}]}
     assert _cluster(config, KSERVE_CLUSTER)["eds_cluster_config"]["eds_config"]["path_config_source"][
         "path"] == "/run/ferry/endpoints-kserve.json"
-    route = _manager(config)["route_config"]["virtual_hosts"][0]["routes"][-1]["route"]
+    route = _manager(config)["route_config"]["virtual_hosts"][0]["routes"][1]["route"]
     assert route["timeout"] == "0.000s"
     assert route["retry_policy"]["retry_on"] == "connect-failure,refused-stream,reset"
     assert route["retry_policy"]["num_retries"] == 2

@@ -88,14 +88,14 @@ ROUTINGS = ("override_host", "original_dst")
 UPSTREAM_PROTOCOLS = ("http1", "h2c")
 KSERVE_CLUSTER = "ferry_replicas_kserve"  # KServe v2 gRPC to the replicas: always HTTP/2 (h2c)
 KSERVE_PREFIX = "/inference.GRPCInferenceService/"  # the KServe v2 gRPC service's paths
-CIRCUIT_LIMIT = 1_000_000
+CIRCUIT_LIMIT = 1_000_000  # Envoy's per-cluster circuit breakers, lifted: the pickers' admission bounds the load
 # A route forwards only a request a picker decided: its destination in Envoy's dynamic metadata, which a client
 # cannot write. So a picker's failure after it decided lets the request go on as decided, and one before it
 # decided leaves the request to the 503 route (UNDECIDED), never forwarded unauthenticated.
 DECIDED = {"filter": "envoy.lb", "path": [{"key": "x-gateway-destination-endpoint"}],
            "value": {"string_match": {"safe_regex": {"regex": ".+"}}}}
 UNDECIDED = ('{"error":{"message":"no endpoint picker decided this request; retry","type":"server_error",'
-             '"param":null,"code":"unavailable"}}')  # Envoy's per-cluster circuit breakers, lifted: the picker's admission bounds the load
+             '"param":null,"code":"unavailable"}}')
 
 _TYPE = "type.googleapis.com/envoy."
 

@@ -94,18 +94,24 @@ class Outcome:
 class Load:
     """Mixed unary and streaming requests over three tiers at ``rate`` per second to one address, bounded."""
 
+    ADDRESS = "data_plane"  # the ready file's key of the address it loads
+
     def __init__(self, ready: dict[str, Any], rate: float = 20.0, channels: int = 4, model: str = "chat-small",
                  max_tokens: int = 4) -> None:
         self.max_tokens = max_tokens
-        self.address = ready["data_plane"]
+        self.address = ready[self.ADDRESS]
         self.keys = ready["api_keys"]
         self.rate = rate
         self.model = model
-        self._channels = [grpc.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
-                          for _ in range(channels)]  # a connection each, spread over the proxies
+        self._channels = self._connect(channels)
         self._stubs = [inference_pb2_grpc.InferenceStub(c) for c in self._channels]
         self.outcomes: list[Outcome] = []
         self._lock = threading.Lock()
+
+    def _connect(self, channels: int) -> list[grpc.Channel]:
+        """``channels`` gRPC connections to the address, spread over the proxies behind it."""
+        return [grpc.insecure_channel(self.address, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(channels)]
 
     def _call(self, n: int) -> None:
         name, tier, tenant = TIERS[n % len(TIERS)]
@@ -177,16 +183,10 @@ class Load:
 class HttpLoad(Load):
     """:class:`Load` through Envoy: OpenAI ``/v1/completions`` over HTTP/1.1, unary and streamed (``stream``)."""
 
-    def __init__(self, ready: dict[str, Any], rate: float = 20.0, channels: int = 4, model: str = "chat-small",
-                 max_tokens: int = 4) -> None:
-        self.max_tokens = max_tokens
-        self.address = ready["envoy"]
-        self.keys = ready["api_keys"]
-        self.rate = rate
-        self.model = model
-        self._channels = []
-        self.outcomes = []
-        self._lock = threading.Lock()
+    ADDRESS = "envoy"
+
+    def _connect(self, channels: int) -> list[grpc.Channel]:
+        return []  # one HTTP connection per request (_once)
 
     def _once(self, n: int, tier: str, tenant: str, stream: bool, remaining: float) -> tuple[str, int]:
         """One attempt: (code, bytes of output seen); code ``OK``, ``HTTP <status>``, ``CONNECTION`` or

@@ -161,6 +161,11 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         flow.subset = protocol.subset_hint(message)
         if message.HasField("protocol_config"):
             flow.duplex = message.protocol_config.request_body_mode == FULL_DUPLEX
+        try:  # a route the picker does not serve is refused before its body is waited for (a gRPC stream that
+            bodies.wire_of(headers.get(":method", ""), headers.get(":path", ""))  # stays open, say)
+        except bodies.Unrouted as unrouted:
+            yield self._refuse(flow, unrouted)
+            return
         if message.request_headers.end_of_stream:  # no body: decided on the headers alone
             async for response in self._route(flow, after_body=False):
                 yield response

@@ -336,6 +336,19 @@ async def test_models_and_health_are_answered_by_the_picker(picker) -> None:
     await idle(p)
 
 
+async def test_a_route_not_served_is_refused_before_its_body(picker) -> None:
+    p = await picker()  # a KServe stream (tritonclient's stream_infer) stays open: its body would never end
+    call = p.open()
+    grpc_headers = headers("/inference.GRPCInferenceService/ModelStreamInfer", ("x-api-key", KEYS["paid"]))
+    del grpc_headers.request_headers.headers.headers[2:4]  # no JSON content type, no bearer key
+    grpc_headers.request_headers.headers.headers.append(
+        base_pb2.HeaderValue(key="content-type", raw_value=b"application/grpc"))
+    await call.write(grpc_headers)
+    answer = await asyncio.wait_for(call.read(), 5)
+    assert answer.immediate_response.grpc_status.status == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    await idle(p)
+
+
 async def test_an_unknown_route_is_404_and_a_get_of_completions_405(picker) -> None:
     p = await picker()
     answer = await ask(p.open(), headers("/v2/other", method="GET", end=True))

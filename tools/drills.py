@@ -403,6 +403,18 @@ def _fake_agent(up: Child, ready: dict[str, Any]) -> dict[str, Any]:
     return figures
 
 
+def _halves(alone: Load, loaded: Load) -> tuple[dict[str, Any], float | None, float | None, float | None]:
+    """The two halves of an unread-streams run: per-tier figures of both, and the p99 of the normal requests
+    without and with the unread streams, and their ratio (None when a half answered nothing)."""
+    fig_alone, fig_loaded = alone.figures(), loaded.figures()
+    tiers = {t: {**fig_loaded[t], "total": fig_loaded[t]["total"] + fig_alone[t]["total"],
+                 "failed": fig_loaded[t]["failed"] + fig_alone[t]["failed"]} for t in fig_loaded}
+    p99_alone = _quantile(sorted(o.seconds for o in alone.outcomes if o.ok), 0.99)
+    p99_loaded = _quantile(sorted(o.seconds for o in loaded.outcomes if o.ok), 0.99)
+    ratio = round(p99_loaded / p99_alone, 3) if p99_alone and p99_loaded else None
+    return tiers, p99_alone, p99_loaded, ratio
+
+
 def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: float) -> dict[str, Any]:
     """Normal load alone for ``seconds/2``, then with 200 batch streams of the free tenant never read."""
     half = seconds / 2
@@ -456,12 +468,7 @@ def _unread_streams(up: Child, ready: dict[str, Any], seconds: float, rate: floa
         return sum(r.load.running + r.load.queued for r in _replicas(ready).values())
 
     freed = wait_until(lambda: busy() == 0, 20)
-    fig_alone, fig_loaded = alone.figures(), loaded.figures()
-    tiers = {t: {**fig_loaded[t], "total": fig_loaded[t]["total"] + fig_alone[t]["total"],
-                 "failed": fig_loaded[t]["failed"] + fig_alone[t]["failed"]} for t in fig_loaded}
-    p99_alone = _quantile(sorted(o.seconds for o in alone.outcomes if o.ok), 0.99)
-    p99_loaded = _quantile(sorted(o.seconds for o in loaded.outcomes if o.ok), 0.99)
-    ratio = round(p99_loaded / p99_alone, 3) if p99_alone and p99_loaded else None
+    tiers, p99_alone, p99_loaded, ratio = _halves(alone, loaded)
     return {"tiers": tiers, "recovery": {
         "unread_streams": len(calls), "unread_refused": refused, "held_seconds": round(half, 1),
         "p99_without": p99_alone, "p99_with": p99_loaded, "p99_ratio": ratio,
@@ -565,12 +572,7 @@ def _unread_streams_envoy(up: Child, ready: dict[str, Any], seconds: float, rate
     closed = time.monotonic()
     freed = wait_until(lambda: _picker_inflight(ready) == 0 and busy() == 0, 20)
     inflight_after = _picker_inflight(ready)
-    fig_alone, fig_loaded = alone.figures(), loaded.figures()
-    tiers = {t: {**fig_loaded[t], "total": fig_loaded[t]["total"] + fig_alone[t]["total"],
-                 "failed": fig_loaded[t]["failed"] + fig_alone[t]["failed"]} for t in fig_loaded}
-    p99_alone = _quantile(sorted(o.seconds for o in alone.outcomes if o.ok), 0.99)
-    p99_loaded = _quantile(sorted(o.seconds for o in loaded.outcomes if o.ok), 0.99)
-    ratio = round(p99_loaded / p99_alone, 3) if p99_alone and p99_loaded else None
+    tiers, p99_alone, p99_loaded, ratio = _halves(alone, loaded)
     return {"tiers": tiers, "recovery": {
         "path": "envoy", "unread_streams": len(socks), "unread_refused": refused, "held_seconds": round(half, 1),
         "p99_without": p99_alone, "p99_with": p99_loaded, "p99_ratio": ratio,

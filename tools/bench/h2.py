@@ -73,16 +73,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tomli_w import dumps
-from tritonclient.grpc import service_pb2
 
 from ferry.cli.up.main import wait_routable
 from ferry.etcd import free_port
 from ferry.grpcutil import split_address
 from ferry.procs import Child, stop_all
 from ferry.v1 import common_pb2, inference_pb2
-from tools.bench.overhead import _bytes_tensor, direct_request, served
+from tools.bench.overhead import direct_request, served
 from tools.bench.rig import MODEL, PROMPT, ROOT, Fleet, proxy_ids, rig_config
 from tools.peers.procs import cpu_seconds, tree
 from tools.peers.routers import envoy_binary_pid
@@ -268,18 +266,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def stream_request(model: str, tokens: int) -> Any:
-    """:func:`direct_request` asking ``tokens`` output tokens (the streamed runs)."""
-    request = service_pb2.ModelInferRequest(model_name=model)
-    for name, datatype in (("text_input", "BYTES"), ("max_tokens", "INT32")):
-        tensor = request.inputs.add()
-        tensor.name, tensor.datatype = name, datatype
-        tensor.shape.extend([1, 1])
-    request.outputs.add().name = "text_output"
-    request.raw_input_contents.extend([_bytes_tensor(PROMPT), np.array([tokens], dtype=np.int32).tobytes()])
-    return request
-
-
 @dataclasses.dataclass(frozen=True)
 class EnvoyPath:
     """Ferry's native data path on the rig: Envoy's HTTP listener, the pickers' metrics, the processes."""
@@ -330,7 +316,7 @@ def bench(fleet: Fleet, args: argparse.Namespace, workdir: Path, envoy: EnvoyPat
     kserve = workdir / "kserve.bin"
     kserve.write_bytes(framed(direct_request(model)))
     kserve_stream = workdir / "kserve-stream.bin"
-    kserve_stream.write_bytes(framed(stream_request(model, args.stream_tokens)))
+    kserve_stream.write_bytes(framed(direct_request(model, args.stream_tokens)))
     ferry_body = workdir / "ferry.bin"
     ferry_body.write_bytes(framed(inference_pb2.InferRequest(model=fleet.replica["model"], prompt=PROMPT,
                                                              max_tokens=1, tier=common_pb2.TIER_INTERACTIVE)))

@@ -52,15 +52,15 @@ def _bytes_tensor(text: str) -> bytes:
     return len(data).to_bytes(4, "little") + data
 
 
-def direct_request(model: str) -> Any:
-    """The KServe v2 request of the benchmark's prompt and one output token, for the replica itself."""
+def direct_request(model: str, tokens: int = 1) -> Any:
+    """The KServe v2 request of the benchmark's prompt and ``tokens`` output tokens (1), for the replica itself."""
     request = service_pb2.ModelInferRequest(model_name=model)
     for name, datatype in (("text_input", "BYTES"), ("max_tokens", "INT32")):
         tensor = request.inputs.add()
         tensor.name, tensor.datatype = name, datatype
         tensor.shape.extend([1, 1])
     request.outputs.add().name = "text_output"
-    request.raw_input_contents.extend([_bytes_tensor(PROMPT), np.array([1], dtype=np.int32).tobytes()])
+    request.raw_input_contents.extend([_bytes_tensor(PROMPT), np.array([tokens], dtype=np.int32).tobytes()])
     return request
 
 

@@ -342,7 +342,7 @@ class Router:
         if decision.branch is Branch.TOO_LONG:  # the prompt alone, or the room it leaves for max_tokens
             routing = state.routing
             field = "prompt" if routing.need.prompt_tokens >= routing.pool.max_context else "max_tokens"
-            raise InvalidArgument(field, decision.reason)
+            raise InvalidArgument(field, decision.reason, "context_length_exceeded")
         if decision.replica is None:
             raise NoReplica(state.request.model, decision.reason)
         self._metrics.telemetry_age.observe(decision.replica.telemetry_age + now - state.table.applied_at)

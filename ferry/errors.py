@@ -21,12 +21,18 @@ class ConfigError(FerryError):
 
 
 class InvalidArgument(FerryError):
-    """A request field is missing, malformed or over its limit."""
+    """A request field is missing, malformed or over its limit.
 
-    def __init__(self, field: str, reason: str) -> None:
+    ``code`` says which, in OpenAI's words: ``invalid_value`` (absent, or out of its range), ``invalid_type``
+    (not the JSON type the field takes), ``context_length_exceeded`` (the prompt, or prompt + max tokens,
+    larger than the model's context), ``unknown_parameter``.
+    """
+
+    def __init__(self, field: str, reason: str, code: str = "invalid_value") -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
+        self.code = code
 
 
 class Unauthenticated(FerryError):

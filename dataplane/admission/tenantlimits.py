@@ -24,6 +24,7 @@ Cost: O(1) per request.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection
 
 from dataplane.admission.limits import TenantInflight
@@ -78,6 +79,26 @@ class TenantLimits:
             self._inflight.enter(tenant.name)
             return True
         return False
+
+    def headers(self, tenant: TenantConfig, now: float) -> dict[str, str]:
+        """OpenAI's rate-limit headers for ``tenant`` at ``now``: ``x-ratelimit-limit-requests``,
+        ``-remaining-requests``, ``-reset-requests`` (and the ``-tokens`` three) for each bucket the tenant has.
+
+        limit: the bucket's depth (one second's worth); remaining: what it holds now, whole; reset: the time
+        until it is full again, as OpenAI writes durations (``0.25s``, ``1s``). No header for a limit of 0 (none).
+        """
+        out: dict[str, str] = {}
+        for rate, buckets, unit in ((tenant.requests_per_second, self._requests, "requests"),
+                                    (tenant.tokens_per_second, self._tokens, "tokens")):
+            if not rate:
+                continue
+            bucket = buckets.get(tenant.name)
+            level = rate if bucket is None or bucket.rate != rate else min(
+                rate, bucket.level + max(0.0, now - bucket.at) * rate)
+            out[f"x-ratelimit-limit-{unit}"] = f"{rate:g}"
+            out[f"x-ratelimit-remaining-{unit}"] = str(max(0, math.floor(level)))
+            out[f"x-ratelimit-reset-{unit}"] = f"{round((rate - level) / rate, 3):g}s"
+        return out
 
     def retain(self, names: Collection[str]) -> None:
         """Forget the buckets of tenants not in ``names`` (in-flight counts end with their requests)."""

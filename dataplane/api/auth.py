@@ -1,7 +1,8 @@
 """API-key authentication: request metadata to a tenant.
 
-The key travels in the ``x-api-key`` metadata entry or as
-``authorization: Bearer KEY``. Tenants are stored by the sha256 of their key
+The key travels as ``authorization: Bearer KEY`` or in ``x-api-key`` (a
+gRPC metadata entry or an HTTP header: the message says neither, so it reads
+right on both fronts). Tenants are stored by the sha256 of their key
 (:func:`ferry.config.hash_api_key`), so the proxy never holds a key; it looks
 the hash up in a dict built once. A request without a key, or with one that
 names no tenant, raises :class:`ferry.errors.Unauthenticated` with a message
@@ -23,7 +24,7 @@ from ferry.errors import ConfigError, Unauthenticated
 
 API_KEY_HEADER = "x-api-key"
 AUTHORIZATION_HEADER = "authorization"
-HOW = "pass the API key in the 'x-api-key' metadata entry or as 'authorization: Bearer KEY'"
+HOW = "pass the API key as 'Authorization: Bearer KEY' or in 'x-api-key'"
 MAX_KEY_CHARS = 512
 
 ANONYMOUS = TenantConfig(name="anonymous", api_key_sha256="0" * 64, plan="paid", tiers=TIERS)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP front door: aiohttp on the proxy's event loop, into the same :class:`Router` as gRPC.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``, and ``GET /health`` (no key asked: 200 with
+``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key asked: 200 with
 ``{"status": "SERVING"}`` while the proxy's gRPC health says so, else 503
 with ``NOT_SERVING``: a load balancer that speaks only HTTP sees the drain too). A connection accepted beyond
 ``http_max_connections`` gets a 503 with ``Retry-After`` at once and is closed.
@@ -23,12 +23,16 @@ absent: ``standard`` when the tenant's plan allows it, else its first tier),
 ``Idempotency-Key``, ``x-request-id`` (else one is made),
 ``x-ferry-timeout`` (seconds; else the proxy's default deadline). Out:
 ``x-request-id`` on every answer, ``Retry-After`` (whole seconds, rounded up)
-on 429 and on a 503 of a version still warming up.
+on 429 and on a 503 of a version still warming up, and OpenAI's
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for each per-tenant
+limit the tenant has (:meth:`TenantLimits.headers`).
 
 Streams (``"stream": true``) are server-sent events: the first event is
 sent only once the first piece arrived (so an error before any output is a
 plain JSON error with its status), then one event per piece, a last chunk
-with ``finish_reason`` and ``usage``, and ``data: [DONE]``. A failure after
+with ``finish_reason``, with ``stream_options.include_usage`` one more chunk
+with empty ``choices`` and the ``usage`` (as OpenAI does; none otherwise), and
+``data: [DONE]``. A failure after
 output is one ``data: {"error": …}`` event, then the stream ends (no
 ``[DONE]``). Each write waits for the socket to drain below aiohttp's
 high-water mark, so a slow reader holds back the replica's stream instead of
@@ -115,6 +119,7 @@ class HttpFront:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model:.+}", self._models)
         app.router.add_get("/health", self._health)
         return app
 
@@ -218,12 +223,12 @@ class HttpFront:
         try:
             self._auth.authenticate(openai.key_metadata(request.headers))
             table = self._holder.table
-            names = sorted(table.models) if table is not None else []
+            answer = openai.models_answer(request.raw_path, table.models if table is not None else (),
+                                          int(time.time()))
         except FerryError as error:
             status, body, retry = openai.error_of(error)
             return self._error(request_id, status, body, _retry_header(retry))
-        return web.Response(body=_dumps(openai.models(names, int(time.time()))), content_type=JSON,
-                            headers={"x-request-id": request_id})
+        return web.Response(body=_dumps(answer), content_type=JSON, headers={"x-request-id": request_id})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -254,6 +259,7 @@ class HttpFront:
             parsed, message, metadata, timeout = await self._parse(request, chat)
             await self._router.encode(state, metadata, message)  # a large prompt's tokens, off the loop
             self._router.begin(state, metadata, message, timeout)
+            headers.update(self._limits(state))
             if parsed.stream:
                 return await self._stream(request, state, parsed, chat, created, headers)
             if message.idempotency_key and state.tenant is not None:
@@ -268,12 +274,16 @@ class HttpFront:
         except FerryError as error:
             status, body, retry = openai.error_of(error)
             self._servicer.failed(state, error, status_for(error).name)
-            return self._error(request_id, status, body, _retry_header(retry))
+            return self._error(request_id, status, body, {**_retry_header(retry), **self._limits(state)})
         except asyncio.CancelledError:
             self._servicer.count(state, "CANCELLED")
             raise
         finally:
             self._router.end(state)
+
+    def _limits(self, state: RequestState) -> dict[str, str]:
+        """The tenant's ``x-ratelimit-*`` headers (:meth:`TenantLimits.headers`); none before it is known."""
+        return {} if state.tenant is None else self._router.tenant_limits.headers(state.tenant, self._clock())
 
     async def _answer(self, state: RequestState) -> inference_pb2.InferResponse:
         await self._router.infer(state)
@@ -287,7 +297,7 @@ class HttpFront:
 
     async def _stream(self, request: web.Request, state: RequestState, parsed: openai.Parsed, chat: bool,
                       created: int, headers: dict[str, str]) -> web.StreamResponse:
-        """Server-sent events: opened on the first piece; a last chunk with usage, then ``[DONE]``."""
+        """Server-sent events: opened on the first piece; a last chunk, the usage chunk if asked, ``[DONE]``."""
         rid = state.request_id
         response: web.StreamResponse | None = None
         first: float | None = None
@@ -295,8 +305,6 @@ class HttpFront:
         def chunk(text: str | None, summary: inference_pb2.InferResponse | None = None) -> bytes:
             body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary) if chat
                     else openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary))
-            if summary is not None and not parsed.include_usage:
-                body.pop("usage", None)
             return b"data: " + _dumps(body) + b"\n\n"
 
         async def opened() -> web.StreamResponse:
@@ -331,8 +339,12 @@ class HttpFront:
             response = await opened()
         state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
         self._servicer.succeed(state, streamed=first is not None)
+        summary = self._servicer.summary(state, "")
         with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
-            await self._write(response, chunk("", self._servicer.summary(state, "")))
+            await self._write(response, chunk("", summary))
+            if parsed.include_usage:
+                usage = openai.usage_chunk(rid, parsed.model, created, summary, chat=chat)
+                await self._write(response, b"data: " + _dumps(usage) + b"\n\n")
             await self._write(response, DONE)
         return response
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from dataplane.admission.coldstart import WarmingUp
@@ -52,7 +53,7 @@ class Parsed:
     model: str
     max_tokens: int
     stream: bool = False
-    include_usage: bool = True
+    include_usage: bool = False  # stream_options.include_usage: one more chunk, empty choices, with the usage
     prompt: str = ""
     messages: tuple[Mapping[str, str], ...] = ()
     sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -79,7 +80,7 @@ def _number(data: Mapping[str, Any], field: str, low: float, high: float) -> flo
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise errors.InvalidArgument(field, "must be a number")
+        raise errors.InvalidArgument(field, "must be a number", "invalid_type")
     if not low <= value <= high:
         raise errors.InvalidArgument(field, f"must be between {low:g} and {high:g}")
     return float(value)
@@ -90,7 +91,7 @@ def _integer(data: Mapping[str, Any], field: str, low: int, high: int) -> int | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.InvalidArgument(field, "must be an integer")
+        raise errors.InvalidArgument(field, "must be an integer", "invalid_type")
     if not low <= value <= high:
         raise errors.InvalidArgument(field, f"must be between {low} and {high}")
     return value
@@ -116,7 +117,7 @@ def _sampling(data: Mapping[str, Any]) -> dict[str, Any]:
     if stop is not None:
         items = [stop] if isinstance(stop, str) else stop
         if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-            raise errors.InvalidArgument("stop", "must be a string or a list of strings")
+            raise errors.InvalidArgument("stop", "must be a string or a list of strings", "invalid_type")
         if len(items) > MAX_STOP:
             raise errors.InvalidArgument("stop", f"at most {MAX_STOP} strings")
         for i, s in enumerate(items):
@@ -130,31 +131,31 @@ def _sampling(data: Mapping[str, Any]) -> dict[str, Any]:
 def _common(data: Mapping[str, Any], known: frozenset[str], max_tokens_field: str = "max_tokens") -> dict[str, Any]:
     for field in data:
         if field not in known:
-            raise errors.InvalidArgument(str(field)[:64], "unknown field")
+            raise errors.InvalidArgument(str(field)[:64], "unknown field", "unknown_parameter")
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise errors.InvalidArgument("model", "required, a string")
+        raise errors.InvalidArgument("model", "required, a string", "invalid_value" if not model else "invalid_type")
     max_tokens = _integer(data, max_tokens_field, 1, 1 << 31)
     if max_tokens is None and max_tokens_field != "max_tokens":
         max_tokens = _integer(data, "max_tokens", 1, 1 << 31)
     stream = data.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
-        raise errors.InvalidArgument("stream", "must be a boolean")
+        raise errors.InvalidArgument("stream", "must be a boolean", "invalid_type")
     n = data.get("n")
     if n is not None and n != 1:
         raise errors.InvalidArgument("n", "only 1 is supported")
     options = data.get("stream_options")
-    include_usage = True
+    include_usage = False
     if options is not None:
         if not isinstance(options, dict):
-            raise errors.InvalidArgument("stream_options", "must be an object")
-        flag = options.get("include_usage", True)
+            raise errors.InvalidArgument("stream_options", "must be an object", "invalid_type")
+        flag = options.get("include_usage", False)
         if not isinstance(flag, bool):
-            raise errors.InvalidArgument("stream_options.include_usage", "must be a boolean")
+            raise errors.InvalidArgument("stream_options.include_usage", "must be a boolean", "invalid_type")
         include_usage = flag
     user = data.get("user")
     if user is not None and not isinstance(user, str):
-        raise errors.InvalidArgument("user", "must be a string")
+        raise errors.InvalidArgument("user", "must be a string", "invalid_type")
     return {"model": model, "max_tokens": max_tokens or DEFAULT_MAX_TOKENS, "stream": bool(stream),
             "include_usage": include_usage, "sampling": _sampling(data)}
 
@@ -178,7 +179,8 @@ def parse_completion(body: bytes) -> Parsed:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
-        raise errors.InvalidArgument("prompt", "required, a string (or a list of one string)")
+        raise errors.InvalidArgument("prompt", "required, a string (or a list of one string)",
+                                     "invalid_value" if prompt is None else "invalid_type")
     return Parsed(prompt=prompt, **common)
 
 
@@ -192,7 +194,7 @@ def _content(value: Any, field: str) -> str:
                 raise errors.InvalidArgument(f"{field}[{i}]", "only parts of type 'text' with a string 'text'")
             texts.append(part["text"])
         return "".join(texts)
-    raise errors.InvalidArgument(field, "must be a string or a list of text parts")
+    raise errors.InvalidArgument(field, "must be a string or a list of text parts", "invalid_type")
 
 
 def parse_chat(body: bytes) -> Parsed:
@@ -202,13 +204,14 @@ def parse_chat(body: bytes) -> Parsed:
     _absent(data, "logprobs")
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise errors.InvalidArgument("messages", "required, a non-empty list")
+        raise errors.InvalidArgument("messages", "required, a non-empty list",
+                                     "invalid_value" if messages in (None, []) else "invalid_type")
     if len(messages) > MAX_MESSAGES:
         raise errors.InvalidArgument("messages", f"at most {MAX_MESSAGES} messages")
     out: list[Mapping[str, str]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise errors.InvalidArgument(f"messages[{i}]", "must be an object")
+            raise errors.InvalidArgument(f"messages[{i}]", "must be an object", "invalid_type")
         role = message.get("role")
         if role not in ROLES:
             raise errors.InvalidArgument(f"messages[{i}].role", f"must be one of {', '.join(sorted(ROLES))}")
@@ -292,14 +295,11 @@ def chat(summary: inference_pb2.InferResponse, model: str, created: int) -> dict
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, *,
                      summary: inference_pb2.InferResponse | None = None) -> dict[str, Any]:
-    """One ``text_completion`` stream chunk; the last one (``summary`` given) has the finish reason and usage."""
+    """One ``text_completion`` stream chunk; the last one (``summary`` given) has the finish reason."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
                               "finish_reason": (summary.finish_reason or "stop") if summary is not None else None}
-    out: dict[str, Any] = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created,
-                           "model": model, "choices": [choice]}
-    if summary is not None:
-        out["usage"] = usage(summary)
-    return out
+    return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
+            "choices": [choice]}
 
 
 def chat_chunk(request_id: str, model: str, created: int, text: str | None, *,
@@ -309,23 +309,48 @@ def chat_chunk(request_id: str, model: str, created: int, text: str | None, *,
         {"content": text} if summary is None else {})
     choice = {"index": 0, "delta": delta, "logprobs": None,
               "finish_reason": (summary.finish_reason or "stop") if summary is not None else None}
-    out: dict[str, Any] = {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
-                           "model": model, "choices": [choice]}
-    if summary is not None:
-        out["usage"] = usage(summary)
-    return out
+    return {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
+            "model": model, "choices": [choice]}
+
+
+def usage_chunk(request_id: str, model: str, created: int, summary: inference_pb2.InferResponse, *,
+                chat: bool) -> dict[str, Any]:
+    """The chunk ``stream_options.include_usage`` asks for, after the last: empty ``choices`` and the ``usage``
+    (as OpenAI sends it; without ``include_usage`` a stream carries no usage at all)."""
+    prefix, kind = ("chatcmpl", "chat.completion.chunk") if chat else ("cmpl", "text_completion")
+    return {"id": f"{prefix}-{request_id}", "object": kind, "created": created, "model": model, "choices": [],
+            "usage": usage(summary)}
+
+
+def model_object(name: str, created: int) -> dict[str, Any]:
+    """One ``model`` object, as ``GET /v1/models/{id}`` answers it and ``/v1/models`` lists it."""
+    return {"id": name, "object": "model", "created": created, "owned_by": "ferry"}
 
 
 def models(names: list[str], created: int) -> dict[str, Any]:
     """The ``/v1/models`` list."""
-    return {"object": "list",
-            "data": [{"id": name, "object": "model", "created": created, "owned_by": "ferry"} for name in names]}
+    return {"object": "list", "data": [model_object(name, created) for name in names]}
+
+
+MODELS_PATH = "/v1/models"
+
+
+def models_answer(path: str, names: Collection[str], created: int) -> dict[str, Any]:
+    """``GET /v1/models`` (the list) or ``GET /v1/models/{id}`` (one, percent-decoded; ids may hold ``/``) of the
+    models the table routes; raises NotFound ``model`` (404 ``model_not_found``) for an id it does not."""
+    route = path.split("?", 1)[0]
+    if route in (MODELS_PATH, MODELS_PATH + "/"):
+        return models(sorted(names), created)
+    name = urllib.parse.unquote(route.removeprefix(MODELS_PATH + "/"))
+    if name not in names:
+        raise errors.NotFound("model", name[:128])
+    return model_object(name, created)
 
 
 def http_status(error: errors.FerryError) -> tuple[int, str, str]:
     """The HTTP status, OpenAI error ``type`` and ``code`` of a Ferry error (500 for an unmapped one)."""
     if isinstance(error, errors.InvalidArgument):
-        return 400, "invalid_request_error", "invalid_value"
+        return 400, "invalid_request_error", error.code
     if isinstance(error, errors.Unauthenticated):
         return 401, "authentication_error", "invalid_api_key"
     if isinstance(error, Refused):

@@ -73,6 +73,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from dataplane.epp.protocol import ANSWER_HEADERS, ANSWER_NAMESPACE
 from ferry.errors import ConfigError
 
 ENDPOINT_KEY = "x-gateway-destination-endpoint"
@@ -361,7 +362,7 @@ def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
         "allow_mode_override": False,
         "metadata_options": {
             "forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_HINT_NAMESPACE]},
-            "receiving_namespaces": {"untyped": [LB_NAMESPACE]},
+            "receiving_namespaces": {"untyped": [LB_NAMESPACE, ANSWER_NAMESPACE]},
         },
     }}
 
@@ -484,6 +485,13 @@ def _replica_cluster(settings: EnvoySettings, endpoints_path: str | None, *, kse
     return cluster
 
 
+# what a picker asked to add to a forwarded answer (dataplane.epp.protocol.destination's answer_headers): each
+# header from the picker's dynamic metadata, left out when the picker set none (keep_empty_value false)
+ANSWER_HEADERS_TO_ADD = [{"header": {"key": name, "value": f"%DYNAMIC_METADATA({ANSWER_NAMESPACE}:{name})%"},
+                          "append_action": "OVERWRITE_IF_EXISTS_OR_ADD", "keep_empty_value": False}
+                         for name in ANSWER_HEADERS]
+
+
 def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None, pickers: Sequence[str],
               listen_host: str = "127.0.0.1") -> dict[str, Any]:
     def route(cluster: str) -> dict[str, Any]:
@@ -508,6 +516,7 @@ def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None, p
         "route_config": {"name": "ferry", "virtual_hosts": [{
             "name": "ferry", "domains": ["*"], "routes": [
                 *({"match": {"prefix": prefix, "dynamic_metadata": [DECIDED]}, "route": route(cluster),
+                   "response_headers_to_add": ANSWER_HEADERS_TO_ADD,
                    "request_body_buffer_limit": settings.request_body_buffer_limit_bytes}
                   for prefix, cluster in ((KSERVE_PREFIX, KSERVE_CLUSTER), ("/", REPLICA_CLUSTER))),
                 # no picker's decision: nothing is forwarded (only a decided request matches the routes above)

@@ -42,7 +42,7 @@ from ferry.v1 import common_pb2, inference_pb2
 
 OPENAI = "openai"
 KSERVE = "kserve"
-MODELS = "models"  # GET /v1/models: answered by the picker from its table
+MODELS = "models"  # GET /v1/models and /v1/models/{id}: answered by the picker from its table
 HEALTH = "health"  # GET /health: the picker's readiness
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -73,8 +73,9 @@ class Routed:
 def wire_of(method: str, path: str) -> str:
     """The wire of a request from its method and path (query string ignored); raises :class:`Unrouted`."""
     route = path.split("?", 1)[0]
-    if method == "GET" and route in ("/v1/models", "/health"):
-        return MODELS if route == "/v1/models" else HEALTH
+    if method == "GET" and (route == "/health" or route == openai.MODELS_PATH
+                            or route.startswith(openai.MODELS_PATH + "/")):
+        return HEALTH if route == "/health" else MODELS
     if route in (COMPLETIONS, CHAT):
         if method != "POST":
             raise Unrouted(405, f"{method} {route}: use POST", "method_not_allowed")

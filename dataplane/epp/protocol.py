@@ -44,6 +44,10 @@ SERVED = "x-gateway-destination-endpoint-served"
 SUBSET = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+ANSWER_NAMESPACE = "ferry.answer"  # dynamic metadata: headers the forwarder adds to a forwarded answer
+# the answer headers a forwarder's route copies from ANSWER_NAMESPACE (the tenant's rate limits)
+ANSWER_HEADERS = tuple(f"x-ratelimit-{what}-{unit}" for unit in ("requests", "tokens")
+                       for what in ("limit", "remaining", "reset"))
 MAX_SUBSET = 4096  # endpoints read from a subset hint; more are ignored (bounded, rule 4)
 JSON = "application/json"
 
@@ -98,12 +102,14 @@ def _header(name: str, value: str) -> base_pb2.HeaderValueOption:
                                       append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
 
 
-def destination(endpoints: Sequence[str], *, after_body: bool,
-                headers: Mapping[str, str] | None = None) -> ext.ProcessingResponse:
+def destination(endpoints: Sequence[str], *, after_body: bool, headers: Mapping[str, str] | None = None,
+                answer_headers: Mapping[str, str] | None = None) -> ext.ProcessingResponse:
     """Route to ``endpoints`` (the chosen one first, then the fallbacks): header and metadata alike.
 
     ``after_body``: the answer to the request body (else to the request headers, for a request without a
-    body); ``headers``: more request headers to set (the request id)."""
+    body); ``headers``: more request headers to set (the request id); ``answer_headers``: headers for the
+    forwarder to add to the replica's answer, passed as dynamic metadata in :data:`ANSWER_NAMESPACE` (the
+    picker has left the stream by then; the forwarder's route adds each name it knows from there)."""
     joined = ",".join(endpoints)
     common = ext.CommonResponse(clear_route_cache=True)
     common.header_mutation.set_headers.append(_header(DESTINATION, joined))
@@ -114,13 +120,16 @@ def destination(endpoints: Sequence[str], *, after_body: bool,
         response.request_body.response.CopyFrom(common)
     else:
         response.request_headers.response.CopyFrom(common)
-    response.dynamic_metadata.update({LB_NAMESPACE: {DESTINATION: joined}})
+    response.dynamic_metadata.update({LB_NAMESPACE: {DESTINATION: joined},
+                                      **({ANSWER_NAMESPACE: dict(answer_headers)} if answer_headers else {})})
     return response
 
 
 def immediate(status: int, body: Mapping[str, Any], *, retry_after: float | None = None,
-              request_id: str = "", grpc_code: int | None = None) -> ext.ProcessingResponse:
-    """Answer the client at once with ``status`` and a JSON ``body``; ``Retry-After`` in whole seconds (>= 1).
+              request_id: str = "", grpc_code: int | None = None,
+              headers: Mapping[str, str] | None = None) -> ext.ProcessingResponse:
+    """Answer the client at once with ``status`` and a JSON ``body``; ``Retry-After`` in whole seconds (>= 1);
+    ``headers``: more answer headers (the tenant's rate limits).
 
     ``grpc_code``: the caller speaks gRPC (a KServe v2 client): the answer is a gRPC status with that code and
     the error's message as its details (HTTP 200, as gRPC has it), not a JSON body."""
@@ -137,6 +146,8 @@ def immediate(status: int, body: Mapping[str, Any], *, retry_after: float | None
         answer.headers.set_headers.append(_header("retry-after", str(max(1, math.ceil(retry_after)))))
     if request_id:
         answer.headers.set_headers.append(_header("x-request-id", request_id))
+    for name, value in (headers or {}).items():
+        answer.headers.set_headers.append(_header(name, value))
     return ext.ProcessingResponse(immediate_response=answer)
 
 

@@ -200,8 +200,9 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             tenant = self._auth.authenticate(metadata)
             if flow.wire == bodies.MODELS:
                 table = self._router.table
-                names = sorted(table.models) if table is not None else []
-                yield protocol.immediate(200, openai.models(names, int(time.time())), request_id=state.request_id)
+                answer = openai.models_answer(headers.get(":path", ""), table.models if table is not None else (),
+                                              int(time.time()))
+                yield protocol.immediate(200, answer, request_id=state.request_id)
                 return
             body = bytes(flow.body)
             routed = (bodies.openai_request(headers.get(":path", ""), body, headers, tenant, self._templates)
@@ -239,7 +240,12 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         remaining_ms = max(1, int((state.deadline - self._clock()) * 1000))
         yield protocol.destination(endpoints, after_body=after_body, headers={
             "x-request-id": state.request_id,
-            "x-envoy-upstream-rq-timeout-ms": str(remaining_ms)})  # the forwarder holds the request's deadline
+            "x-envoy-upstream-rq-timeout-ms": str(remaining_ms)},  # the forwarder holds the request's deadline
+            answer_headers=self._limits(state))
+
+    def _limits(self, state: RequestState) -> dict[str, str]:
+        """The tenant's ``x-ratelimit-*`` headers (:meth:`TenantLimits.headers`); none before it is known."""
+        return {} if state.tenant is None else self._router.tenant_limits.headers(state.tenant, self._clock())
 
     def _address(self, flow: Flow, replica: Any) -> str:
         return str(replica.http_address if flow.wire == bodies.OPENAI else replica.address)
@@ -279,7 +285,8 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._requests.failed(state, error, grpc_code.name)
         speaks_grpc = flow.headers.get("content-type", "").startswith("application/grpc")
         return protocol.immediate(code, body, retry_after=retry, request_id=state.request_id,
-                                  grpc_code=grpc_code.value[0] if speaks_grpc else None)
+                                  grpc_code=grpc_code.value[0] if speaks_grpc else None,
+                                  headers=None if speaks_grpc else self._limits(state))
 
     def _on_response(self, flow: Flow, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         headers = protocol.headers_of(message.response_headers)

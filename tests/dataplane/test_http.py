@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 from dataplane.api import openai
 from dataplane.api.chat import DEFAULT_TEMPLATE, ChatTemplates, load_template
 from ferry.errors import ConfigError, InvalidArgument
-from tests.dataplane.conftest import KEYS
+from tests.dataplane.conftest import KEYS, TENANTS
 from tests.dataplane.fakes import Behaviour, parse, route
 from tests.dataplane.test_coldstart import push_and_apply, warming_snapshot
 
@@ -66,19 +67,37 @@ async def test_chat_renders_the_default_template_and_takes_the_tier_header(rig) 
     assert parse(sent)[0] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
-async def test_stream_is_server_sent_events_ending_done(rig) -> None:
+@pytest.mark.parametrize("options", [None, {}, {"include_usage": False}, {"include_usage": True}])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_stream_is_server_sent_events_with_usage_only_when_asked(rig, path: str,
+                                                                       options: dict[str, Any] | None) -> None:
+    # as OpenAI: usage only with stream_options.include_usage, in one more chunk whose choices are empty
     _, base = await front(rig, {"r1": Behaviour(chunks=3)})
-    async with aiohttp.ClientSession() as s, s.post(base + "/v1/chat/completions", headers=AUTH, json={
-            "model": "m", "max_tokens": 8, "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as resp:
+    body: dict[str, Any] = {"model": "m", "max_tokens": 8, "stream": True}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    if options is not None:
+        body["stream_options"] = options
+    async with aiohttp.ClientSession() as s, s.post(base + path, headers=AUTH, json=body) as resp:
         assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
         events = [line.decode().strip() async for line in resp.content if line.strip()]
     assert events[-1] == "data: [DONE]"
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    assert text and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
-    assert chunks[-1]["usage"]["completion_tokens"] > 0
-    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    asked = bool(options and options.get("include_usage"))
+    content = chunks[:-1] if asked else chunks
+    assert all(len(c["choices"]) == 1 and "usage" not in c for c in content)
+    key = "delta" if "chat" in path else "text"
+    if "chat" in path:
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in content)
+    else:
+        text = "".join(c["choices"][0][key] for c in content)
+    assert text and content[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all(c["choices"][0]["finish_reason"] is None for c in content[:-1])
+    if asked:
+        last = chunks[-1]
+        assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+        assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + last["usage"]["completion_tokens"]
+        assert last["id"] == chunks[0]["id"] and last["object"] == chunks[0]["object"]
 
 
 @pytest.mark.parametrize(("body", "headers", "status", "param"), [
@@ -233,3 +252,60 @@ async def test_a_connection_that_sends_nothing_is_closed_after_the_keepalive(rig
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy, nothing sent
     finally:
         writer.close()
+
+
+async def test_models_by_id_answers_one_model_or_404_model_not_found(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    async with aiohttp.ClientSession() as s:
+        async with s.get(base + "/v1/models/m", headers=AUTH) as resp:
+            body = await resp.json()
+            assert resp.status == 200 and isinstance(body["created"], int)
+            assert body == {"id": "m", "object": "model", "created": body["created"], "owned_by": "ferry"}
+        async with s.get(base + "/v1/models/nope%2Fx", headers=AUTH) as missing:
+            error = (await missing.json())["error"]
+            assert missing.status == 404 and error["code"] == "model_not_found" and error["param"] == "model"
+            assert "'nope/x'" in error["message"]
+        async with s.get(base + "/v1/models/m") as anonymous:
+            assert anonymous.status == 401
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "code"), [
+    ({"model": "m", "prompt": "x"}, {"Authorization": "Bearer nope"}, 401, "invalid_api_key"),
+    ({"model": "nope", "prompt": "x"}, {}, 404, "model_not_found"),
+    ({"model": "m", "prompt": "x", "temperature": "hot"}, {}, 400, "invalid_type"),
+    ({"model": "m", "prompt": 7}, {}, 400, "invalid_type"),
+    ({"model": "m", "prompt": "x", "stream": "yes"}, {}, 400, "invalid_type"),
+    ({"model": "m", "prompt": "x", "max_tokens": 0}, {}, 400, "invalid_value"),
+    ({"model": "m"}, {}, 400, "invalid_value"),
+    ({"model": "m", "prompt": "x", "max_tokens": 5000}, {}, 400, "context_length_exceeded"),  # replicas: 4,096
+])
+async def test_error_codes_are_openais(rig, body: Any, headers: dict[str, str], status: int, code: str) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    got, answer, _ = await post(base, "/v1/completions", body, headers)
+    assert got == status and answer["error"]["code"] == code, answer
+
+
+async def test_a_missing_key_is_explained_in_http_words(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    async with aiohttp.ClientSession() as s, s.post(base + "/v1/completions", json={"model": "m", "prompt": "x"}) as r:
+        message = (await r.json())["error"]["message"]
+    assert r.status == 401 and "Authorization: Bearer" in message and "metadata" not in message
+
+
+async def test_rate_limit_headers_follow_the_tenants_buckets(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour()})
+    limited = [dataclasses.replace(t, requests_per_second=2.0, tokens_per_second=1000.0) if t.name == "acme" else t
+               for t in TENANTS]
+    r.proxy.authenticator.replace(limited)
+    statuses, remaining = [], []
+    for _ in range(3):
+        status, _, headers = await post(base, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})
+        statuses.append(status)
+        assert headers["x-ratelimit-limit-requests"] == "2" and headers["x-ratelimit-limit-tokens"] == "1000"
+        assert headers["x-ratelimit-reset-requests"].endswith("s")
+        remaining.append(int(headers["x-ratelimit-remaining-requests"]))
+    assert statuses[:2] == [200, 200] and statuses[2] == 429, statuses  # a bucket of 2 per second, 2 deep
+    assert remaining[0] == 1 and remaining[2] == 0
+    _, _, other = await post(base, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2},
+                             {"Authorization": f"Bearer {KEYS['free']}"})
+    assert not any(name.startswith("x-ratelimit-") for name in other)  # a tenant without limits: none

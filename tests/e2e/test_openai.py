@@ -90,13 +90,21 @@ def test_streams_completion_and_chat(up: Up) -> None:
     client = up.client()
     pieces = list(client.completions.create(model="chat", prompt="a b", max_tokens=6, stream=True))
     assert "".join(p.choices[0].text for p in pieces).split() == ["the", "ferry", "crosses", "a", "river", "of"]
-    assert pieces[-1].choices[0].finish_reason == "length" and pieces[-1].usage.completion_tokens == 6
+    assert pieces[-1].choices[0].finish_reason == "length" and all(p.usage is None for p in pieces)  # not asked
     chunks = list(client.chat.completions.create(model="chat", max_tokens=6, stream=True,
                                                  stream_options={"include_usage": True},
                                                  messages=[{"role": "user", "content": "hi"}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.split() == ["the", "ferry", "crosses", "a", "river", "of"]
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-2].choices[0].finish_reason == "length" and all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_model_is_retrieved_by_id(up: Up) -> None:
+    assert up.client().models.retrieve("chat").id == "chat"
+    with pytest.raises(openai.NotFoundError) as missing:
+        up.client().models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
 
 
 def test_unknown_key_is_401_and_unknown_model_404(up: Up) -> None:
@@ -134,6 +142,7 @@ def _ok(client: openai.OpenAI) -> bool:
 
 def test_a_stream_continues_across_a_replica_killed_midway(up: Up) -> None:
     stream = up.client().chat.completions.create(model="chat", max_tokens=TOKENS, stream=True,
+                                                 stream_options={"include_usage": True},
                                                  messages=[{"role": "user", "content": "a long one"}])
     chunks = iter(stream)
     got = [next(chunks), next(chunks)]
@@ -142,7 +151,7 @@ def test_a_stream_continues_across_a_replica_killed_midway(up: Up) -> None:
     os.kill(up.ready["pids"][busy.node], signal.SIGKILL)  # the node's agent and replicas die mid-stream
     got.extend(chunks)
     final = got[-1]
-    assert final.choices[0].finish_reason == "length"
+    assert got[-2].choices[0].finish_reason == "length"
     assert final.usage is not None and final.usage.completion_tokens == TOKENS
     text = "".join(c.choices[0].delta.content or "" for c in got if c.choices)
     # one unbroken stream: every word, the continuation's first one glued to the last delivered (the simulated

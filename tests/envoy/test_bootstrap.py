@@ -51,6 +51,7 @@ from dataplane.envoy.bootstrap import (
     split_address,
 )
 from dataplane.envoy.process import EnvoyProcess, envoy_binary, start_envoy, write_endpoints
+from dataplane.epp.protocol import ANSWER_NAMESPACE
 from ferry import tlsgen
 from ferry.errors import ConfigError
 
@@ -111,7 +112,7 @@ def test_ext_proc_filter(mode: str, trailers: str) -> None:
         "response_header_mode": "SKIP", "response_body_mode": "NONE", "response_trailer_mode": "SKIP"}
     assert filt["metadata_options"] == {
         "forwarding_namespaces": {"untyped": ["envoy.lb", "envoy.lb.subset_hint"]},
-        "receiving_namespaces": {"untyped": ["envoy.lb"]}}
+        "receiving_namespaces": {"untyped": ["envoy.lb", "ferry.answer"]}}
 
 
 @pytest.mark.parametrize(("balance", "groups"), [("failover", [(0, [9001]), (1, [9002])]),
@@ -256,8 +257,9 @@ class StubPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     Envoy reports as served (``metadata_context`` of the response headers).
     """
 
-    def __init__(self, endpoints: str) -> None:
+    def __init__(self, endpoints: str, answer: dict[str, str] | None = None) -> None:
         self.endpoints = endpoints
+        self.answer = answer or {}  # headers for Envoy to add to the answer (the picker's ANSWER_NAMESPACE)
         self.requests = 0
         self.served: list[str] = []  # the upstream that answered, from the reports' upstream ends
         self.ends: list[tuple[str, float]] = []  # (kind of end, when it was heard) from the report stream
@@ -283,7 +285,8 @@ class StubPicker(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def _metadata(self) -> struct_pb2.Struct:
         metadata = struct_pb2.Struct()
-        metadata.update({LB_NAMESPACE: {ENDPOINT_KEY: self.endpoints}})
+        metadata.update({LB_NAMESPACE: {ENDPOINT_KEY: self.endpoints},
+                         **({ANSWER_NAMESPACE: self.answer} if self.answer else {})})
         return metadata
 
     async def Process(self, request_iterator: Any, context: Any) -> AsyncIterator[ext_proc.ProcessingResponse]:
@@ -526,6 +529,26 @@ async def test_routes_to_the_primary_and_reports_served(tmp_path: Path, replicas
         await _heard(picker, 3)
     assert (a.hits, b.hits) == (0, 3)
     assert picker.served == [b.address] * 3
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_the_pickers_answer_headers_reach_the_client(tmp_path: Path, replicas: list[Replica],
+                                                          client: aiohttp.ClientSession) -> None:
+    # the tenant's x-ratelimit-* headers: put in dynamic metadata by the picker, added to the answer by the route
+    a = replicas[0]
+    limits = {"x-ratelimit-limit-requests": "2", "x-ratelimit-remaining-requests": "1",
+              "x-ratelimit-reset-requests": "0.5s"}
+    async with serve_picker(StubPicker(a.address, limits)) as (with_limits, _s1), \
+            serve_picker(StubPicker(a.address)) as (without, _s2):
+        async with running_envoy(tmp_path / "with", [with_limits], [a.address]) as envoy, \
+                client.get(_url(envoy)) as response:
+            assert response.status == 200
+            assert {k: response.headers.get(k) for k in limits} == limits
+        async with running_envoy(tmp_path / "without", [without], [a.address]) as envoy, \
+                client.get(_url(envoy)) as response:
+            assert response.status == 200
+            assert not [k for k in response.headers if k.lower().startswith("x-ratelimit-")]
 
 
 @pytest.mark.e2e

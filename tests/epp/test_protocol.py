@@ -12,6 +12,7 @@ and the in-flight accounting returns to zero however a stream ends.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import struct
@@ -333,6 +334,47 @@ async def test_models_and_health_are_answered_by_the_picker(picker) -> None:
     assert [m["id"] for m in json.loads(answer.immediate_response.body)["data"]] == ["m"]
     answer = await ask(p.open(), headers("/health", method="GET", end=True))
     assert answer.immediate_response.status.code == 200
+    answer = await ask(p.open(), headers("/v1/models/m", method="GET", end=True))
+    assert answer.immediate_response.status.code == 200
+    assert json.loads(answer.immediate_response.body)["id"] == "m"
+    answer = await ask(p.open(), headers("/v1/models/nope", method="GET", end=True))
+    error = json.loads(answer.immediate_response.body)["error"]
+    assert answer.immediate_response.status.code == 404 and error["code"] == "model_not_found"
+    await idle(p)
+
+
+async def limited(picker: Any, requests_per_second: float) -> Picker:
+    """A picker whose paid tenant (``acme``) has a requests-per-second bucket."""
+    p: Picker = await picker()
+    assert p.proxy is not None
+    p.proxy.authenticator.replace([dataclasses.replace(t, requests_per_second=requests_per_second)
+                                   if t.name == "acme" else t for t in TENANTS])
+    return p
+
+
+async def test_a_refusal_carries_the_tenants_rate_limit_headers(picker) -> None:
+    p = await limited(picker, 1.0)
+    request = await routed(p)  # takes the one request of the bucket
+    first = await ask(p.open(), headers(), body(completion()))  # the bucket (1 deep) is empty: refused at once
+    await finish(p, request)
+    answer = first.immediate_response
+    assert answer.status.code == 429
+    names = {h.header.key: h.header.raw_value.decode() for h in answer.headers.set_headers}
+    assert names["x-ratelimit-limit-requests"] == "1" and names["x-ratelimit-remaining-requests"] == "0"
+    assert names["x-ratelimit-reset-requests"].endswith("s") and "x-ratelimit-limit-tokens" not in names
+    await idle(p)
+
+
+async def test_a_decision_carries_the_rate_limit_headers_in_metadata(picker) -> None:
+    p = await limited(picker, 5.0)
+    call = p.open()
+    answer = await ask(call, headers("/v1/completions"), body(completion()))
+    extra = answer.dynamic_metadata.fields[protocol.ANSWER_NAMESPACE].struct_value.fields
+    assert extra["x-ratelimit-limit-requests"].string_value == "5"
+    assert extra["x-ratelimit-remaining-requests"].string_value == "4"
+    assert set(extra) <= set(protocol.ANSWER_HEADERS)
+    request_id = set_headers(answer)["x-request-id"]
+    await finish(p, Routed(call, request_id, destination(answer)[0].split(",")))
     await idle(p)
 
 

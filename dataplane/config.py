@@ -402,6 +402,9 @@ class HttpSettings:
         _positive({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "http_listen"})
 
 
+PICKER_ENDS = ("report", "stream")  # PickerSettings.picker_end
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PickerSettings:
     """The endpoint picker's part (:mod:`dataplane.epp`): what it answers a forwarder such as Envoy."""
@@ -416,7 +419,7 @@ class PickerSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.picker_fallbacks <= 8:
             raise ConfigError("proxy.picker_fallbacks", "must be 0 to 8")
-        if self.picker_end not in ("report", "stream"):
+        if self.picker_end not in PICKER_ENDS:
             raise ConfigError("proxy.picker_end", "must be report or stream")
         _positive({"picker_max_body_bytes": self.picker_max_body_bytes,
                    "picker_max_wait_seconds": self.picker_max_wait_seconds})
@@ -562,6 +565,7 @@ def load(
     *,
     region: str | None = None,
     proxy_id: str | None = None,
+    picker_end: str | None = None,
 ) -> ProxyConfig:
     """Read the config file (None: defaults) and apply the flag overrides; raises ConfigError."""
     file: FileConfig = load_file(path)
@@ -570,6 +574,11 @@ def load(
         settings = dataclasses.replace(settings, region=region)
     if proxy_id:
         settings = dataclasses.replace(settings, proxy_id=proxy_id)
+    if picker_end is not None:
+        if picker_end not in PICKER_ENDS:
+            raise ConfigError("--picker-end", f"must be one of {', '.join(PICKER_ENDS)}, not {picker_end!r}")
+        settings = dataclasses.replace(settings, picker=PickerSettings(**{
+            **dataclasses.asdict(settings.picker), "picker_end": picker_end}))
     return ProxyConfig(settings=settings.resolved(), tenants=file.tenants, limits=file.limits, models=file.models,
                        guardrails=file.guardrails)
 

@@ -75,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--picker", action="store_true",
                    help="also serve Envoy's ExternalProcessor on the --listen port: the endpoint picker "
                         "(dataplane.epp; `ferry picker` is this flag with one worker)")
+    p.add_argument("--picker-end", default=None,
+                   help="how the picker hears a request ended: report (Envoy's access-log reports) or stream "
+                        "(the processor stream's end: a Gateway's Envoy); default [proxy] picker_end, else report")
     p.add_argument("--replica-plaintext", action="store_true",
                    help="with TLS, still reach the replicas in plain text (replicas that serve no TLS)")
     tls.add_arguments(p)
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure(logging.INFO, args.log_format)
     try:
-        config = load(args.config, region=args.region, proxy_id=args.proxy_id)
+        config = load(args.config, region=args.region, proxy_id=args.proxy_id, picker_end=args.picker_end)
         control_planes = parse_addresses(args.control_plane)
         checked = [("--listen", args.listen), ("--metrics-listen", args.metrics_listen)]
         if args.http_listen or config.settings.http.http_listen:

@@ -111,3 +111,15 @@ def test_ferry_proxy_process_writes_ready_file_serves_and_stops_on_sigterm(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_picker_end_flag_overrides_the_file_and_a_bad_one_names_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "ferry.toml"
+    path.write_text(CONFIG + 'picker_end = "report"\n')
+    assert load(path).settings.picker.picker_end == "report"
+    overridden = load(path, picker_end="stream")
+    assert overridden.settings.picker.picker_end == "stream"
+    assert overridden.settings.picker.picker_fallbacks == load(path).settings.picker.picker_fallbacks
+    with pytest.raises(ConfigError, match="--picker-end"):
+        load(path, picker_end="never")
+    assert main(["--picker-end=never", "--config", str(path)]) == 2

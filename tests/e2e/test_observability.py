@@ -14,10 +14,13 @@ from ferry.v1 import common_pb2, inference_pb2
 ROOT = Path(__file__).resolve().parents[2]
 FILES = [ROOT / "tools/observability/grafana-dashboard.json", ROOT / "tools/observability/prometheus-rules.yml"]
 METRIC = re.compile(r"\bferry_[a-z0-9_]+\b")
+# labels, not metrics: the pods' ferry/region and ferry/model labels as Prometheus copies them onto the series
+# (podTargetLabels of deploy/kubernetes/components/monitoring), which the dashboard's region variable reads
+POD_LABELS = {"ferry_region", "ferry_model"}
 
 
 def used_metrics() -> set[str]:
-    return {m for f in FILES for m in METRIC.findall(f.read_text())}
+    return {m for f in FILES for m in METRIC.findall(f.read_text())} - POD_LABELS
 
 
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),

@@ -254,6 +254,8 @@ class _ServerFetcher:
 
 
 class Closable(Protocol):
+    """What :class:`Renewing` holds: a client with an asynchronous ``close``."""
+
     async def close(self) -> None: ...
 
 
@@ -262,6 +264,8 @@ C = TypeVar("C", bound=Closable)
 
 @dataclasses.dataclass
 class _Held(Generic[C]):
+    """A client of :class:`Renewing`, the generation it was built for, and the calls on it now."""
+
     client: C
     generation: int
     calls: int = 0

@@ -232,6 +232,7 @@ async def test_a_corrupt_pair_is_refused_and_the_old_one_keeps_working(
     servicer.admitted = {renewed.cert}
     clock.advance(INTERVAL)
     assert await live(pool, address) is not first and config.generation() == 1
+    assert first.channel.get_state() == grpc.ChannelConnectivity.SHUTDOWN  # idle: closed at once
 
 
 async def test_files_rewritten_with_the_same_bytes_keep_the_channel(gate: tuple[Gate, str, Path],

@@ -29,8 +29,10 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
   Without a metrics URL, or when the scrape fails, ModelStatistics gives the
   completed count and the load reads zero (``source`` says which was used).
 
-Every call has a timeout (``timeout_seconds``); an endpoint that does not
-answer ServerLive is reported unreachable, never raised. Cost per poll: one
+Every call has a timeout (``timeout_seconds``); with ``tls`` read from files the
+client is a :class:`ferry.tls.Renewing` (a renewed certificate: a new channel
+for the next call). An endpoint that does not answer ServerLive is reported
+unreachable, never raised. Cost per poll: one
 ModelReady per model (ServerLive only after a ModelReady got no answer),
 one scrape parsed for :data:`METRICS_READ` only.
 """
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from tritonclient.grpc.aio import InferenceServerClient
@@ -48,7 +50,7 @@ from tritonclient.utils import InferenceServerException
 from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
 from ferry.grpcutil import channel_options
-from ferry.tls import TLSConfig
+from ferry.tls import Renewing, TLSConfig
 
 ModelKey = tuple[str, str]  # (name, version)
 LLM_TENSORS = {"text_input", "max_tokens", "text_output"}
@@ -113,34 +115,43 @@ class TritonEndpoint:
         # Reconnect within a second once a dead endpoint is back (gRPC's default backoff grows to 2 minutes).
         options = [*channel_options(), ("grpc.initial_reconnect_backoff_ms", 100),
                    ("grpc.max_reconnect_backoff_ms", 1000)]
-        creds = tls.channel_credentials() if tls is not None else None  # mutual TLS to a replica that serves it
-        self._client = InferenceServerClient(address, channel_args=options, creds=creds)
+
+        def make() -> InferenceServerClient:  # mutual TLS to a replica that serves it, with the current pair
+            return InferenceServerClient(address, channel_args=options,
+                                         creds=tls.channel_credentials() if tls is not None else None)
+
+        self._clients = Renewing(make, tls)
 
     async def close(self) -> None:
-        await self._client.close()
+        await self._clients.close()
+
+    async def _call(self, call: Callable[[InferenceServerClient], Awaitable[Any]]) -> Any:
+        """``call`` on the current client."""
+        async with self._clients.use() as client:
+            return await call(client)
 
     async def live(self) -> bool:
         """True when the endpoint answers ServerLive with live = true in time."""
         try:
-            return bool(await self._client.is_server_live(client_timeout=self.timeout))
+            return bool(await self._call(lambda c: c.is_server_live(client_timeout=self.timeout)))
         except InferenceServerException:
             return False
 
     async def discover(self) -> list[ModelEntry]:
         """The LLM models of the endpoint's repository; raises InferenceServerException when it does not answer."""
-        index = await self._client.get_model_repository_index(client_timeout=self.timeout)
+        index = await self._call(lambda c: c.get_model_repository_index(client_timeout=self.timeout))
         found = await asyncio.gather(*(self._describe(m.name, m.version) for m in index.models))
         return [entry for entry in found if entry is not None]
 
     async def _describe(self, name: str, version: str) -> ModelEntry | None:
         try:
-            meta = await self._client.get_model_metadata(name, version, client_timeout=self.timeout)
+            meta = await self._call(lambda c: c.get_model_metadata(name, version, client_timeout=self.timeout))
             names = {t.name for t in meta.inputs} | {t.name for t in meta.outputs}
             if not names >= LLM_TENSORS:
                 return None
             version = version or (meta.versions[0] if meta.versions else "")
-            ready = await self._client.is_model_ready(name, version, client_timeout=self.timeout)
-            config = (await self._client.get_model_config(name, version, client_timeout=self.timeout)).config
+            ready = await self._call(lambda c: c.is_model_ready(name, version, client_timeout=self.timeout))
+            config = (await self._call(lambda c: c.get_model_config(name, version, client_timeout=self.timeout))).config
         except InferenceServerException:
             return None  # not loaded or not answering: seen again at the next discovery
         params = {k: v.string_value for k, v in config.parameters.items()}
@@ -178,13 +189,14 @@ class TritonEndpoint:
     async def _ready(self, name: str, version: str) -> bool | None:
         """ModelReady's answer; False for an error status (an unknown model), None when there was no answer."""
         try:
-            return bool(await self._client.is_model_ready(name, version, client_timeout=self.timeout))
+            return bool(await self._call(lambda c: c.is_model_ready(name, version, client_timeout=self.timeout)))
         except InferenceServerException as exc:
             return False if (exc.status() or "").rpartition(".")[2] in ANSWERS else None
 
     async def _from_statistics(self, name: str, version: str, *, ready: bool) -> ModelLoad:
         try:
-            stats: Any = await self._client.get_inference_statistics(name, version, client_timeout=self.timeout)
+            stats: Any = await self._call(
+                lambda c: c.get_inference_statistics(name, version, client_timeout=self.timeout))
         except InferenceServerException:
             return ModelLoad(ready=ready, source="none")
         total = sum(int(s.inference_stats.success.count) for s in stats.model_stats)

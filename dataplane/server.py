@@ -7,7 +7,7 @@ with ``tls`` the public port is TLS (no client certificate asked: tenants
 authenticate by API key) and the proxy uses mutual TLS to the control planes
 and, unless ``replica_tls`` is false, to the replicas;
 with TLS from files, a rotated certificate is served to new connections without a
-restart (:mod:`ferry.tls`: at once on gRPC, within ``RELOAD_SECONDS`` on HTTP);
+restart (:mod:`ferry.tls`: at once on gRPC, within ``--tls-reload-seconds`` on HTTP);
 ``await proxy.start_http(listen) -> port`` adds the OpenAI-compatible HTTP
 front door (:mod:`dataplane.api.http`) on the same loop and router, with each
 model's chat template from ``models`` (:mod:`dataplane.api.chat`); a task
@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,7 +66,7 @@ from ferry.backoff import Backoff
 from ferry.config import TIERS, GuardrailConfig, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
 from ferry.readiness import SERVING, DrainTimes, Readiness
-from ferry.tls import RELOAD_SECONDS, CertificateFiles, TLSConfig
+from ferry.tls import TLSConfig
 from ferry.tokens import Tokenizers
 from ferry.v1 import inference_pb2_grpc, tables_pb2
 
@@ -107,8 +106,9 @@ class Proxy:
             clock=clock,
             params=self.settings.table.table_params(),
         )
-        self.pool = ClientPool(client_factory or default_factory(
-            self.limits.max_message_bytes, tls if replica_tls else None))
+        to_replicas = tls if replica_tls else None  # its channels are rebuilt when the certificate is renewed
+        self.pool = ClientPool(client_factory or default_factory(self.limits.max_message_bytes, to_replicas),
+                               tls=to_replicas)
         self.authenticator = Authenticator(tenants, allow_anonymous=self.settings.server.allow_anonymous)
         self.router = Router(
             settings=self.settings,
@@ -214,19 +214,13 @@ class Proxy:
         self.http = HttpFront(self.router, self.servicer, self.authenticator, self.holder, self.templates,
                               self.settings.http, default_deadline=self.settings.server.default_deadline_seconds,
                               clock=self._clock, serving=lambda: self.readiness.status == SERVING)
+        loaded = self.tls.generation() if self.tls else 0
         context = self.tls.server_ssl_context() if self.tls else None
         self.http_port = await self.http.start(listen, context)
-        if context is not None and self.tls is not None and self.tls.files is not None:
-            files = CertificateFiles(*self.tls.files, loaded=self.tls)
-            self._reload_task = asyncio.create_task(self._reload(files, context), name="tls-reload")
+        if context is not None and self.tls is not None and self.tls.watch is not None:
+            self._reload_task = asyncio.create_task(self.tls.watch.follow(context, loaded, self._stop),
+                                                    name="tls-reload")
         return self.http_port
-
-    async def _reload(self, files: CertificateFiles, context: ssl.SSLContext) -> None:
-        """Every RELOAD_SECONDS until stopped: a rotated certificate into the HTTP front door's context."""
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), RELOAD_SECONDS)
-            files.reload(context)
 
     async def drain(self, times: DrainTimes | None = None) -> None:
         """Stop as on SIGTERM: NOT_SERVING, serve ``times.delay`` seconds more, then :meth:`stop` with

@@ -1,8 +1,8 @@
 """A throw-away CA and certificates for ``ferry up --tls`` and tests, made with the ``openssl`` command.
 
 :func:`generate` writes ``ca.pem`` and, for each name, ``NAME.pem`` and
-``NAME.key``: P-256 keys, valid for ``days`` days, with the common name NAME,
-subject alternative names ``IP:127.0.0.1`` and ``DNS:localhost`` (or ``san``),
+``NAME.key`` (:func:`issue`, which also renews one): P-256 keys, valid for
+``days`` days, with the common name NAME, subject alternative names ``IP:127.0.0.1`` and ``DNS:localhost`` (or ``san``),
 and both server and client use, so one certificate serves a component in both roles.
 """
 
@@ -15,6 +15,7 @@ from ferry.tls import TLSConfig
 
 SAN = "IP:127.0.0.1,DNS:localhost"
 EXT = "subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
+CURVE = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -27,18 +28,21 @@ def generate(directory: str | Path, names: tuple[str, ...], *, days: int = 2, sa
     """A CA in ``directory`` and a signed certificate per name; returns each name's TLS config."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    curve = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", str(days),
+    _openssl("req", "-x509", *CURVE, "-keyout", "ca.key", "-out", "ca.pem", "-days", str(days),
              "-subj", "/CN=ferry-throwaway-ca", cwd=d)
+    return {name: issue(d, name, days=days, san=san) for name in names}
+
+
+def issue(directory: str | Path, name: str, *, days: int = 2, san: str = SAN) -> TLSConfig:
+    """A new key and certificate for ``name`` (``NAME.pem``, ``NAME.key``, replaced) from the CA in ``directory``:
+    a renewal, as cert-manager makes one (same CA and common name, another key and serial)."""
+    d = Path(directory)
     (d / "ext.cnf").write_text(EXT.format(san=san))
-    out = {}
-    for name in names:
-        _openssl("req", *curve, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", str(days), "-extfile", "ext.cnf", cwd=d)
-        (d / f"{name}.key").chmod(0o600)
-        out[name] = TLSConfig.load(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
-    return out
+    _openssl("req", *CURVE, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-out", f"{name}.pem", "-days", str(days), "-extfile", "ext.cnf", cwd=d)
+    (d / f"{name}.key").chmod(0o600)
+    return TLSConfig.load(d / "ca.pem", d / f"{name}.pem", d / f"{name}.key")
 
 
 def paths(directory: str | Path, name: str) -> list[str]:

@@ -14,7 +14,10 @@ the table's addresses plus the proxy's in-flight requests.
 :meth:`ClientPool.discard` closes an address's client once its calls end
 (the forwarder calls it when a connection was refused), so that the next
 call connects afresh rather than failing fast through the old channel's
-reconnect backoff when the replica is back.
+reconnect backoff when the replica is back. With ``tls`` read from files,
+each address's client is a :class:`ferry.tls.Renewing`: the first call after
+the certificate was renewed gets a new channel with it, while calls already on
+the old channel finish there.
 
 Cost: a dict lookup per call; a channel (lazy connect) per new address.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
@@ -30,7 +34,7 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc
 
 from ferry.grpcutil import channel_options
-from ferry.tls import TLSConfig
+from ferry.tls import Renewing, TLSConfig
 
 ClientFactory = Callable[[str], Any]
 
@@ -69,9 +73,10 @@ def default_factory(max_message_bytes: int, tls: TLSConfig | None = None) -> Cli
 class ClientPool:
     """Clients by replica address, reference-counted and pruned to the current table."""
 
-    def __init__(self, factory: ClientFactory) -> None:
+    def __init__(self, factory: ClientFactory, *, tls: TLSConfig | None = None) -> None:
         self._factory = factory
-        self._clients: dict[str, Any] = {}
+        self._tls = tls  # the certificates the factory's channels present (None: never renewed)
+        self._clients: dict[str, Renewing[Any]] = {}
         self._uses: dict[str, int] = {}
         self._wanted: frozenset[str] | None = None  # None: no table yet, keep everything
         self._closing: set[asyncio.Task[None]] = set()
@@ -87,13 +92,13 @@ class ClientPool:
     @contextlib.asynccontextmanager
     async def use(self, address: str) -> AsyncIterator[Any]:
         """The client of ``address`` for the duration of one call."""
-        client = self._clients.get(address)
-        if client is None:
-            client = self._factory(address)
-            self._clients[address] = client
+        renewing = self._clients.get(address)
+        if renewing is None:
+            renewing = self._clients[address] = Renewing(functools.partial(self._factory, address), self._tls)
         self._uses[address] = self._uses.get(address, 0) + 1
         try:
-            yield client
+            async with renewing.use() as client:
+                yield client
         finally:
             left = self._uses[address] - 1
             if left:

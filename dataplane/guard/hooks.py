@@ -30,7 +30,8 @@ allow, deny, redact, failed_open, failed_closed) and summed per request into
 the usage reports ``ferryctl top`` shows (``guard_ms``).
 
 :func:`settle` (a verdict or a failure to the text to go on with) and
-:func:`selected` are pure; :class:`Guards` owns the channels and the calls.
+:func:`selected` are pure; :class:`Guards` owns the channels (a :class:`ferry.tls.Renewing` per hook: a
+renewed certificate is presented from the next call on) and the calls.
 Cost: one gRPC call per prompt hook, one per output hook and window.
 """
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 
 import grpc
@@ -46,7 +48,7 @@ from dataplane.forward.kserve import Piece
 from dataplane.metrics import ProxyMetrics
 from ferry.config import GuardrailConfig
 from ferry.errors import FerryError, PermissionDenied, Unavailable
-from ferry.tls import TLSConfig, channel
+from ferry.tls import Renewing, TLSConfig, channel
 from ferry.v1 import guardrail_pb2, guardrail_pb2_grpc
 
 CONTEXT_BYTES = 4096  # of the released answer sent with each output window
@@ -133,8 +135,7 @@ class Guards:
         self._metrics = metrics
         self._clock = clock
         self._tls = tls
-        self._stubs: dict[str, guardrail_pb2_grpc.GuardrailStub] = {}
-        self._channels: list[grpc.aio.Channel] = []
+        self._clients: dict[str, Renewing[_HookClient]] = {}  # by address; rebuilt when the certificate is renewed
         self._selected: dict[tuple[str, str], Selected] = {}
 
     def select(self, model: str, tier: str) -> Selected:
@@ -207,7 +208,8 @@ class Guards:
             failure = "no time left before the request's deadline"
         else:
             try:
-                answer = await self._stub(hook).Check(request, timeout=timeout)
+                async with self._client(hook.address).use() as client:
+                    answer = await client.stub.Check(request, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
                 late = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
                 failure = f"no answer within {hook.timeout_ms:g} ms" if late else f"{exc.code().name}: {exc.details()}"
@@ -225,17 +227,25 @@ class Guards:
             raise Unavailable(f"guardrail {hook.name!r} ({stage}) failed: {verdict.reason}; on_error is closed")
         return verdict.text
 
-    def _stub(self, hook: GuardrailConfig) -> guardrail_pb2_grpc.GuardrailStub:
-        stub = self._stubs.get(hook.address)
-        if stub is None:
-            ch = channel(hook.address, self._tls)
-            self._channels.append(ch)
-            stub = self._stubs[hook.address] = guardrail_pb2_grpc.GuardrailStub(ch)
-        return stub
+    def _client(self, address: str) -> Renewing[_HookClient]:
+        client = self._clients.get(address)
+        if client is None:
+            client = self._clients[address] = Renewing(functools.partial(_HookClient, address, self._tls), self._tls)
+        return client
 
     async def close(self) -> None:
         """Close the hooks' channels."""
-        for ch in self._channels:
-            await ch.close()
-        self._channels.clear()
-        self._stubs.clear()
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+
+class _HookClient:
+    """A hook's channel (mutual TLS with the current certificate when ``tls``) and stub."""
+
+    def __init__(self, address: str, tls: TLSConfig | None) -> None:
+        self.channel = channel(address, tls)
+        self.stub = guardrail_pb2_grpc.GuardrailStub(self.channel)
+
+    async def close(self) -> None:
+        await self.channel.close()

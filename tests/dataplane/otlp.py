@@ -16,7 +16,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from tests.dataplane.fakes import serve
 
 
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
     """Keeps each ``ExportTraceServiceRequest``; answers OK, or ``fail`` (a status code) when set."""
 
     def __init__(self, fail: grpc.StatusCode | None = None) -> None:

@@ -72,7 +72,6 @@ from typing import Any, TypeVar
 
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
-from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
@@ -268,47 +267,58 @@ class Tracer:
         return RequestTrace(self, trace_id, parent_id, state, name)
 
 
-def _value(value: Attribute) -> common_pb2.AnyValue:
-    if isinstance(value, bool):
-        return common_pb2.AnyValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.AnyValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.AnyValue(double_value=value)
-    return common_pb2.AnyValue(string_value=str(value)[:MAX_NAME])
-
-
-def _attributes(values: Mapping[str, Attribute]) -> list[common_pb2.KeyValue]:
-    return [common_pb2.KeyValue(key=key, value=_value(value)) for key, value in values.items()]
+def _attributes(target: Any, values: Mapping[str, Attribute]) -> None:
+    """Add ``values`` to a repeated ``KeyValue`` field, each in its typed slot."""
+    for key, value in values.items():
+        kv = target.add()
+        kv.key = key
+        if isinstance(value, bool):
+            kv.value.bool_value = value
+        elif isinstance(value, int):
+            kv.value.int_value = value
+        elif isinstance(value, float):
+            kv.value.double_value = value
+        else:
+            kv.value.string_value = str(value)[:MAX_NAME]
 
 
 def encode(traces: Iterable[RequestTrace],
            resource: resource_pb2.Resource) -> trace_service_pb2.ExportTraceServiceRequest:
     """One ``ExportTraceServiceRequest`` of ``traces``' spans, under ``resource`` and the scope ``ferry``."""
-    scope = trace_pb2.ScopeSpans(scope=common_pb2.InstrumentationScope(name="ferry", version=ferry.__version__))
+    request = trace_service_pb2.ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.CopyFrom(resource)
+    scope = resource_spans.scope_spans.add()
+    scope.scope.name, scope.scope.version = "ferry", ferry.__version__
+    spans = scope.spans
     for trace in traces:
         trace_id = trace.trace_id.to_bytes(16, "big")
         for span in trace.spans:
-            remote = span is trace.root and trace.remote
-            out = scope.spans.add(
-                trace_id=trace_id, span_id=span.span_id.to_bytes(8, "big"), name=span.name, kind=span.kind,
-                parent_span_id=span.parent_id.to_bytes(8, "big") if span.parent_id else b"",
-                trace_state=trace.tracestate, flags=_SAMPLED | (_REMOTE_PARENT if remote else 0x100),
-                start_time_unix_nano=span.start_ns, end_time_unix_nano=span.end_ns,
-                attributes=_attributes(span.attributes),
-                events=[trace_pb2.Span.Event(name=name, time_unix_nano=at) for name, at in span.events])
+            out = spans.add()
+            out.trace_id = trace_id
+            out.span_id = span.span_id.to_bytes(8, "big")
+            if span.parent_id:
+                out.parent_span_id = span.parent_id.to_bytes(8, "big")
+            out.name, out.kind = span.name, span.kind
+            out.trace_state = trace.tracestate
+            out.flags = _SAMPLED | (_REMOTE_PARENT if span is trace.root and trace.remote else 0x100)
+            out.start_time_unix_nano, out.end_time_unix_nano = span.start_ns, span.end_ns
+            _attributes(out.attributes, span.attributes)
+            for name, at in span.events:
+                added = out.events.add()
+                added.name, added.time_unix_nano = name, at
             if span.error:
                 out.status.code = trace_pb2.Status.STATUS_CODE_ERROR
                 out.status.message = span.error
-    return trace_service_pb2.ExportTraceServiceRequest(
-        resource_spans=[trace_pb2.ResourceSpans(resource=resource, scope_spans=[scope])])
+    return request
 
 
 def resource(service: str, instance: str, region: str) -> resource_pb2.Resource:
     """The process's resource: ``service.name`` (``ferry-proxy``, ``ferry-picker``), its id and region."""
-    return resource_pb2.Resource(attributes=_attributes({
-        "service.name": service, "service.instance.id": instance, "service.version": ferry.__version__,
-        "ferry.region": region}))
+    out = resource_pb2.Resource()
+    _attributes(out.attributes, {"service.name": service, "service.instance.id": instance,
+                                 "service.version": ferry.__version__, "ferry.region": region})
+    return out
 
 
 class Exporter:

@@ -8,6 +8,8 @@ exports to :class:`tests.dataplane.otlp.Collector`, a real OTLP/gRPC
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -277,3 +279,12 @@ def test_an_unreadable_ca_names_its_key(tmp_path) -> None:
         Exporter(settings, counter=Counter("c", "", ["outcome"], registry=CollectorRegistry()))
     assert "proxy.trace_ca" in str(error.value)
 
+
+
+def test_the_manifests_commented_trace_settings_load_once_uncommented() -> None:
+    text = (Path(__file__).resolve().parents[2] / "deploy/kubernetes/base/ferry.toml").read_text()
+    lines = [line.removeprefix("# ") for line in text.splitlines() if line.startswith("# trace_")]
+    section = tomllib.loads("\n".join(lines))
+    assert set(section) == {"trace_endpoint", "trace_insecure", "trace_sample_ratio"}
+    settings = ProxySettings.from_section(section).tracing
+    assert settings.trace_endpoint.endswith(":4317") and settings.trace_sample_ratio == 0.1

@@ -83,9 +83,10 @@ def render(spans: Iterable[trace_pb2.Span], service: str = "") -> str:
 
 
 class TraceSink(trace_service_pb2_grpc.TraceServiceServicer):
-    """Receives spans over OTLP/gRPC and writes each finished trace to ``out``; see the module docstring."""
+    """Receives spans over OTLP/gRPC and writes each finished trace to ``out`` (None: counts them only, for a
+    benchmark's receiver); see the module docstring."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO | None) -> None:
         self._out = out
         self._lock = threading.Lock()
         self._pending: collections.OrderedDict[bytes, list[trace_pb2.Span]] = collections.OrderedDict()
@@ -121,9 +122,11 @@ class TraceSink(trace_service_pb2_grpc.TraceServiceServicer):
             for trace_id, service in finished:
                 spans = self._pending.pop(trace_id, None)
                 if spans is not None:
-                    self._out.write(render(spans, service))
+                    if self._out is not None:
+                        self._out.write(render(spans, service))
                     self.printed += 1
-            self._out.flush()
+            if self._out is not None:
+                self._out.flush()
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def _add(self, span: trace_pb2.Span) -> bool:

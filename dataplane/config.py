@@ -23,6 +23,8 @@ belongs to the narrow frozen part of the component that reads it, and
   response cache (:mod:`dataplane.cache`);
 - ``picker`` (:class:`PickerSettings`): the endpoint picker that Envoy asks
   per request (:mod:`dataplane.epp`): fallbacks (2) and the body buffered.
+- ``tracing`` (:class:`TraceSettings`): request traces exported over OTLP
+  (:mod:`dataplane.tracing`), off unless ``trace_endpoint`` is set.
 
 Read with :func:`load`, or ``ProxySettings.from_section(mapping)`` (each key
 routed to the part with a field of its name, values coerced as
@@ -426,6 +428,36 @@ class PickerSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class TraceSettings:
+    """Request traces (:mod:`dataplane.tracing`): W3C ``traceparent`` in, OTLP over gRPC out; off unless
+    ``trace_endpoint`` is set (then nothing is read, allocated or sent per request)."""
+
+    trace_endpoint: str = ""  # host:port of an OTLP/gRPC collector (its port 4317, say); empty: tracing off
+    trace_sample_ratio: float = 1.0  # share of requests traced that bring no traceparent (a caller's flag rules)
+    trace_insecure: bool = False  # plain text to the collector; else TLS, checked against trace_ca or the system's
+    trace_ca: str = ""  # PEM file of the CA that signed the collector's certificate (empty: the system's roots)
+    trace_queue_spans: int = 2048  # finished spans waiting for export; a trace that does not fit is dropped, counted
+    trace_batch_spans: int = 512  # spans per Export call (a batch is sent as soon as this many wait)
+    trace_flush_seconds: float = 1.0  # what waits is sent at least this often
+    trace_export_timeout_seconds: float = 5.0  # an Export call's deadline; its spans are dropped, counted, past it
+
+    def __post_init__(self) -> None:
+        if self.trace_endpoint:
+            host, sep, port = self.trace_endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError("proxy.trace_endpoint", f"{self.trace_endpoint!r}: expected host:port")
+        if not 0 <= self.trace_sample_ratio <= 1:
+            raise ConfigError("proxy.trace_sample_ratio", "must be 0..1")
+        if self.trace_insecure and self.trace_ca:
+            raise ConfigError("proxy.trace_ca", "a CA with trace_insecure: choose TLS or plain text")
+        _positive({"trace_queue_spans": self.trace_queue_spans, "trace_batch_spans": self.trace_batch_spans,
+                   "trace_flush_seconds": self.trace_flush_seconds,
+                   "trace_export_timeout_seconds": self.trace_export_timeout_seconds})
+        if self.trace_batch_spans > self.trace_queue_spans:
+            raise ConfigError("proxy.trace_batch_spans", "must be at most trace_queue_spans")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class CacheSettings:
     """The duplicate measurement and the response cache (:mod:`dataplane.cache`).
 
@@ -494,6 +526,7 @@ class ProxySettings:
     http: HttpSettings = dataclasses.field(default_factory=HttpSettings)
     cache: CacheSettings = dataclasses.field(default_factory=CacheSettings)
     picker: PickerSettings = dataclasses.field(default_factory=PickerSettings)
+    tracing: TraceSettings = dataclasses.field(default_factory=TraceSettings)
 
     def __post_init__(self) -> None:
         if not self.region:

@@ -22,6 +22,7 @@
 | ``ferry_proxy_table_age_seconds`` | gauge (read at scrape) | |
 | ``ferry_proxy_table_rejections_total`` | counter | |
 | ``ferry_proxy_telemetry_age_seconds`` | histogram of the picked replica's telemetry age | |
+| ``ferry_proxy_trace_spans_total`` | counter of trace spans (dataplane.tracing) | outcome (exported, dropped, failed) |
 
 Token counts are the replica's when it reports them (``ferry_*_tokens``
 response parameters, docs/CONTRACTS.md), else the proxy's own with the
@@ -120,6 +121,10 @@ class ProxyMetrics:
         self.telemetry_age = Histogram(
             name("proxy_telemetry_age_seconds"), "Telemetry age of the picked replica at pick time.",
             buckets=AGE_BUCKETS, registry=reg,
+        )
+        self.trace_spans = Counter(
+            name("proxy_trace_spans_total"), "Request spans by what became of them (dataplane.tracing).",
+            ["outcome"], registry=reg,
         )
 
     def watch_table_age(self, age: Callable[[], float]) -> None:

@@ -45,7 +45,7 @@ import dataclasses
 import functools
 import logging
 import random
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 from dataplane.admission.coldwait import ColdStarts
 from dataplane.admission.gate import Admission, Preempted
@@ -60,7 +60,7 @@ from dataplane.cache.path import CachePath
 from dataplane.config import ProxySettings
 from dataplane.failover.budget import unreached
 from dataplane.failover.continuation import Delivered, cut_error
-from dataplane.failover.recover import Failover, retry_reason
+from dataplane.failover.recover import Failover, failure_kind, retry_reason
 from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
 from dataplane.guard.hooks import Guards, Selected, Subject
 from dataplane.metrics import UNKNOWN, ProxyMetrics
@@ -68,6 +68,7 @@ from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import Branch, Decision, LocalLoad
 from dataplane.pick.picker import Attempt, Picker, Routing
 from dataplane.table.local import Replica, Table, TableHolder
+from dataplane.tracing import Attribute, RequestTrace, Tracer
 from dataplane.usage import UsageWindow
 from ferry.config import Limits, TenantConfig
 from ferry.errors import (
@@ -117,6 +118,7 @@ class RequestState:
     untouched: bool = False  # handed off as the client wrote it: the replica judges its own sampling parameters
     exclude: frozenset[str] = frozenset()  # replicas it may not go to (handed off: no endpoint for its wire, or
     # outside the gateway's subset hint); the decision takes them as tried
+    trace: RequestTrace | None = None  # its spans, when traced (dataplane.tracing: None whenever tracing is off)
 
 
 @dataclasses.dataclass(slots=True)
@@ -144,8 +146,10 @@ class Router:
         clock: Callable[[], float],
         tokens: TokenWork | None = None,
         guards: Guards | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self._settings = settings
+        self.tracer = tracer  # request traces (dataplane.tracing); None: off, and no hook below does anything
         self.guards = guards or Guards((), metrics, clock=clock)  # guardrail hooks (dataplane.guard.hooks)
         self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.api.tokenwork)
         self._limits = limits
@@ -303,8 +307,37 @@ class Router:
     async def _warm_up(self, state: RequestState) -> None:
         """A cold start allowed to wait (``state.cold_wait``): wait for its version (dataplane.admission.coldwait)."""
         assert state.request is not None
-        await self.cold.wait(model=state.request.model, version=state.version, seconds=state.cold_wait,
-                             reroute=functools.partial(self._reroute, state))
+        await self._traced(state, "cold_start", self.cold.wait(
+            model=state.request.model, version=state.version, seconds=state.cold_wait,
+            reroute=functools.partial(self._reroute, state)))
+
+    def _queued(self, state: RequestState, ticket: Ticket, *, resume: bool = False) -> Awaitable[None]:
+        """The wait for a tier-queue slot (again after a preemption, ``resume``), traced as ``admission``."""
+        wait = (self.admission.resume if resume else self.admission.acquire)(state.model_label, ticket)
+        return self._traced(state, "admission", wait)
+
+    def _traced(self, state: RequestState, name: str, wait: Awaitable[None]) -> Awaitable[None]:
+        """``wait`` in a span ``name`` of the request's trace; untraced, ``wait`` itself (nothing made)."""
+        trace = state.trace
+        if trace is None:
+            return wait
+        return trace.around(name, {"ferry.model": state.model_label, "ferry.tier": state.tier_label}, wait)
+
+    def finish_trace(self, state: RequestState, status: str) -> None:
+        """The request ended with gRPC status ``status`` (counted by its front door): its trace is ended and queued
+        for export, with its model, tier, tokens, attempts and the replica that answered last."""
+        trace, state.trace = state.trace, None
+        if trace is None:
+            return
+        outcome = state.outcome
+        ended: dict[str, Attribute] = {
+            "ferry.request_id": state.request_id, "ferry.model": state.model_label, "ferry.tier": state.tier_label,
+            "ferry.attempts": state.attempts, "ferry.prompt_tokens": outcome.prompt_tokens,
+            "ferry.completion_tokens": outcome.completion_tokens}
+        if state.replica_id:
+            ended["ferry.replica"] = state.replica_id
+            ended["ferry.region"] = state.region or self._settings.region
+        trace.finish(status, ended)
 
     def end(self, state: RequestState) -> None:
         """Give back the request's in-flight slot (no-op when it was never admitted)."""
@@ -361,6 +394,10 @@ class Router:
         else:
             self.picker.failed(attempt, now=now, unreached=error is not None and unreached(error))
 
+    @staticmethod
+    def _decision_attributes(state: RequestState, attempt: int) -> dict[str, Attribute]:
+        return {"ferry.model": state.model_label, "ferry.tier": state.tier_label, "ferry.attempt": attempt}
+
     def _ejected(self, replica_id: str, group: str, reason: str) -> None:
         """The outlier detector ejected a replica of ``group`` (model/version): counted and logged."""
         model = group.split("/", 1)[0]
@@ -393,6 +430,8 @@ class Router:
               streamed: bool) -> tuple[Replica, Attempt]:
         """Decide the next attempt, off the replicas (and nodes) that failed; none left: the failure stands."""
         assert state.routing is not None
+        trace = state.trace
+        began = trace.now() if trace is not None else 0
         spilled = state.spilled if state.attempts == 0 else None
         if spilled is not None:  # the region step chose another region; a retry stays home
             assert spilled.replica is not None
@@ -400,8 +439,11 @@ class Router:
         else:
             try:
                 decision = self._decide(state, failed)
-            except NoReplica:
-                if last is not None:
+            except FerryError as error:
+                if trace is not None:
+                    trace.end(trace.start("decision", self._decision_attributes(state, state.attempts + 1),
+                                          start_ns=began), error)
+                if isinstance(error, NoReplica) and last is not None:
                     raise last from None
                 raise
         replica = decision.replica
@@ -413,6 +455,12 @@ class Router:
         state.forwarded_at = self._clock()
         attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch, state.forwarded_at,
                                    streamed=streamed, queued=replica.queued)
+        if trace is not None:  # the decision's span, then the attempt's (dataplane.tracing)
+            chosen = self._decision_attributes(state, state.attempts)
+            chosen.update({"ferry.branch": decision.branch.value, "ferry.replica": replica.replica_id,
+                           "ferry.region": decision.region or self._settings.region, "ferry.version": replica.version})
+            trace.end(trace.start("decision", chosen, start_ns=began))
+            trace.attempt(replica.replica_id, state.attempts)
         if state.ticket is not None and not decision.region:  # an interactive request sent to a full replica
             self.admission.placed(state.model_label, state.ticket, replica.replica_id,  # makes room there
                                   self.picker.local.get(replica.replica_id), replica.max_concurrency)
@@ -435,7 +483,7 @@ class Router:
         if state.cold_wait:
             await self._warm_up(state)
         if state.ticket is not None:
-            await self.admission.acquire(state.model_label, state.ticket)
+            await self._queued(state, state.ticket)
         self._remaining(state)
         replica, attempt = self._next(state, [], None, streamed=True)
         order = [replica]
@@ -450,6 +498,8 @@ class Router:
             if decision.replica is None or decision.branch is Branch.TOO_LONG:
                 break
             order.append(decision.replica)
+        if state.trace is not None and state.trace.forward is not None and len(order) > 1:
+            state.trace.forward.attributes["ferry.fallbacks"] = ",".join(r.replica_id for r in order[1:])
         return Handoff(replicas=tuple(order), attempt=attempt)
 
     def served(self, state: RequestState, handoff: Handoff, replica_id: str) -> None:
@@ -474,6 +524,9 @@ class Router:
         state.forwarded_at = now
         handoff.attempt = self.picker.sent(replica_id, state.routing, Branch.FALLBACK, now, streamed=True,
                                            queued=moved.queued)
+        if state.trace is not None:  # the forwarder went down the fallbacks: the attempts before never answered
+            state.trace.attempt_end("unreached")
+            state.trace.attempt(replica_id, state.attempts, **{"ferry.branch": Branch.FALLBACK.value})
 
     def handed_back(self, state: RequestState, handoff: Handoff, *, ok: bool, completion_tokens: int,
                     failed: bool = False) -> None:
@@ -485,6 +538,9 @@ class Router:
             return
         handoff.closed = True
         attempt, now = handoff.attempt, self._clock()
+        if state.trace is not None:
+            state.trace.attempt_end("ok" if ok else "failed" if failed else "cancelled",
+                                    **{"ferry.completion_tokens": completion_tokens})
         if ok:
             state.outcome.completion_tokens = completion_tokens
             self.picker.answered(attempt, now=now, completion_tokens=completion_tokens)
@@ -509,7 +565,7 @@ class Router:
             outcome = await self._infer(state)
         while outcome is None:
             assert ticket is not None
-            await self.admission.acquire(state.model_label, ticket)
+            await self._queued(state, ticket)
             try:
                 outcome = await self.admission.preemptible(state.model_label, ticket, lambda: self._infer(state))
                 break
@@ -545,15 +601,19 @@ class Router:
         while True:
             replica, attempt = self._next(state, failed, last, streamed=False)
             cached: int | None = None
+            trace, result = state.trace, "cancelled"  # the attempt's outcome in its forward span
             try:
                 await self.failover.cross_region(state.rtt_ms)
-                state.outcome = await self._forwarder.infer(replica, state.call, self._remaining(state))
+                state.outcome = await self._forwarder.infer(replica, state.call, self._remaining(state),
+                                                            metadata=trace.headers() if trace is not None else None)
                 await self._recount(state.model_label, state.outcome)
                 cached = state.outcome.cached_tokens if state.outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
                 self.cache.store(state)  # -- response cache: measured, and kept while the model's cache is on
+                result = "ok"
                 return state.outcome
             except FerryError as error:
+                result = failure_kind(error)
                 if isinstance(error, ReplicaFailed):
                     self._result(state, attempt, ok=False, error=error)
                 if not self._retry(state, error):
@@ -562,6 +622,8 @@ class Router:
                 last = error
             finally:
                 self.picker.done(attempt, cached)
+                if trace is not None:
+                    trace.attempt_end(result, **{"ferry.completion_tokens": state.outcome.completion_tokens})
 
     def stream(self, state: RequestState) -> AsyncGenerator[Piece, None]:
         """The answer's pieces (:meth:`_stream`); with guardrail hooks, the prompt checked first and the answer
@@ -601,7 +663,7 @@ class Router:
             await self._warm_up(state)
         ticket = state.ticket
         if ticket is not None:  # wait in the tier queue first
-            await self.admission.acquire(state.model_label, ticket)
+            await self._queued(state, ticket)
         failed: list[Replica] = []
         last: FerryError | None = None
         call: Call | None = state.call
@@ -610,20 +672,24 @@ class Router:
         while call is not None:
             if parked and ticket is not None:
                 parked = False
-                await self.admission.resume(state.model_label, ticket)
+                await self._queued(state, ticket, resume=True)
             replica, attempt = self._next(state, failed, last, streamed=True)
             outcome = Outcome()
             cached: int | None = None
             preemption = self.admission.watch(state.model_label, ticket) if ticket is not None else None
+            trace, result = state.trace, "cancelled"  # the attempt's outcome in its forward span
             try:
                 await self.failover.cross_region(state.rtt_ms)
                 pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome,
-                                                bind=preemption.bind if preemption is not None else None)
+                                                bind=preemption.bind if preemption is not None else None,
+                                                metadata=trace.headers() if trace is not None else None)
                 try:
                     got, probe = 0, self.picker.outliers.params.probe_tokens
                     async for piece in pieces:
                         if not attempt.prefilled:
                             self.picker.first(attempt, self._clock())
+                            if trace is not None:
+                                trace.first_token()
                         if not attempt.decode_sampled:  # the clock only once the decode sample is due
                             got += piece.tokens
                             if got > probe:
@@ -638,16 +704,19 @@ class Router:
                 cached = outcome.cached_tokens if outcome.cached_reported else None
                 self._result(state, attempt, ok=True, outcome=state.outcome)
                 self.cache.store(state, tape)  # -- response cache: measured, and kept while the model's cache is on
+                result = "ok"
                 return
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if preemption is None or not preemption.fired or (task is not None and task.cancelling()):
                     raise
+                result = "preempted"
                 parked = True  # preempted: the slot is free; wait again, then continue from what was delivered
                 call = self.failover.preempted(state.call, call, delivered, state.model_label)
                 if ticket is not None:
                     ticket.preemptible = self.failover.may_continue(delivered)
             except FerryError as error:
+                result = failure_kind(error)
                 if isinstance(error, ReplicaFailed):
                     self._result(state, attempt, ok=False, error=error)
                 if not delivered.tokens and not delivered.texts:
@@ -662,6 +731,8 @@ class Router:
                 if ticket is not None:
                     self.admission.unwatch(ticket)
                 self.picker.done(attempt, cached)
+                if trace is not None:
+                    trace.attempt_end(result, **{"ferry.completion_tokens": outcome.completion_tokens})
         # The cut stream had already delivered max_tokens: it is complete.
         state.outcome = Outcome(text=delivered.text, prompt_tokens=state.call.prompt_tokens,
                                 completion_tokens=delivered.tokens)

@@ -14,7 +14,9 @@ model's chat template from ``models`` (:mod:`dataplane.api.chat`); a task
 trims the allocator after bursts of large requests (:mod:`dataplane.memory`);
 ``await proxy.stop(grace)`` stops accepting on both front doors, lets calls
 finish for ``grace`` seconds, then stops the watcher and closes the replica
-clients. Tests run it in process; :mod:`dataplane.main` runs it as ``ferry proxy``.
+clients. With ``[proxy] trace_endpoint`` set, a task exports request traces
+(:mod:`dataplane.tracing`; the picker's as service ``ferry-picker``). Tests
+run it in process; :mod:`dataplane.main` runs it as ``ferry proxy``.
 
 Readiness (:mod:`ferry.readiness`): the gRPC health of every service is
 NOT_SERVING until the first table is applied (a proxy without a table can
@@ -62,6 +64,7 @@ from dataplane.router import Router
 from dataplane.table.local import Table, TableHolder
 from dataplane.table.tenants import TenantSet
 from dataplane.table.watch import TableWatcher
+from dataplane.tracing import Tracer, resource
 from ferry.backoff import Backoff
 from ferry.config import TIERS, GuardrailConfig, Limits, ModelConfig, TenantConfig
 from ferry.grpcutil import start_server
@@ -110,6 +113,8 @@ class Proxy:
         self.pool = ClientPool(client_factory or default_factory(self.limits.max_message_bytes, to_replicas),
                                tls=to_replicas)
         self.authenticator = Authenticator(tenants, allow_anonymous=self.settings.server.allow_anonymous)
+        tracing = self.settings.tracing  # request traces over OTLP (dataplane.tracing): none unless an endpoint is set
+        self.tracer = Tracer(tracing, counter=self.metrics.trace_spans) if tracing.trace_endpoint else None
         self.router = Router(
             settings=self.settings,
             limits=self.limits,
@@ -121,6 +126,7 @@ class Proxy:
             clock=clock,
             tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
             guards=Guards(guardrails, self.metrics, clock=clock, tls=tls),  # safety hooks (dataplane.guard.hooks)
+            tracer=self.tracer,
         )
         server = self.settings.server
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
@@ -162,6 +168,7 @@ class Proxy:
         self._trim_task: asyncio.Task[None] | None = None
         self._reload_task: asyncio.Task[None] | None = None  # the HTTP front door's certificate (ferry.tls)
         self._ends_task: asyncio.Task[None] | None = None  # the picker's sweep of requests never reported
+        self._trace_task: asyncio.Task[None] | None = None  # the traces' export (dataplane.tracing)
 
     def _on_table(self, table: Table) -> None:
         self.pool.retain(table.addresses)
@@ -206,6 +213,9 @@ class Proxy:
         )
         if self.watcher is not None:
             self._watch_task = asyncio.create_task(self.watcher.run(self._stop), name="table-watch")
+        if self.tracer is not None:
+            where = resource("ferry-picker" if picker else "ferry-proxy", self.settings.proxy_id, self.settings.region)
+            self._trace_task = asyncio.create_task(self.tracer.exporter.run(where), name="trace-export")
         self._trim_task = asyncio.create_task(self.memory.run(self._stop), name="memory-trim")
         return self.port
 
@@ -250,6 +260,10 @@ class Proxy:
         if self._ends_task is not None:
             await self._ends_task  # _stop is set: it ends at once
             self._ends_task = None
+        if self._trace_task is not None and self.tracer is not None:  # what is queued is sent, within its timeout
+            self.tracer.exporter.close()
+            await self._trace_task
+            self._trace_task = None
         if self._trim_task is not None:
             self._trim_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

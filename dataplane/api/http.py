@@ -21,7 +21,9 @@ both fronts are counted alike (status label: the gRPC code name).
 Headers in: ``x-ferry-tier`` (``interactive``/``standard``/``batch``;
 absent: ``standard`` when the tenant's plan allows it, else its first tier),
 ``Idempotency-Key``, ``x-request-id`` (else one is made),
-``x-ferry-timeout`` (seconds; else the proxy's default deadline). Out:
+``x-ferry-timeout`` (seconds; else the proxy's default deadline),
+``traceparent`` and ``tracestate`` (W3C; read only when tracing is on,
+:mod:`dataplane.tracing`: the root span is named ``POST /v1/...``). Out:
 ``x-request-id`` on every answer, ``Retry-After`` (whole seconds, rounded up)
 on 429 and on a 503 of a version still warming up, and OpenAI's
 ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for each per-tenant
@@ -68,6 +70,7 @@ from dataplane.api.service import REQUEST_ID, InferenceServicer
 from dataplane.config import HttpSettings
 from dataplane.router import RequestState, Router
 from dataplane.table.local import TableHolder
+from dataplane.tracing import TRACEPARENT, TRACESTATE
 from ferry.errors import FerryError
 from ferry.grpcutil import status_for
 from ferry.v1 import inference_pb2
@@ -253,6 +256,10 @@ class HttpFront:
         """One completion, unary or streamed, through the router; see the module docstring."""
         request_id: str = request[REQUEST_ID_KEY]
         state = RequestState(request_id=request_id, started=self._clock())
+        tracer = self._router.tracer
+        if tracer is not None:  # the caller's trace context, when tracing is on (dataplane.tracing)
+            state.trace = tracer.begin(f"{request.method} {request.path}", request.headers.get(TRACEPARENT, ""),
+                                       request.headers.get(TRACESTATE, ""))
         headers = {"x-request-id": request_id}
         created = int(time.time())
         try:

@@ -30,6 +30,10 @@ replica's slot; the request leaves the proxy's in-flight count at once, and
 the call ends when the client reads (it gets what was buffered, then the
 status) or its deadline passes.
 
+The caller's ``traceparent`` and ``tracestate`` metadata start the request's
+trace when tracing is on (:mod:`dataplane.tracing`); the root span is named
+after the RPC and ends in :meth:`InferenceServicer.count`.
+
 Cost per request, beyond the router: one ``x-request-id`` match, one initial
 metadata send, and the metric children of its (model, tier[, status])
 looked up in a dict (label sets are bounded: models the table names, the
@@ -54,6 +58,7 @@ from dataplane.admission.coldstart import WarmingUp
 from dataplane.api.idempotency import body_digest
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import RequestState, Router
+from dataplane.tracing import TRACEPARENT, TRACESTATE, header
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded
 from ferry.grpcutil import status_for
 from ferry.logs import event
@@ -110,10 +115,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._requests: dict[tuple[str, str, str], Any] = {}
         self._timings: dict[tuple[str, str], tuple[Any, ...]] = {}
 
-    async def _start(self, context: grpc.aio.ServicerContext,
-                     metadata: Sequence[tuple[str, str | bytes]]) -> tuple[RequestState, InvalidArgument | None]:
+    async def _start(self, context: grpc.aio.ServicerContext, metadata: Sequence[tuple[str, str | bytes]],
+                     rpc: str) -> tuple[RequestState, InvalidArgument | None]:
         given, refused = caller_request_id(metadata)
         state = RequestState(request_id=given or uuid.uuid4().hex, started=self._clock())
+        tracer = self._router.tracer
+        if tracer is not None:  # the caller's trace context, when tracing is on (dataplane.tracing)
+            state.trace = tracer.begin(rpc, header(metadata, TRACEPARENT), header(metadata, TRACESTATE))
         await context.send_initial_metadata((("x-request-id", state.request_id),))
         return state, refused
 
@@ -139,7 +147,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     ) -> inference_pb2.InferResponse:
         """One request, one answer."""
         metadata = context.invocation_metadata() or ()
-        state, refused = await self._start(context, metadata)
+        state, refused = await self._start(context, metadata, "ferry.v1.Inference/Infer")
         async with self._guard(state, context):
             if refused is not None:
                 raise refused
@@ -163,7 +171,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         """One request, the text as chunks as they come, then a final chunk with the summary; each chunk written
         before the next piece is read (see Slow readers in the module docstring)."""
         metadata = context.invocation_metadata() or ()
-        state, refused = await self._start(context, metadata)
+        state, refused = await self._start(context, metadata, "ferry.v1.Inference/InferStream")
         first: float | None = None
         async with self._guard(state, context):
             if refused is not None:
@@ -218,7 +226,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return found
 
     def count(self, state: RequestState, status: str) -> float:
-        """Count one finished request under its gRPC status name (both fronts); returns its duration."""
+        """Count one finished request under its gRPC status name (both fronts and the picker); returns its
+        duration. Its trace, if any, ends here (:meth:`dataplane.router.Router.finish_trace`)."""
         elapsed = self._clock() - state.started
         key = (state.model_label, state.tier_label, status)
         counter = self._requests.get(key)
@@ -229,6 +238,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._router.usage.record(state.model_label, state.tier_label, status, elapsed,  # the watch's report
                                   spilled=state.spilled is not None,
                                   guard_seconds=state.guard.seconds if state.guard is not None else 0.0)
+        if state.trace is not None:  # every request is counted once, whatever its front door: its trace ends here
+            self._router.finish_trace(state, status)
         return elapsed
 
     def succeed(self, state: RequestState, *, streamed: bool = False) -> None:

@@ -22,7 +22,9 @@ Per request:
    on the wire's address of each (``http_address`` for OpenAI HTTP,
    ``address`` for KServe v2 gRPC), and sets ``x-request-id`` and the
    remaining deadline (``x-envoy-upstream-rq-timeout-ms``: Envoy cuts the
-   request there); replicas without an address for the wire, or outside the
+   request there) and, when the request is traced (:mod:`dataplane.tracing`:
+   the caller's ``traceparent`` read from the headers), ``traceparent``
+   naming the picker's ``forward`` span; replicas without an address for the wire, or outside the
    subset hint, are excluded from the decision. Refusals are immediate
    responses in OpenAI's error shape: 429 with ``Retry-After`` when shed,
    503 when nothing is ready, the front door's status for a bad request.
@@ -70,6 +72,7 @@ from dataplane.config import PickerSettings
 from dataplane.epp import bodies, protocol
 from dataplane.epp.ends import Ended, Ends
 from dataplane.router import Handoff, RequestState, Router
+from dataplane.tracing import TRACEPARENT, TRACESTATE
 from ferry.errors import DeadlineExceeded, FerryError, NoReplica, Overloaded
 from ferry.grpcutil import status_for
 
@@ -159,6 +162,9 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         if REQUEST_ID.fullmatch(given):
             flow.state.request_id = given
         flow.subset = protocol.subset_hint(message)
+        tracer = self._router.tracer
+        if tracer is not None:  # the caller's trace context, when tracing is on (dataplane.tracing)
+            flow.state.trace = tracer.begin("pick", headers.get(TRACEPARENT, ""), headers.get(TRACESTATE, ""))
         if message.HasField("protocol_config"):
             flow.duplex = message.protocol_config.request_body_mode == FULL_DUPLEX
         try:  # a route the picker does not serve is refused before its body is waited for (a gRPC stream that
@@ -240,7 +246,9 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         remaining_ms = max(1, int((state.deadline - self._clock()) * 1000))
         yield protocol.destination(endpoints, after_body=after_body, headers={
             "x-request-id": state.request_id,
-            "x-envoy-upstream-rq-timeout-ms": str(remaining_ms)},  # the forwarder holds the request's deadline
+            "x-envoy-upstream-rq-timeout-ms": str(remaining_ms),  # the forwarder holds the request's deadline
+            # traced: the replica's parent is the attempt's span (the caller's traceparent replaced)
+            **(dict(state.trace.headers()) if state.trace is not None else {})},
             answer_headers=self._limits(state))
 
     def _limits(self, state: RequestState) -> dict[str, str]:

@@ -59,8 +59,16 @@ def retry_reason(error: FerryError, *, tier: str, attempts: int, max_attempts: i
         return "transport_lost" if attempts < max_attempts else None
     if tier not in retry_tiers or attempts >= max_attempts:
         return None
+    return failure_kind(error)
+
+
+def failure_kind(error: FerryError) -> str:
+    """A failure's bounded name: a replica failure's ``kind`` (``unavailable``, ``stream_error``, …), else
+    ``replica_failed``, else the error's class name (``DeadlineExceeded``)."""
     kind = getattr(error, "kind", "")
-    return kind if isinstance(kind, str) and kind else "replica_failed"
+    if isinstance(kind, str) and kind:
+        return kind
+    return "replica_failed" if isinstance(error, ReplicaFailed) else type(error).__name__
 
 
 class Failover:

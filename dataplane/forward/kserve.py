@@ -30,6 +30,10 @@ first element of ``text_output``'s raw bytes (a 4-byte little-endian length,
 then the bytes) or of its typed ``bytes_contents``; another datatype goes
 through tritonclient's ``InferResult`` as before.
 
+A traced request's call carries ``traceparent`` (and ``tracestate``) as
+metadata, naming the attempt's span (:mod:`dataplane.tracing`); an untraced
+one carries none.
+
 Cost per call: one request message, one gRPC call; per streamed response,
 O(its size) with a handful of map lookups (no numpy, no per-response
 result object).
@@ -59,6 +63,7 @@ RETRYABLE = frozenset(
     {"UNAVAILABLE", "INTERNAL", "UNKNOWN", "ABORTED", "CANCELLED", "NOT_FOUND", "RESOURCE_EXHAUSTED", "STREAM_ERROR"}
 )
 MAX_REASON_CHARS = 300
+Metadata = tuple[tuple[str, str], ...]  # a call's metadata: the trace context (dataplane.tracing), when traced
 
 
 class ForwardFailed(ReplicaFailed):
@@ -257,19 +262,21 @@ class Forwarder:
             self._pool.discard(replica.address)
         return error
 
-    async def infer(self, replica: Replica, call: Call, remaining: float) -> Outcome:
+    async def infer(self, replica: Replica, call: Call, remaining: float, *,
+                    metadata: Metadata | None = None) -> Outcome:
         """One unary ``ModelInfer`` (a collected stream for a decoupled model); raises ForwardFailed or
-        DeadlineExceeded."""
+        DeadlineExceeded. ``metadata``: the call's (the trace context, :mod:`dataplane.tracing`)."""
         if remaining <= 0:
             raise DeadlineExceeded("deadline exceeded before forwarding")
         _speaks_kserve(replica)
         if (replica.address, replica.kserve_model) in self._decoupled:
-            return await self._collect(replica, call, remaining)
+            return await self._collect(replica, call, remaining, metadata)
         start = self._clock()
         request = request_message(call, replica.kserve_model, stream=False)
         async with self._pool.use(replica.address) as client:
             try:
-                result: pb.ModelInferResponse | None = await client.stub.ModelInfer(request, timeout=remaining)
+                result: pb.ModelInferResponse | None = await client.stub.ModelInfer(request, timeout=remaining,
+                                                                                    metadata=metadata)
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:
                 if not _decoupled_refusal(exc):
                     raise self._failed(replica, exc, output_started=False) from None
@@ -278,7 +285,7 @@ class Forwarder:
             if len(self._decoupled) >= _MAX_DECOUPLED:
                 self._decoupled.clear()
             self._decoupled.add((replica.address, replica.kserve_model))
-            return await self._collect(replica, call, remaining - (self._clock() - start))
+            return await self._collect(replica, call, remaining - (self._clock() - start), metadata)
         elapsed = self._clock() - start
         text = _text(result, replica.replica_id, started=False, required=True)
         params = result.parameters
@@ -290,22 +297,23 @@ class Forwarder:
         outcome.completion_reported = completion is not None
         return outcome
 
-    async def _collect(self, replica: Replica, call: Call, remaining: float) -> Outcome:
+    async def _collect(self, replica: Replica, call: Call, remaining: float, metadata: Metadata | None) -> Outcome:
         """A unary call served over the stream (decoupled models): the pieces joined into one outcome."""
         outcome = Outcome()
-        async for _piece in self.stream(replica, call, remaining, outcome):
+        async for _piece in self.stream(replica, call, remaining, outcome, metadata=metadata):
             pass
         return outcome
 
     async def stream(
         self, replica: Replica, call: Call, remaining: float, outcome: Outcome, *,
-        bind: Callable[[Callable[[], object] | None], None] | None = None,
+        bind: Callable[[Callable[[], object] | None], None] | None = None, metadata: Metadata | None = None,
     ) -> AsyncGenerator[Piece, None]:
         """A decoupled ``ModelStreamInfer``: yields pieces as they come, fills ``outcome`` at the end.
 
         ``bind``, when given, receives the call's canceller once it starts and
         None once it ended (a preemption cancels the call through it: the
-        next read raises ``asyncio.CancelledError``). Raises ForwardFailed
+        next read raises ``asyncio.CancelledError``); ``metadata``, the call's
+        (the trace context). Raises ForwardFailed
         (``output_started`` once a piece was yielded) or DeadlineExceeded.
         """
         if remaining <= 0:
@@ -320,7 +328,7 @@ class Forwarder:
         texts: list[str] = []
         reported_tokens = 0
         async with self._pool.use(replica.address) as client:
-            responses = client.stub.ModelStreamInfer(timeout=remaining)
+            responses = client.stub.ModelStreamInfer(timeout=remaining, metadata=metadata)
             if bind is not None:
                 bind(responses.cancel)
             try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import struct
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -39,6 +39,17 @@ class Behaviour:
     report: bool = True
     final_flag: bool = True
     die_with_error_message: bool = False
+
+
+async def serve(add: Callable[[Any, grpc.aio.Server], None], servicer: Any,
+                port: int = 0) -> tuple[grpc.aio.Server, int]:
+    """A started ``grpc.aio`` server of ``servicer`` (added by ``add``) on 127.0.0.1:``port`` (0: any free one),
+    and its port."""
+    server = grpc.aio.server()
+    add(servicer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, bound
 
 
 def _bytes_input(request: Any, index: int) -> bytes:
@@ -86,6 +97,7 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.behaviour = behaviour or Behaviour()
         self.requests: list[Any] = []
         self.deadlines: list[float | None] = []  # each request's time remaining when it arrived
+        self.metadata: list[dict[str, str]] = []  # each request's call metadata (the trace context, say)
         self.received = asyncio.Event()
         self.cancelled = asyncio.Event()
         self.server: grpc.aio.Server | None = None
@@ -93,10 +105,7 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def start(self, port: int = 0) -> FakeReplica:
         """Serve on 127.0.0.1:``port`` (0: any free port)."""
-        self.server = grpc.aio.server()
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self, self.server)
-        port = self.server.add_insecure_port(f"127.0.0.1:{port}")
-        await self.server.start()
+        self.server, port = await serve(service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, self, port)
         self.address = f"127.0.0.1:{port}"
         return self
 
@@ -118,6 +127,8 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _before(self, request: Any, context: grpc.aio.ServicerContext) -> None:
         self.requests.append(request)
         self.deadlines.append(context.time_remaining())
+        self.metadata.append({key: value for key, value in context.invocation_metadata() or ()
+                              if isinstance(value, str)})
         self.received.set()
         b = self.behaviour
         if b.kind == "fail":
@@ -202,10 +213,7 @@ class FakeControlPlane(tables_pb2_grpc.TablesServicer):
         self.port = 0
 
     async def start(self, port: int = 0) -> FakeControlPlane:
-        self.server = grpc.aio.server()
-        tables_pb2_grpc.add_TablesServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
-        await self.server.start()
+        self.server, self.port = await serve(tables_pb2_grpc.add_TablesServicer_to_server, self, port)
         return self
 
     @property

@@ -167,10 +167,10 @@ def destination(answer: ext.ProcessingResponse) -> tuple[str, str]:
 
 
 class Routed:
-    """A decided request: its processor stream, request id and endpoints."""
+    """A decided request: its processor stream, request id, endpoints and the request headers the answer sets."""
 
-    def __init__(self, call: Any, request_id: str, endpoints: list[str]) -> None:
-        self.call, self.request_id, self.endpoints = call, request_id, endpoints
+    def __init__(self, call: Any, request_id: str, endpoints: list[str], headers: dict[str, str] | None = None) -> None:
+        self.call, self.request_id, self.endpoints, self.headers = call, request_id, endpoints, headers or {}
 
 
 async def routed(p: Picker, data: Any | None = None, *extra: tuple[str, str]) -> Routed:
@@ -178,7 +178,8 @@ async def routed(p: Picker, data: Any | None = None, *extra: tuple[str, str]) ->
     answer = await ask(call, headers("/v1/completions", *extra), body(data or completion()))
     header, meta = destination(answer)
     assert header == meta  # the protocol: header and metadata agree
-    return Routed(call, set_headers(answer)["x-request-id"], header.split(","))
+    mutation = set_headers(answer)
+    return Routed(call, mutation["x-request-id"], header.split(","), mutation)
 
 
 def entry(request_id: str, kind: int, status: int = 200, served: str = "") -> Any:

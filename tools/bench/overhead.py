@@ -24,6 +24,10 @@ the direct path, and how the requests split over the workers (each worker's
 the load generator over both proxies'). The load generator, the replica and
 the workers share the machine's cores, so the ratio is bounded by the CPU
 left to the proxies, not by the proxies alone.
+``--trace`` runs the proxies with every request traced (:mod:`dataplane.tracing`),
+exported to an OTLP receiver in the load generator that only counts the traces
+(:class:`ferry.cli.up.traces.TraceSink`): run it with and without to read
+tracing's cost per request (docs/operations.md, Traces).
 Writes ``bench-results/overhead.json``.
 """
 
@@ -42,6 +46,7 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from ferry.cli.up.traces import TraceSink, proxy_settings
 from ferry.procs import cpu_seconds
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tools.bench.rig import PROMPT, ROOT, Fleet, compare, difference, one_replica_fleet, print_rows
@@ -160,16 +165,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="also measure a proxy of N workers (ferry proxy --workers N) against one of one worker")
     p.add_argument("--channels", type=int, default=64,
                    help="connections per proxy in the workers comparison (each calling task keeps one)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace every request (dataplane.tracing) to an OTLP receiver in this process, which "
+                        "counts what it is sent (ferry.cli.up.traces)")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "overhead.json"))
     args = p.parse_args(argv)
     if not 1 <= args.workers <= 64 or not 1 <= args.channels <= 256:
         p.error("--workers must be 1 to 64 and --channels 1 to 256")
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     more = [["--workers", str(args.workers)]] if args.workers > 1 else []
-    with one_replica_fleet(more_proxies=more) as fleet:
-        result = asyncio.run(bench(fleet, args))
-        if more:
-            result["workers"] = asyncio.run(bench_workers(fleet, args))
+    sink = TraceSink(None) if args.trace else None
+    sections = {"proxy": proxy_settings(sink.start(), {})} if sink is not None else None
+    try:
+        with one_replica_fleet(more_proxies=more, sections=sections) as fleet:
+            result = asyncio.run(bench(fleet, args))
+            if more:
+                result["workers"] = asyncio.run(bench_workers(fleet, args))
+    finally:
+        if sink is not None:
+            sink.stop()
+    if sink is not None:
+        result["traces_received"] = sink.printed
     result["cpus"] = os.cpu_count()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -186,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.workers} workers against one: {w['rate_ratio']:.3f}x the rate over {args.channels} "
               f"connections; requests per worker {w['worker_share']}")
         print(f"CPU ms per request: {w['cpu_ms_per_request']}")
+    if sink is not None:
+        print(f"traced: {sink.printed} traces received by the OTLP receiver")
     print(f"-> {args.out}")
     return 0
 

@@ -25,6 +25,10 @@ with the new pids, ``restarts``, ``given_up`` and ``up_metrics`` (where
 port chosen by the kernel, the others bind the same one (gRPC servers set
 ``SO_REUSEPORT`` on Linux, and the kernel spreads connections over them);
 ``proxies`` in the ready file maps their names to pids.
+``--trace-stdout`` traces every request of the proxies and pickers and
+prints each finished trace's span tree with durations to standard output
+(``--trace-file PATH``: appended to PATH), through an OTLP receiver in this
+process (:mod:`ferry.cli.up.traces`; ``traces`` in the ready file).
 It makes up a fresh admin token for the Admin API, hands it to its control
 planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
 it in the ready file, where ``ferryctl --ready-file`` finds it.
@@ -61,7 +65,7 @@ import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 from prometheus_client import start_http_server
@@ -70,6 +74,7 @@ from tomli_w import dumps
 from ferry import clienttls, tlsgen
 from ferry.cli.ctl.main import AdminClient
 from ferry.cli.up.regions import region_names, with_regions
+from ferry.cli.up.traces import TraceSink, proxy_settings
 from ferry.config import hash_api_key
 from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
@@ -110,6 +115,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls", action="store_true",
                         help="make a throw-away CA and certificates and run everything over (mutual) TLS; "
                              "without it the children run with --insecure")
+    parser.add_argument("--trace-stdout", action="store_true",
+                        help="trace every request of the proxies and pickers and print each finished trace's spans, "
+                             "with their durations, as an indented tree (ferry.cli.up.traces)")
+    parser.add_argument("--trace-file", metavar="PATH",
+                        help="as --trace-stdout, into PATH (appended) instead of standard output")
     parser.add_argument("--batch-gpus", type=int, default=0, metavar="N",
                         help="also run ferry's fixed-batch runtime (model batchstring) on a node of N GPUs")
     parser.add_argument("--triton", action="append", default=[], metavar="GRPC_ADDRESS[,METRICS_URL[,OPENAI_URL]]",
@@ -134,12 +144,15 @@ def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any
 
 
 def write_config(user_path: str | None, models: list[str], regions: list[str],
-                 path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+                 path: Path, *, trace_endpoint: str = "") -> tuple[dict[str, Any], dict[str, str]]:
     """Write the run's config file at ``path``: the user's ``--config`` (if any) with the made-up tenants,
-    models and region layout it lacks. Returns the config written and the API keys made up."""
+    models and region layout it lacks, and with ``trace_endpoint``, the proxies' traces sent there
+    (:func:`ferry.cli.up.traces.proxy_settings`). Returns the config written and the API keys made up."""
     user = tomllib.loads(Path(user_path).read_text(encoding="utf-8")) if user_path else {}
     config, keys = build_config(user, models)
     config = with_regions(config, regions)
+    if trace_endpoint:
+        config["proxy"] = proxy_settings(trace_endpoint, config.get("proxy", {}))
     path.write_text(dumps(config), encoding="utf-8")
     return config, keys
 
@@ -169,6 +182,8 @@ class Fleet:
         self.supervisor: Supervisor | None = None
         self.served: list[str] = []  # the models with a replica in the tables (served_models)
         self.metrics_address = ""
+        self.traces: TraceSink | None = None  # --trace-stdout, --trace-file: the traces printed
+        self._trace_out: TextIO | None = None
 
     def supervise(self, on_change: Callable[[], None]) -> Supervisor:
         """Watch every child (etcd included) from now on, and serve ``ferry_up_restarts_total`` on loopback."""
@@ -182,7 +197,12 @@ class Fleet:
         args = self.args
         regions = region_names(getattr(args, "regions", 1), args.region)
         config_path = self.workdir / "ferry.toml"
-        _, self.api_keys = write_config(args.config, self.models, regions, config_path)
+        endpoint = ""
+        if getattr(args, "trace_stdout", False) or getattr(args, "trace_file", None):
+            self._trace_out = open(args.trace_file, "a", encoding="utf-8") if args.trace_file else None  # noqa: SIM115
+            self.traces = TraceSink(self._trace_out or sys.stdout)
+            endpoint = self.traces.start()
+        _, self.api_keys = write_config(args.config, self.models, regions, config_path, trace_endpoint=endpoint)
         cfg = ["--config", str(config_path)]
         token_path = self.workdir / "admin-token"
         token_path.touch(mode=0o600)
@@ -361,6 +381,8 @@ class Fleet:
         }
         if self.metrics_address:
             info["up_metrics"] = self.metrics_address
+        if self.traces is not None:
+            info["traces"] = self.traces.address
         if self.store != "memory://":
             info["etcd"] = self.store.removeprefix("etcd://")
         return info
@@ -369,6 +391,10 @@ class Fleet:
         stop_all(self.children)
         if self.etcd is not None:  # after the control planes, which may still write to it as they stop
             self.etcd.close()
+        if self.traces is not None:  # after the proxies, which send what they still hold as they stop
+            self.traces.stop()
+        if self._trace_out is not None:
+            self._trace_out.close()
 
 
 def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child],
@@ -482,4 +508,6 @@ def print_summary(info: dict[str, Any], nodes: int) -> None:
     if "up_metrics" in info:
         print(f"  supervision    children restarted on exit; ferry_up_restarts_total at "
               f"http://{info['up_metrics']}/metrics")
+    if "traces" in info:
+        print(f"  traces         every request's spans printed as a tree (OTLP received at {info['traces']})")
     print("  Ctrl-C stops everything.", flush=True)

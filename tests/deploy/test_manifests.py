@@ -1,12 +1,11 @@
-"""The Kubernetes manifests: rendered in pure Python, validated against a pinned Kubernetes schema, and read.
+"""The Kubernetes manifests: rendered by ``kubectl kustomize``, validated against a pinned Kubernetes schema, and read.
 
 Core objects go through ``kubernetes-validate`` (strict: an unknown field
 fails) at the oldest Kubernetes the manifests support (1.30: the preStop
 ``sleep`` action) and at the newest schema the package holds. Custom
 resources (ServiceMonitor, PrometheusRule, cert-manager's Issuer and
 Certificate) have no schema there: their fields are checked by hand against
-:data:`SHAPES`, the fields of those resources these manifests use. When
-kubectl is on PATH its ``kustomize`` must render the very same objects.
+:data:`SHAPES`, the fields of those resources these manifests use.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import base64
 import json
 import re
 import shutil
-import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -30,8 +28,8 @@ from dataplane.config import load as load_proxy_config
 from dataplane.envoy.bootstrap import EnvoySettings
 from ferry.config import from_mapping, parse
 from tests.deploy.conftest import KUBE, OVERLAYS, ROOT, find
+from tests.deploy.kube import RenderError, render
 from tools import deploysync
-from tools.kustomize import KustomizeError, content_hash, render
 
 VERSIONS = ("1.30.0", "1.37.0")
 CUSTOM = {"ServiceMonitor", "PrometheusRule", "Issuer", "Certificate"}
@@ -142,38 +140,10 @@ def test_the_validator_refuses_a_misspelt_field(rendered) -> None:
                                          "Certificate.spec.issuerRef.kind: required"]
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl on PATH: the pure-Python render stands alone")
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_kubectl_kustomize_renders_the_same_objects(kube_dir, rendered, overlay) -> None:
-    out = subprocess.run(["kubectl", "kustomize", str(kube_dir / overlay)], capture_output=True, text=True,
-                         check=True, timeout=60)
-    theirs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out.stdout) if o}
-    ours = {(o["kind"], o["metadata"]["name"]): o for o in rendered[overlay]}
-    assert sorted(ours) == sorted(theirs)
-    assert [k for k in ours if ours[k] != theirs[k]] == []
-
-
-def test_a_generated_name_carries_kustomizes_content_hash() -> None:
-    # kubectl kustomize (Kustomize v5.5.0) names a generator `a` with literal x=y `a-6gc9d749f7`
-    assert content_hash({"kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"x": "y"}}) == "6gc9d749f7"
-
-
-def test_the_renderer_refuses_what_it_does_not_handle(tmp_path: Path) -> None:
-    (tmp_path / "kustomization.yaml").write_text("commonAnnotations: {a: b}\n")
-    with pytest.raises(KustomizeError, match="commonAnnotations"):
-        render(tmp_path)
-    (tmp_path / "kustomization.yaml").write_text(
-        "resources: [cm.yaml]\npatches:\n  - target: {kind: ConfigMap}\n"
-        "    patch: '[{op: replace, path: /data/missing, value: x}]'\n")
-    (tmp_path / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n")
-    with pytest.raises(KustomizeError, match="/data/missing: no such field"):
-        render(tmp_path)
-
-
 def test_without_tokens_env_the_base_does_not_render(tmp_path: Path) -> None:
     copy = tmp_path / "kubernetes"
     shutil.copytree(KUBE, copy, ignore=shutil.ignore_patterns("tokens.env"))
-    with pytest.raises(KustomizeError, match="tokens.env"):
+    with pytest.raises(RenderError, match="tokens.env"):
         render(copy / "overlays/single-region")
 
 

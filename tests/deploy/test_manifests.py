@@ -11,6 +11,7 @@ Certificate) have no schema there: their fields are checked by hand against
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import shutil
@@ -29,6 +30,7 @@ from dataplane.envoy.bootstrap import EnvoySettings
 from ferry.config import from_mapping, parse
 from tests.deploy.conftest import KUBE, OVERLAYS, ROOT, find
 from tests.deploy.kube import RenderError, render
+from tests.deploy.netpol import Cluster, pods_of
 from tools import deploysync
 
 VERSIONS = ("1.30.0", "1.37.0")
@@ -352,31 +354,17 @@ def test_three_regions_run_mutual_tls_with_cert_manager_certificates(rendered) -
 
 def test_only_proxies_and_agents_reach_the_control_planes_and_only_control_planes_reach_etcd(rendered) -> None:
     objects = rendered["overlays/single-region"]
+    cluster = Cluster(objects, {"ferry": {}})
+    pods = {p.name: p for p in pods_of(objects)}
 
-    def pods(selector: dict[str, Any]) -> set[str]:
-        matched = set()
-        for obj in objects:
-            if obj["kind"] not in ("Deployment", "StatefulSet"):
-                continue
-            labels = obj["spec"]["template"]["metadata"]["labels"]
-            ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
-            for expression in selector.get("matchExpressions", []):
-                assert expression["operator"] == "In"
-                ok = ok and labels.get(expression["key"]) in expression["values"]
-            if ok:
-                matched.add(obj["metadata"]["name"])
-        return matched
+    def reach(target: str, port: int) -> set[str]:
+        # each workload's other pod (a follower reaches its leader, an etcd member its peer): not the target itself
+        return {name for name, p in pods.items()
+                if cluster.allowed(dataclasses.replace(p, name=f"{name}-other"), pods[target], port)}
 
-    def reach(policy: str, port: int) -> set[str]:
-        spec = find(objects, "NetworkPolicy", policy)["spec"]
-        return {name for rule in spec["ingress"] if any(p["port"] == port for p in rule["ports"])
-                for peer in rule["from"] if "podSelector" in peer for name in pods(peer["podSelector"])}
-
-    assert pods(find(objects, "NetworkPolicy", "controlplane-ingress")["spec"]["podSelector"]) == {"controlplane"}
-    assert reach("controlplane-ingress", 7070) == {"proxy", "envoy", "triton", "controlplane"}
-    assert pods(find(objects, "NetworkPolicy", "etcd-ingress")["spec"]["podSelector"]) == {"etcd"}
-    assert reach("etcd-ingress", 2379) == {"controlplane", "etcd"}
-    assert reach("etcd-ingress", 2380) == {"etcd"}
+    assert reach("controlplane", 7070) == {"proxy", "envoy", "triton", "controlplane"}
+    assert reach("etcd", 2379) == {"controlplane", "etcd"}
+    assert reach("etcd", 2380) == {"etcd"}
 
 
 def test_etcd_is_three_members_behind_a_headless_service(rendered) -> None:

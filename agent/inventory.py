@@ -153,7 +153,8 @@ def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address:
     """Make the inventory's replicas of ``endpoint`` match the models it lists now; the ids that did not fit.
 
     A model whose config states no batch size (``max_batch_size`` 0, as decoupled and
-    non-batching models have) gets ``default_max_concurrency`` as its concurrency target.
+    non-batching models have) gets ``default_max_concurrency`` as its concurrency target; one whose
+    instance groups pin GPUs (``entry.gpus``) holds those, any other the endpoint's ``gpus``.
     An OpenAI-HTTP endpoint passes its ``http_address`` (``address`` empty), its ``engine`` and a ``tag`` that
     keeps the ids of several such endpoints of one node apart.
     """
@@ -166,8 +167,8 @@ def merge_discovered(inventory: Inventory, *, node: str, endpoint: int, address:
         kv_tokens = entry.kv_block_tokens or (old.spec.kv_block_tokens if old else 0)
         spec = ReplicaSpec(
             replica_id=rid, model=entry.name, version=entry.version, address=address, endpoint=endpoint,
-            kserve_model=entry.name, gpus=gpus, max_concurrency=entry.max_batch_size or default_max_concurrency,
-            kv_block_tokens=kv_tokens,
+            kserve_model=entry.name, gpus=entry.gpus or gpus,
+            max_concurrency=entry.max_batch_size or default_max_concurrency, kv_block_tokens=kv_tokens,
             max_context_tokens=entry.max_context_tokens, discovered=True, inputs=entry.inputs,
             http_address=http_address, engine=engine)
         if not inventory.upsert(spec):

@@ -11,7 +11,8 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
   ``tensorrt_llm`` steps, nor a fixed-batch string model). Batch slots come from
   ``max_batch_size``; block size and context from the ``ferry_*`` config
   parameters when present; the input names its metadata and config declare go with the replica's
-  registration (which sampling parameters it accepts, :mod:`ferry.sampling`).
+  registration (which sampling parameters it accepts, :mod:`ferry.sampling`). Its GPUs: the
+  distinct ids its GPU ``instance_group`` entries list (:func:`pinned_gpus`), else the endpoint's.
 - :meth:`TritonEndpoint.poll`: ModelReady per model, reachability (an
   answer to each ModelReady, else ServerLive), and load from the metrics
   (only the families read, :data:`METRICS_READ`, are parsed): queued = the larger of
@@ -44,6 +45,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
@@ -74,6 +76,7 @@ class ModelEntry:
     max_batch_size: int = 0
     kv_block_tokens: int = 0
     max_context_tokens: int = 0
+    gpus: int = 0  # the GPUs its instance groups pin (pinned_gpus); 0: none named, the endpoint's count
     # the input tensors its metadata and config declare (which sampling parameters it accepts); left out of
     # equality, which compares what the model is and holds
     inputs: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -158,6 +161,7 @@ class TritonEndpoint:
         return ModelEntry(name=name, version=version, ready=bool(ready), max_batch_size=int(config.max_batch_size),
                           kv_block_tokens=_int(params.get("ferry_kv_block_tokens")),
                           max_context_tokens=_int(params.get("ferry_max_context_tokens")),
+                          gpus=pinned_gpus(config),
                           inputs=tuple(dict.fromkeys([*(t.name for t in meta.inputs),
                                                       *(i.name for i in config.input)])))
 
@@ -236,6 +240,15 @@ def from_metrics(samples: Samples, model: str, version: str, *, ready: bool) -> 
 
 def _engines(samples: Samples) -> set[tuple[str, str]]:
     return {(s.labels.get("model", ""), s.labels.get("version", "")) for s in samples.all("nv_trt_llm_request_metrics")}
+
+
+def pinned_gpus(config: mc.ModelConfig) -> int:
+    """The GPUs a model's config pins: the distinct ids listed by its GPU instance groups (``kind`` KIND_GPU, or
+    KIND_AUTO with ``gpus`` given, as ``instance_group [{ kind: KIND_GPU, gpus: [0] }]``); 0 when none lists any:
+    Triton then puts instances on every GPU it sees, or the backend places itself (TensorRT-LLM's KIND_CPU or
+    KIND_MODEL groups), and the model holds the endpoint's GPUs."""
+    gpu_kinds = (mc.ModelInstanceGroup.KIND_GPU, mc.ModelInstanceGroup.KIND_AUTO)
+    return len({gpu for group in config.instance_group if group.kind in gpu_kinds for gpu in group.gpus})
 
 
 def _int(text: str | None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from agent.config import AgentSettings, clamp_interval
@@ -105,7 +107,11 @@ def test_merge_discovered_adds_updates_and_removes():
     assert set(inv.replicas) == {"fixed", "n-llm-1", "n-other_x-2"}
     assert inv.replicas["n-llm-1"].spec.max_concurrency == 64 and discovered_id("n", "a b", "1") == "n-a_b-1"
     assert inv.replicas["n-other_x-2"].spec.max_concurrency == 16, "no batch size stated: the default target"
+    assert inv.replicas["n-llm-1"].spec.gpus == 8, "no GPU pinned: the endpoint's"
     inv.telemetry()
     merge_discovered(inv, node="n", endpoint=1, address="h:1", gpus=8, entries=entries[:1])
     t = inv.telemetry().telemetry
     assert list(t.removed) == ["n-other_x-2"] and not t.changed and "fixed" in inv.replicas
+    pinned = [dataclasses.replace(entries[0], gpus=1)]  # its instance groups now pin one GPU: the spec changes
+    merge_discovered(inv, node="n", endpoint=1, address="h:1", gpus=8, entries=pinned)
+    assert inv.replicas["n-llm-1"].spec.gpus == 1 and [c.gpus for c in inv.telemetry().telemetry.changed] == [1]

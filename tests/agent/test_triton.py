@@ -14,7 +14,7 @@ from tritonclient.grpc import service_pb2_grpc
 from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
 from agent.replica.server import SimulatedReplica
-from agent.triton import ModelEntry, TritonEndpoint, from_metrics
+from agent.triton import ModelEntry, TritonEndpoint, from_metrics, pinned_gpus
 from ferry.grpcutil import start_server
 from tests.agent.helpers import FAST, llm_inputs, until
 
@@ -121,6 +121,43 @@ async def test_discover_adopts_only_text_models():
     finally:
         await endpoint.close()
         await server.stop(None)
+
+
+class PinnedRepository(FakeRepository):
+    """The same repository, its ``ensemble`` pinned to GPUs 2 and 3 by two instance groups."""
+
+    async def ModelConfig(self, request, context):
+        group = mc.ModelInstanceGroup
+        return pb.ModelConfigResponse(config=mc.ModelConfig(name=request.name, max_batch_size=64, instance_group=[
+            group(kind=group.KIND_GPU, count=2, gpus=[2]), group(kind=group.KIND_GPU, count=1, gpus=[3, 2])]))
+
+
+async def test_discover_reads_the_gpus_a_models_instance_groups_pin():
+    add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
+    server, port = await start_server([(add, PinnedRepository(), "inference.GRPCInferenceService")], "127.0.0.1:0")
+    endpoint = TritonEndpoint(f"127.0.0.1:{port}")
+    try:
+        assert await endpoint.discover() == [ModelEntry(name="ensemble", version="1", ready=True, max_batch_size=64,
+                                                        gpus=2)]
+    finally:
+        await endpoint.close()
+        await server.stop(None)
+
+
+GROUP = mc.ModelInstanceGroup
+
+
+@pytest.mark.parametrize(("groups", "pinned"), [
+    ([], 0),
+    ([GROUP(kind=GROUP.KIND_GPU, count=4)], 0),  # no ids: an instance on every GPU Triton sees
+    ([GROUP(kind=GROUP.KIND_GPU, gpus=[0])], 1),
+    ([GROUP(kind=GROUP.KIND_GPU, gpus=[0, 1]), GROUP(kind=GROUP.KIND_GPU, gpus=[1, 2])], 3),
+    ([GROUP(kind=GROUP.KIND_AUTO, gpus=[5])], 1),
+    ([GROUP(kind=GROUP.KIND_CPU, gpus=[0])], 0),  # a CPU group's ids are not GPUs it holds
+    ([GROUP(kind=GROUP.KIND_MODEL, count=1)], 0),  # the backend places itself (TensorRT-LLM)
+], ids=["none", "gpu-unpinned", "one", "union", "auto-with-ids", "cpu", "model"])
+def test_pinned_gpus_counts_the_distinct_ids_of_gpu_groups(groups, pinned):
+    assert pinned_gpus(mc.ModelConfig(name="m", instance_group=groups)) == pinned
 
 
 TRTLLM = """

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tools.kustomize import render
+from tests.deploy.kube import render
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy/kubernetes"
@@ -41,7 +41,7 @@ def kube_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def rendered(kube_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """Each overlay (and the base) rendered by tools.kustomize."""
+    """Each overlay (and the base) rendered by ``kubectl kustomize`` (:mod:`tests.deploy.kube`)."""
     return {name: render(kube_dir / name) for name in OVERLAYS}
 
 

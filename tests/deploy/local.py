@@ -23,14 +23,19 @@ files, changing only what a cluster provides and a laptop does not:
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ferry.etcd import free_port
-from ferry.procs import Child
+import pytest
+
+from ferry.etcd import LocalEtcd, etcd_binary, free_port
+from ferry.procs import Child, stop_all
+from tests.deploy.test_dockerfile import RUN, args_of
 
 Obj = dict[str, Any]
 ADDRESS = re.compile(r"\b(?:0\.0\.0\.0|127\.0\.0\.1):(\d+)\b")
@@ -182,3 +187,22 @@ class LocalCluster:
                 self.children.append(child.start())
                 pod.children[container["name"]] = child
         return pods
+
+
+@contextlib.contextmanager
+def local_cluster(objects: list[Obj], workdir: Path) -> Iterator[LocalCluster]:
+    """A :class:`LocalCluster` of the rendered ``objects`` with the image's entry point (the Dockerfile's
+    ENTRYPOINT) on a fresh local etcd; its children and the etcd are stopped on the way out. Fails the test
+    where there is no etcd binary."""
+    if etcd_binary() is None:
+        pytest.fail("no etcd binary on PATH: run tools/ensure_etcd.sh (make test does)")
+    (entrypoint,) = args_of(RUN, "ENTRYPOINT")
+    etcd = LocalEtcd(log_path=workdir / "etcd.log").start()
+    try:
+        cluster = LocalCluster(objects, workdir, json.loads(entrypoint), etcd.endpoint)
+        try:
+            yield cluster
+        finally:
+            stop_all(cluster.children)
+    finally:
+        etcd.close()

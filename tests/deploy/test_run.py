@@ -28,12 +28,9 @@ import grpc
 import pytest
 
 from ferry.cli.ctl.main import AdminClient
-from ferry.etcd import LocalEtcd, etcd_binary
-from ferry.procs import stop_all
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
 from tests.deploy.conftest import ROOT
-from tests.deploy.local import LocalCluster, Pod, StandIn
-from tests.deploy.test_dockerfile import RUN, args_of
+from tests.deploy.local import LocalCluster, Pod, StandIn, local_cluster
 from tests.e2e.harness import wait_for
 
 
@@ -117,63 +114,57 @@ def serves(address: str, key: str, model: str) -> bool:
 @pytest.mark.timeout(120)
 def test_the_manifests_commands_serve_traffic_and_a_proxy_stopped_mid_stream_loses_nothing(
         rendered, tmp_path: Path) -> None:
-    if etcd_binary() is None:
-        pytest.fail("no etcd binary on PATH: run tools/ensure_etcd.sh (make test does)")
     objects = rendered["overlays/single-region"]
-    (entrypoint,) = args_of(RUN, "ENTRYPOINT")
-    etcd = LocalEtcd(log_path=tmp_path / "etcd.log").start()
-    cluster = LocalCluster(objects, tmp_path, json.loads(entrypoint), etcd.endpoint)
-    model = next(line.split('"')[1] for line in cluster.find("ConfigMap", next(
-        o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap" and "ferry.toml" in o["data"]))
-        ["data"]["ferry.toml"].splitlines() if line.startswith("name ="))
-    token = cluster.secret("ferry-tokens", "admin-token")
-    traffic: list[Traffic] = []
-    try:
-        control_planes = cluster.start_workload("controlplane")
-        addresses = [pod.children["controlplane"].wait_ready()["grpc"] for pod in control_planes]
-        assert all(a.startswith("127.0.0.1:") for a in addresses)
+    with local_cluster(objects, tmp_path) as cluster:
+        model = next(line.split('"')[1] for line in cluster.find("ConfigMap", next(
+            o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap" and "ferry.toml" in o["data"]))
+            ["data"]["ferry.toml"].splitlines() if line.startswith("name ="))
+        token = cluster.secret("ferry-tokens", "admin-token")
+        traffic: list[Traffic] = []
+        try:
+            control_planes = cluster.start_workload("controlplane")
+            addresses = [pod.children["controlplane"].wait_ready()["grpc"] for pod in control_planes]
+            assert all(a.startswith("127.0.0.1:") for a in addresses)
 
-        def triton(pod: Pod) -> StandIn:
-            return StandIn(f"{pod.name}-triton", "tests.deploy.standin", [model], tmp_path)
+            def triton(pod: Pod) -> StandIn:
+                return StandIn(f"{pod.name}-triton", "tests.deploy.standin", [model], tmp_path)
 
-        gpu_pods = cluster.start_workload("triton", {"triton": triton})
-        for pod in gpu_pods:
-            pod.children["agent"].wait_ready()
-        wait_for(lambda: nodes_in_table(addresses[0], token) >= {p.node for p in gpu_pods}, 30,
-                 "both agents' Triton replicas in the table")
-        proxies = [pod.children["proxy"] for pod in cluster.start_workload("proxy")]
-        ready = [proxy.wait_ready() for proxy in proxies]
-        key = "fk_" + secrets.token_hex(16)
-        add_tenant(addresses, token, key)
-        for proxy in ready:
-            wait_for(lambda p=proxy: serves(p["grpc"], key, model), 30, f"proxy {proxy['proxy_id']} to serve")
+            gpu_pods = cluster.start_workload("triton", {"triton": triton})
+            for pod in gpu_pods:
+                pod.children["agent"].wait_ready()
+            wait_for(lambda: nodes_in_table(addresses[0], token) >= {p.node for p in gpu_pods}, 30,
+                     "both agents' Triton replicas in the table")
+            proxies = [pod.children["proxy"] for pod in cluster.start_workload("proxy")]
+            ready = [proxy.wait_ready() for proxy in proxies]
+            key = "fk_" + secrets.token_hex(16)
+            add_tenant(addresses, token, key)
+            for proxy in ready:
+                wait_for(lambda p=proxy: serves(p["grpc"], key, model), 30, f"proxy {proxy['proxy_id']} to serve")
 
-        body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4}).encode()
-        request = urllib.request.Request(f"http://{ready[1]['http']}/v1/completions", data=body,
-                                         headers={"Authorization": f"Bearer {key}",
-                                                  "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            assert json.loads(answer.read())["choices"][0]["text"]
+            body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4}).encode()
+            request = urllib.request.Request(f"http://{ready[1]['http']}/v1/completions", data=body,
+                                             headers={"Authorization": f"Bearer {key}",
+                                                      "Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                assert json.loads(answer.read())["choices"][0]["text"]
 
-        stopped, survivor = (Traffic(r["grpc"], key, model).start() for r in ready)
-        traffic = [stopped, survivor]
-        wait_for(lambda: stopped.ok >= 10 and survivor.ok >= 10, 30, "streams completed through both proxies")
-        stopped.stop.set()  # its clients take no new stream there once it is terminating
-        proxies[0].kill(signal.SIGTERM)
-        assert proxies[0].proc is not None
-        assert proxies[0].proc.wait(timeout=30) == 0
-        after = survivor.ok
-        wait_for(lambda: survivor.ok >= after + 20, 30, "streams through the survivor after the stop")
-        for t in traffic:
-            t.join()
-        assert dict(stopped.failed) == {}  # its streams in flight at SIGTERM finished
-        assert dict(survivor.failed) == {}
-        assert survivor.ok >= after + 20
-    finally:
-        for t in traffic:
-            t.stop.set()
-        stop_all(cluster.children)
-        etcd.close()
+            stopped, survivor = (Traffic(r["grpc"], key, model).start() for r in ready)
+            traffic = [stopped, survivor]
+            wait_for(lambda: stopped.ok >= 10 and survivor.ok >= 10, 30, "streams completed through both proxies")
+            stopped.stop.set()  # its clients take no new stream there once it is terminating
+            proxies[0].kill(signal.SIGTERM)
+            assert proxies[0].proc is not None
+            assert proxies[0].proc.wait(timeout=30) == 0
+            after = survivor.ok
+            wait_for(lambda: survivor.ok >= after + 20, 30, "streams through the survivor after the stop")
+            for t in traffic:
+                t.join()
+            assert dict(stopped.failed) == {}  # its streams in flight at SIGTERM finished
+            assert dict(survivor.failed) == {}
+            assert survivor.ok >= after + 20
+        finally:
+            for t in traffic:
+                t.stop.set()
 
 
 def test_an_address_the_cluster_does_not_provide_is_refused(rendered, tmp_path: Path) -> None:

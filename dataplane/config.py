@@ -399,9 +399,13 @@ class HttpSettings:
     http_max_streams: int = 4096  # requests in flight over HTTP; beyond: 429 with Retry-After
     http_keepalive_seconds: float = 15.0  # a connection idle this long (before its first request too) is closed
     http_write_timeout_seconds: float = 30.0  # a reader that takes longer to accept one chunk is cut off
+    # a body field OpenAI's API does not define: false, left out and counted (ferry_proxy_ignored_fields_total);
+    # true, a 400 naming it (both HTTP paths: the front door and the endpoint picker)
+    http_strict_fields: bool = False
 
     def __post_init__(self) -> None:
-        _positive({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "http_listen"})
+        _positive({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if f.name not in ("http_listen", "http_strict_fields")})
 
 
 PICKER_ENDS = ("report", "stream")  # PickerSettings.picker_end

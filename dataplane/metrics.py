@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
-from ferry.metrics import LATENCY_BUCKETS, TPOT_BUCKETS, name, register_build_info
+from ferry.metrics import LATENCY_BUCKETS, TPOT_BUCKETS, BoundedLabel, name, register_build_info
 
 UNKNOWN = "_unknown"
 AGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -59,6 +59,11 @@ class ProxyMetrics:
             name("proxy_requests_total"), "Requests answered, by final gRPC status.",
             ["model", "tier", "status"], registry=reg,
         )
+        self.ignored_fields = Counter(
+            name("proxy_ignored_fields_total"), "Fields of OpenAI bodies that OpenAI does not define, left out "
+            "(the first 64 names seen; the others as _other).", ["field"], registry=reg,
+        )
+        self.ignored_field = BoundedLabel(64)
         self.duration = Histogram(
             name("proxy_request_duration_seconds"), "Time from arrival to the last byte.",
             ["model", "tier"], buckets=LATENCY_BUCKETS, registry=reg,

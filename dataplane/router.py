@@ -45,7 +45,7 @@ import dataclasses
 import functools
 import logging
 import random
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 
 from dataplane.admission.coldwait import ColdStarts
 from dataplane.admission.gate import Admission, Preempted
@@ -65,8 +65,9 @@ from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
 from dataplane.guard.hooks import Guards, Selected, Subject
 from dataplane.metrics import UNKNOWN, ProxyMetrics
 from dataplane.pick.decide import Ask
-from dataplane.pick.p2c import Branch, Decision, LocalLoad
+from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
 from dataplane.pick.picker import Attempt, Picker, Routing
+from dataplane.pick.pool import UNLIMITED, Pool
 from dataplane.table.local import Replica, Table, TableHolder
 from dataplane.tracing import Attribute, RequestTrace, Tracer
 from dataplane.usage import UsageWindow
@@ -147,11 +148,13 @@ class Router:
         tokens: TokenWork | None = None,
         guards: Guards | None = None,
         tracer: Tracer | None = None,
+        max_output: Mapping[str, int] | None = None,
     ) -> None:
         self._settings = settings
         self.tracer = tracer  # request traces (dataplane.tracing); None: off, and no hook below does anything
         self.guards = guards or Guards((), metrics, clock=clock)  # guardrail hooks (dataplane.guard.hooks)
         self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.api.tokenwork)
+        self._max_output = dict(max_output or {})  # model -> max_output_tokens ([[models]]; absent or 0: no cap)
         self._limits = limits
         self._auth = authenticator
         self._holder = holder
@@ -252,6 +255,10 @@ class Router:
                                             version=valid.version, prompt_tokens=valid.prompt_tokens,
                                             max_tokens=valid.max_tokens, prefix_key=valid.prefix_key,
                                             hashes=valid.prefix_hashes)
+        if not valid.max_tokens:  # not given: as many as the model's context leaves (OpenAI's default)
+            valid = state.request = self._room(valid, state.routing.pool)
+            state.routing = dataclasses.replace(state.routing, need=Need(valid.prompt_tokens + valid.max_tokens,
+                                                                         valid.prompt_tokens))
         state.version = state.routing.version
         state.model_label = valid.model
         # a sampling parameter the version's replicas do not declare is refused naming it (dataplane.api.validate)
@@ -292,6 +299,20 @@ class Router:
                                                 deadline=state.deadline)
         self.failover.note_request()
         self._metrics.inflight.set(self._admission.count)
+
+    def _room(self, valid: ValidRequest, pool: Pool) -> ValidRequest:
+        """``valid`` with ``max_tokens`` set to what the context leaves after the prompt: the smallest context of
+        the pool's replicas (every one can take it; the largest when the smallest leaves none), at most
+        ``[limits] max_tokens`` and the model's ``max_output_tokens``; raises InvalidArgument
+        (``context_length_exceeded``) naming ``prompt`` when no replica has room for one more token."""
+        cap = min(self._limits.max_tokens, self._max_output.get(valid.model) or self._limits.max_tokens)
+        context = pool.min_context if pool.min_context > valid.prompt_tokens else pool.max_context
+        room = cap if context >= UNLIMITED else context - valid.prompt_tokens
+        if room < 1:
+            raise InvalidArgument("prompt", f"a prompt of {valid.prompt_tokens} tokens leaves no room in the "
+                                            f"largest context of the model's replicas ({context} tokens)",
+                                  "context_length_exceeded")
+        return dataclasses.replace(valid, max_tokens=min(cap, room))
 
     def _reroute(self, state: RequestState, table: Table) -> tuple[str, bool]:
         """Resolve the request's routing again on ``table`` (a cold start's wait): its version, whether ready."""

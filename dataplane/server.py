@@ -127,11 +127,13 @@ class Proxy:
             tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
             guards=Guards(guardrails, self.metrics, clock=clock, tls=tls),  # safety hooks (dataplane.guard.hooks)
             tracer=self.tracer,
+            max_output={m.name: m.max_output_tokens for m in models if m.max_output_tokens},
         )
         server = self.settings.server
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
                                           unread_timeout=server.stream_unread_timeout_seconds,
-                                          retry_after=server.retry_after_seconds)
+                                          retry_after=server.retry_after_seconds,
+                                          strict_fields=self.settings.http.http_strict_fields)
         self.templates = ChatTemplates(  # raises ConfigError naming a model whose template does not load
             {m.name: load_template(m.chat_template, f"models.{m.name}.chat_template") for m in models},
             max_bytes=self.limits.max_prompt_bytes)

@@ -106,6 +106,10 @@ class ModelConfig:
     # The Jinja chat template of /v1/chat/completions, or a path to a tokenizer_config.json whose
     # chat_template is used; empty: the default ChatML layout (dataplane.api.chat).
     chat_template: str = ""
+    # The most tokens one answer may generate when the request sets no max_tokens (OpenAI's default: up to the
+    # model's context); 0: [limits] max_tokens. The operator may lower it; a request's own max_tokens is not capped
+    # by it (only by [limits] max_tokens and the context).
+    max_output_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

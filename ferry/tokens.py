@@ -134,6 +134,17 @@ class Tokenizer:
         ids: list[int] = self.hf.encode_batch_fast([text])[0].ids  # no offsets; releases the GIL
         return ids
 
+    def decode(self, ids: list[int]) -> str | None:
+        """The text of token ``ids`` (an ``hf`` tokenizer; an id it does not know raises ValueError), or None: a
+        whitespace tokenizer has no ids to decode."""
+        if self.hf is None:
+            return None
+        try:
+            text: str = self.hf.decode(ids, skip_special_tokens=False)
+        except Exception as exc:  # the tokenizers library raises its own error type for an id it does not know
+            raise ValueError(str(exc)) from None
+        return text
+
     def count(self, text: str) -> int:
         """Number of tokens in ``text``."""
         return len(text.split()) if self.hf is None else len(self.ids(text))

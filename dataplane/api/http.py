@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP front door: aiohttp on the proxy's event loop, into the same :class:`Router` as gRPC.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /v1/models``, ``GET /v1/models/{id}``, and ``GET /health`` (no key asked: 200 with
+``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /openapi.json`` (the
+API's OpenAPI document, :mod:`dataplane.api.schema`; no key asked), and ``GET /health`` (no key asked: 200 with
 ``{"status": "SERVING"}`` while the proxy's gRPC health says so, else 503
 with ``NOT_SERVING``: a load balancer that speaks only HTTP sees the drain too). A connection accepted beyond
 ``http_max_connections`` gets a 503 with ``Retry-After`` at once and is closed.
@@ -57,12 +58,12 @@ import math
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 
-from dataplane.api import openai
+from dataplane.api import openai, schema
 from dataplane.api.auth import Authenticator
 from dataplane.api.chat import ChatTemplates
 from dataplane.api.idempotency import body_digest
@@ -71,7 +72,7 @@ from dataplane.config import HttpSettings
 from dataplane.router import RequestState, Router
 from dataplane.table.local import TableHolder
 from dataplane.tracing import TRACEPARENT, TRACESTATE
-from ferry.errors import FerryError
+from ferry.errors import FerryError, InvalidArgument
 from ferry.grpcutil import status_for
 from ferry.v1 import inference_pb2
 
@@ -124,7 +125,13 @@ class HttpFront:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model:.+}", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get(schema.OPENAPI_PATH, self._openapi)
         return app
+
+    async def _openapi(self, request: web.Request) -> web.StreamResponse:
+        """The API's OpenAPI document (:func:`dataplane.api.schema.openapi`), no key asked."""
+        return web.Response(body=schema.openapi_bytes(), content_type=JSON,
+                            headers={"x-request-id": request[REQUEST_ID_KEY]})
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         serving = self._serving() and not self._closing
@@ -239,23 +246,49 @@ class HttpFront:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)
 
-    async def _parse(self, request: web.Request, chat: bool) -> tuple[openai.Parsed, inference_pb2.InferRequest,
-                                                                       list[tuple[str, str]], float]:
-        """Authenticate, read and translate the body; raises FerryError (or aiohttp's 413)."""
+    async def _parse(self, request: web.Request, chat: bool) -> tuple[
+            openai.Parsed, list[inference_pb2.InferRequest], list[str], list[tuple[str, str]], float]:
+        """Authenticate, read and translate the body; raises FerryError (or aiohttp's 413).
+
+        Returns the parsed body, one ``InferRequest`` per choice (``n`` per prompt, in OpenAI's order of choice
+        indexes), each choice's prompt text, the key's metadata and the deadline."""
         metadata = openai.key_metadata(request.headers)
         tenant = self._auth.authenticate(metadata)  # 401 before anything about the body
         body = await request.read()
         parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
-        prompt = self._templates.render(parsed.model, parsed.messages) if chat else parsed.prompt
-        idempotency_key = request.headers.get("idempotency-key", "")
-        message = openai.to_request(parsed, prompt, tier=openai.tier_of(request.headers, tenant),
-                                    idempotency_key=idempotency_key)
-        return parsed, message, metadata, openai.timeout_of(request.headers, self._deadline)
+        self._servicer.ignored(parsed.ignored)
+        if chat:
+            texts = [self._templates.render(parsed.model, parsed.messages)]
+        else:
+            texts = [self._text(parsed.model, prompt, len(parsed.prompts) > 1, i)
+                     for i, prompt in enumerate(parsed.prompts)]
+        tier = openai.tier_of(request.headers, tenant)
+        key = request.headers.get("idempotency-key", "")
+        if key and parsed.choices > 1:
+            raise InvalidArgument("idempotency-key", "taken for one choice only (n = 1, one prompt)")
+        prompts = [text for text in texts for _ in range(parsed.n)]
+        messages = [openai.to_request(parsed, text, tier=tier, idempotency_key=key) for text in prompts]
+        return parsed, messages, prompts, metadata, openai.timeout_of(request.headers, self._deadline)
+
+    def _text(self, model: str, prompt: str | tuple[int, ...], listed: bool, i: int) -> str:
+        """A prompt's text: itself, or its token ids decoded by the model's tokenizer."""
+        if isinstance(prompt, str):
+            return prompt
+        field = f"prompt[{i}]" if listed else "prompt"
+        try:
+            text = self._router.tokens.tokenizer(model).decode(list(prompt))
+        except ValueError as exc:
+            raise InvalidArgument(field, f"token ids that model {model!r}'s tokenizer does not know: {exc}") from None
+        if text is None:
+            raise InvalidArgument(field, f"token ids: model {model!r} has no tokenizer file to read them "
+                                         "([[models]] tokenizer)", "unsupported_parameter")
+        return text
 
     async def _serve(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        """One completion, unary or streamed, through the router; see the module docstring."""
+        """One completion, unary or streamed, through the router (each choice a request); see the module docstring."""
         request_id: str = request[REQUEST_ID_KEY]
         state = RequestState(request_id=request_id, started=self._clock())
+        states = [state]
         tracer = self._router.tracer
         if tracer is not None:  # the caller's trace context, when tracing is on (dataplane.tracing)
             state.trace = tracer.begin(f"{request.method} {request.path}", request.headers.get(TRACEPARENT, ""),
@@ -263,30 +296,39 @@ class HttpFront:
         headers = {"x-request-id": request_id}
         created = int(time.time())
         try:
-            parsed, message, metadata, timeout = await self._parse(request, chat)
-            await self._router.encode(state, metadata, message)  # a large prompt's tokens, off the loop
-            self._router.begin(state, metadata, message, timeout)
+            parsed, messages, prompts, metadata, timeout = await self._parse(request, chat)
+            states += [RequestState(request_id=f"{request_id}-{i}", started=state.started)
+                       for i in range(1, len(messages))]
+            for one, message in zip(states, messages, strict=True):
+                await self._router.encode(one, metadata, message)  # a large prompt's tokens, off the loop
+                self._router.begin(one, metadata, message, timeout)
             headers.update(self._limits(state))
+            echo = prompts if parsed.echo else []
             if parsed.stream:
-                return await self._stream(request, state, parsed, chat, created, headers)
-            if message.idempotency_key and state.tenant is not None:
-                summary = await self._router.idempotency.run(state.tenant.name, message.idempotency_key,
-                                                             body_digest(message), lambda: self._answer(state))
+                return await self._stream(request, states, parsed, chat, created, headers, echo)
+            if messages[0].idempotency_key and state.tenant is not None:
+                summaries = [await self._router.idempotency.run(state.tenant.name, messages[0].idempotency_key,
+                                                                body_digest(messages[0]),
+                                                                lambda: self._answer(state))]
             else:
-                summary = await self._answer(state)
-            self._servicer.succeed(state)
-            body = openai.chat(summary, parsed.model, created) if chat else openai.completion(
-                summary, parsed.model, created)
+                summaries = await _all(self._answer(one) for one in states)
+            for one in states:
+                self._servicer.succeed(one)
+            body = openai.chat(summaries, parsed.model, created, n=parsed.n) if chat else openai.completion(
+                summaries, parsed.model, created, n=parsed.n, echo=echo)
             return web.Response(body=_dumps(body), content_type=JSON, headers=headers)
         except FerryError as error:
             status, body, retry = openai.error_of(error)
-            self._servicer.failed(state, error, status_for(error).name)
+            for one in states:
+                self._servicer.failed(one, error, status_for(error).name)
             return self._error(request_id, status, body, {**_retry_header(retry), **self._limits(state)})
         except asyncio.CancelledError:
-            self._servicer.count(state, "CANCELLED")
+            for one in states:
+                self._servicer.count(one, "CANCELLED")
             raise
         finally:
-            self._router.end(state)
+            for one in states:
+                self._router.end(one)
 
     def _limits(self, state: RequestState) -> dict[str, str]:
         """The tenant's ``x-ratelimit-*`` headers (:meth:`TenantLimits.headers`); none before it is known."""
@@ -302,59 +344,139 @@ class HttpFront:
         async with asyncio.timeout(self._settings.http_write_timeout_seconds):  # no task per event
             await response.write(data)
 
-    async def _stream(self, request: web.Request, state: RequestState, parsed: openai.Parsed, chat: bool,
-                      created: int, headers: dict[str, str]) -> web.StreamResponse:
-        """Server-sent events: opened on the first piece; a last chunk, the usage chunk if asked, ``[DONE]``."""
-        rid = state.request_id
+    async def _stream(self, request: web.Request, states: list[RequestState], parsed: openai.Parsed, chat: bool,
+                      created: int, headers: dict[str, str], echo: list[str]) -> web.StreamResponse:
+        """Server-sent events: opened on the first piece of any choice (chat: each choice's role first; ``echo``:
+        each prompt); each piece as it comes, tagged with its choice's index; a choice's last chunk when it ends;
+        then the usage chunk if asked, and ``[DONE]``. Several choices are read by one task each through a
+        bounded queue, so a slow reader holds them all back."""
+        rid = states[0].request_id
         response: web.StreamResponse | None = None
-        first: float | None = None
+        firsts: list[float | None] = [None] * len(states)
+        summaries: list[inference_pb2.InferResponse | None] = [None] * len(states)
 
-        def chunk(text: str | None, summary: inference_pb2.InferResponse | None = None) -> bytes:
-            body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary) if chat
-                    else openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary))
+        def chunk(index: int, text: str | None, summary: inference_pb2.InferResponse | None = None) -> bytes:
+            body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary, index=index) if chat
+                    else openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary,
+                                                 index=index))
             return b"data: " + _dumps(body) + b"\n\n"
 
         async def opened() -> web.StreamResponse:
             out = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
                                               "Cache-Control": "no-cache"})
             await out.prepare(request)
-            if chat:
-                await self._write(out, chunk(None))
+            for index in range(len(states)):
+                if chat:
+                    await self._write(out, chunk(index, None))
+                elif echo:
+                    await self._write(out, chunk(index, echo[index]))
             return out
 
-        pieces: AsyncIterator[Any]
+        async def ended(index: int) -> None:
+            state = states[index]
+            state.outcome.ttft_seconds = firsts[index] or self._clock() - state.started
+            self._servicer.succeed(state, streamed=firsts[index] is not None)
+            summary = summaries[index] = self._servicer.summary(state, "")
+            assert response is not None
+            await self._write(response, chunk(index, "", summary))
+
         try:
-            async with contextlib.aclosing(self._router.stream(state)) as pieces:
-                async for piece in pieces:
+            async with contextlib.aclosing(_pieces(self._router, states)) as pieces:
+                async for index, text in pieces:
                     if response is None:
-                        first = self._clock() - state.started
                         response = await opened()
-                    await self._write(response, chunk(piece.text))
-        except FerryError as error:  # after output (continuation failed): one error event, then the end
+                    if text is None:
+                        await ended(index)
+                        continue
+                    if firsts[index] is None:
+                        firsts[index] = self._clock() - states[index].started
+                    await self._write(response, chunk(index, text))
+        except _ChoiceFailed as failure:  # after output (continuation failed): one error event, then the end
             if response is None:
-                raise
-            self._servicer.failed(state, error, status_for(error).name)
+                raise failure.error from None
+            self._servicer.failed(states[failure.index], failure.error, status_for(failure.error).name)
             with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
-                await self._write(response, b"data: " + _dumps(openai.error_of(error)[1]) + b"\n\n")
+                await self._write(response, b"data: " + _dumps(openai.error_of(failure.error)[1]) + b"\n\n")
             return response
         except (TimeoutError, ConnectionError):
-            self._servicer.count(state, "CANCELLED")  # the reader went away or stalled: the replica call is closed
+            for state, summary in zip(states, summaries, strict=True):
+                if summary is None:  # the reader went away or stalled: the replica calls are closed
+                    self._servicer.count(state, "CANCELLED")
             if response is None:
                 raise
             return response
-        if response is None:
-            response = await opened()
-        state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
-        self._servicer.succeed(state, streamed=first is not None)
-        summary = self._servicer.summary(state, "")
+        assert response is not None  # every choice's end opened it
         with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
-            await self._write(response, chunk("", summary))
             if parsed.include_usage:
-                usage = openai.usage_chunk(rid, parsed.model, created, summary, chat=chat)
+                done = [s for s in summaries if s is not None]
+                usage = openai.usage_chunk(rid, parsed.model, created, done, chat=chat, n=parsed.n)
                 await self._write(response, b"data: " + _dumps(usage) + b"\n\n")
             await self._write(response, DONE)
         return response
 
+
+class _ChoiceFailed(Exception):
+    """Choice ``index`` of a streamed answer failed with ``error``."""
+
+    def __init__(self, index: int, error: FerryError) -> None:
+        super().__init__(str(error))
+        self.index, self.error = index, error
+
+
+CHOICE_QUEUE = 64  # pieces of several streamed choices waiting for the writer; beyond, their readers wait
+
+
+async def _pieces(router: Router, states: list[RequestState]) -> AsyncGenerator[tuple[int, str | None], None]:
+    """The pieces of every choice's stream as ``(index, text)``, ``(index, None)`` when that choice ends; raises
+    :class:`_ChoiceFailed`. One choice is read in place (no task, no queue: the common case); several by one
+    task each into a queue of :data:`CHOICE_QUEUE`, cancelled when the caller stops."""
+    if len(states) == 1:
+        try:
+            async with contextlib.aclosing(router.stream(states[0])) as pieces:
+                async for piece in pieces:
+                    yield 0, piece.text
+        except FerryError as error:
+            raise _ChoiceFailed(0, error) from None
+        yield 0, None
+        return
+    queue: asyncio.Queue[tuple[int, str | FerryError | None]] = asyncio.Queue(CHOICE_QUEUE)
+
+    async def pump(index: int, state: RequestState) -> None:
+        try:
+            async with contextlib.aclosing(router.stream(state)) as pieces:
+                async for piece in pieces:
+                    await queue.put((index, piece.text))
+        except FerryError as error:
+            await queue.put((index, error))
+            return
+        await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, state)) for i, state in enumerate(states)]
+    try:
+        for _ in range(len(states)):
+            while True:
+                index, item = await queue.get()
+                if isinstance(item, FerryError):
+                    raise _ChoiceFailed(index, item)
+                yield index, item
+                if item is None:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _all(answers: Iterable[Awaitable[inference_pb2.InferResponse]]) -> list[inference_pb2.InferResponse]:
+    """Every answer, in order; the first failure cancels the others and is raised."""
+    tasks = [asyncio.ensure_future(answer) for answer in answers]
+    if len(tasks) == 1:
+        return [await tasks[0]]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 class _Refused(asyncio.Protocol):

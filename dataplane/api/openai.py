@@ -12,21 +12,27 @@ API takes, so both fronts share validation and the whole request path.
 summary; :func:`error_body` and :func:`http_status` give OpenAI's error shape
 and the HTTP status of a :class:`ferry.errors.FerryError`.
 
-Fields accepted and not used (``user``, ``n`` = 1, ``logprobs`` absent,
-``stream_options``) are listed in :data:`IGNORED`; any other unknown field is
-a 400 naming it, so a parameter is never silently dropped.
+Bodies are typed by :mod:`dataplane.api.schema` (pydantic, strict). A field
+OpenAI defines that no model of the fleet serves through the proxy
+(:data:`NOT_SERVED`: log probabilities, tools, structured output, …) is a 400
+naming the field and the model (``unsupported_parameter``); a field OpenAI
+does not define is returned in :attr:`Parsed.ignored` for the front door to
+count or refuse. ``n`` and a list of prompts fan out (:attr:`Parsed.choices`
+requests, at most :data:`MAX_CHOICES`); ``echo`` is served by the front door.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import urllib.parse
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from dataplane.admission.coldstart import WarmingUp
+from dataplane.api import schema
 from dataplane.guard.hooks import Refused
 from ferry import errors
 from ferry.config import TenantConfig
@@ -34,196 +40,215 @@ from ferry.v1 import common_pb2, inference_pb2
 
 TIERS = {"interactive": common_pb2.TIER_INTERACTIVE, "standard": common_pb2.TIER_STANDARD,
          "batch": common_pb2.TIER_BATCH}
-SAMPLING = ("temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty")
-COMMON = frozenset({"model", "max_tokens", "stream", "stream_options", "user", "n", *SAMPLING})
-IGNORED = frozenset({"user", "stream_options", "n"})
-COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "suffix", "best_of"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "logprobs"}
-ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
-MAX_MESSAGES = 1024
-MAX_STOP = 4
 MAX_STOP_BYTES = 64
-DEFAULT_MAX_TOKENS = 16
+MAX_CHOICES = 16  # requests one body fans out to (n x prompts): each takes a slot of the fleet
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+# fields OpenAI defines that no replica of this fleet serves through the proxy yet: a 400 naming the field and the
+# model when given (a value other than the "off" one), never silently dropped
+NOT_SERVED = {"logprobs": "log probabilities", "top_logprobs": "log probabilities",
+              "logit_bias": "logit bias", "suffix": "a suffix (fill in the middle)", "best_of": "best_of",
+              "tools": "tools", "tool_choice": "tools", "functions": "tools", "function_call": "tools",
+              "audio": "audio output"}
+OFF: dict[str, Any] = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "best_of": (None, 1),
+                       "tool_choice": (None, "none"), "function_call": (None, "none"),
+                       "logit_bias": (None, {}), "tools": (None, []), "functions": (None, [])}
+TEXT_FORMATS = (None, "text")  # response_format types every model serves
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Parsed:
-    """A checked body: the model, its prompt (or chat messages), the sampling values given, and stream options."""
+    """A checked body: the model, its prompts (or chat messages), the sampling values given, and stream options.
+
+    ``max_tokens`` None: not given, so up to the model's context (:meth:`dataplane.router.Router.begin`).
+    ``prompts``: each prompt of a completion body, text or token ids (a list fans out, one request each);
+    ``n``: choices per prompt (each one request, with the same prefix, so they share a replica's cache);
+    ``ignored``: fields OpenAI does not define, left out (counted by the front door, or refused when strict).
+    """
 
     model: str
-    max_tokens: int
+    max_tokens: int | None
     stream: bool = False
-    include_usage: bool = False  # stream_options.include_usage: one more chunk, empty choices, with the usage
-    prompt: str = ""
-    messages: tuple[Mapping[str, str], ...] = ()
+    include_usage: bool = False
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+    messages: tuple[Mapping[str, Any], ...] = ()
     sampling: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    n: int = 1
+    echo: bool = False
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def prompt(self) -> str:
+        """The first prompt, as text ("" when it is token ids or a chat)."""
+        first = self.prompts[0] if self.prompts else ""
+        return first if isinstance(first, str) else ""
+
+    @property
+    def choices(self) -> int:
+        """Requests this body fans out to: ``n`` per prompt (a chat has one)."""
+        return self.n * max(1, len(self.prompts))
 
 
-def _object(body: bytes) -> dict[str, Any]:
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none"})
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the field's name (``messages[1].content``), union branch tags left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _TYPE_TAGS or "[" in part or "-" in part or part[:1].isupper():
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out or "body"
+
+
+def _invalid(exc: ValidationError) -> errors.InvalidArgument:
+    """The first error of a validation, naming its field, with OpenAI's code (``invalid_type``/``invalid_value``)."""
+    found = exc.errors(include_url=False, include_context=False, include_input=False)
+    first = found[0]
+    at = _path(tuple(first["loc"]))
+    for other in found:  # a union: the branch whose type matched says more than the ones whose type did not
+        if _path(tuple(other["loc"])) == at and not str(other["type"]).endswith("_type"):
+            first = other
+            break
+    kind = str(first["type"])
+    if kind == "json_invalid":
+        return errors.InvalidArgument("body", f"not valid JSON: {first['msg'].removeprefix('Invalid JSON: ')}")
+    path = _path(tuple(first["loc"]))
+    if path == "body":
+        return errors.InvalidArgument("body", "must be a JSON object", "invalid_type")
+    if kind == "missing":
+        return errors.InvalidArgument(path, "required")
+    message = str(first["msg"])
+    code = "invalid_type" if kind.endswith("_type") or kind.startswith("union_tag") else "invalid_value"
+    return errors.InvalidArgument(path, message[:1].lower() + message[1:], code)
+
+
+def _read(adapter: TypeAdapter[Any], body: bytes) -> Any:
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise errors.InvalidArgument("body", f"not UTF-8 (byte {exc.start})") from None
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        reason = f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(
-            exc, json.JSONDecodeError) else "not valid JSON: nested too deeply"
-        raise errors.InvalidArgument("body", reason) from None
-    if not isinstance(data, dict):
-        raise errors.InvalidArgument("body", "must be a JSON object")
-    return data
+        return adapter.validate_json(body)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
 
 
-def _number(data: Mapping[str, Any], field: str, low: float, high: float) -> float | None:
-    value = data.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise errors.InvalidArgument(field, "must be a number", "invalid_type")
-    if not low <= value <= high:
-        raise errors.InvalidArgument(field, f"must be between {low:g} and {high:g}")
-    return float(value)
+def _refuse_unserved(data: schema.Sampling, model: str) -> None:
+    """A field OpenAI defines that the proxy cannot serve for ``model``: 400 naming it and the model.
+
+    Only the fields the body set are looked at (``model_fields_set``: a few names, not every field declared)."""
+    given = data.model_fields_set
+    for field in sorted(given & NOT_SERVED.keys()):
+        value = getattr(data, field)
+        if value is None or value in OFF.get(field, (None,)):
+            continue
+        raise errors.InvalidArgument(field, f"model {model!r} does not serve {NOT_SERVED[field]} through this API",
+                                     "unsupported_parameter")
+    if "response_format" in given:
+        response_format = getattr(data, "response_format", None)
+        if response_format is not None and response_format.type not in TEXT_FORMATS:
+            raise errors.InvalidArgument("response_format", f"model {model!r} does not serve structured output "
+                                                            f"({response_format.type}) through this API",
+                                         "unsupported_parameter")
+    if "modalities" in given:
+        modalities = getattr(data, "modalities", None)
+        if modalities and set(modalities) != {"text"}:
+            raise errors.InvalidArgument("modalities", f"model {model!r} answers text only", "unsupported_parameter")
 
 
-def _integer(data: Mapping[str, Any], field: str, low: int, high: int) -> int | None:
-    value = data.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.InvalidArgument(field, "must be an integer", "invalid_type")
-    if not low <= value <= high:
-        raise errors.InvalidArgument(field, f"must be between {low} and {high}")
-    return value
-
-
-def _sampling(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling fields given (absent or null ones left out), each checked against its range."""
-    out: dict[str, Any] = {}
-    for field, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0),
-                             ("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0)):
-        value = _number(data, field, low, high)
-        if value is not None:
-            out[field] = value
+def _sampling(data: schema.Sampling) -> dict[str, Any]:
+    """The sampling fields given (absent or null ones left out), past the schema's ranges."""
+    out: dict[str, Any] = {field: float(value) for field in ("temperature", "top_p", "presence_penalty",
+                                                             "frequency_penalty")
+                           if (value := getattr(data, field)) is not None}
     if out.get("top_p") == 0.0:
         raise errors.InvalidArgument("top_p", "must be greater than 0")
-    top_k = _integer(data, "top_k", 0, 1 << 20)
-    if top_k is not None:
-        out["top_k"] = top_k
-    seed = _integer(data, "seed", -(1 << 63), (1 << 64) - 1)
-    if seed is not None:
-        out["seed"] = seed % (1 << 64)
-    stop = data.get("stop")
-    if stop is not None:
-        items = [stop] if isinstance(stop, str) else stop
-        if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-            raise errors.InvalidArgument("stop", "must be a string or a list of strings", "invalid_type")
-        if len(items) > MAX_STOP:
-            raise errors.InvalidArgument("stop", f"at most {MAX_STOP} strings")
-        for i, s in enumerate(items):
-            if not s or len(s.encode()) > MAX_STOP_BYTES:
-                raise errors.InvalidArgument(f"stop[{i}]", f"must be 1 to {MAX_STOP_BYTES} bytes")
+    if data.top_k is not None:
+        out["top_k"] = max(0, data.top_k)  # -1 (vLLM's "no limit") is the wire's 0
+    if data.seed is not None:
+        if not SEED_RANGE[0] <= data.seed <= SEED_RANGE[1]:
+            raise errors.InvalidArgument("seed", f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}")
+        out["seed"] = data.seed % (1 << 64)
+    if data.stop is not None:
+        items = [data.stop] if isinstance(data.stop, str) else data.stop
+        for i, text in enumerate(items):
+            if not text or len(text.encode()) > MAX_STOP_BYTES:
+                raise errors.InvalidArgument(f"stop[{i}]" if isinstance(data.stop, list) else "stop",
+                                             f"must be 1 to {MAX_STOP_BYTES} bytes")
         if items:
             out["stop"] = tuple(items)
     return out
 
 
-def _common(data: Mapping[str, Any], known: frozenset[str], max_tokens_field: str = "max_tokens") -> dict[str, Any]:
-    for field in data:
-        if field not in known:
-            raise errors.InvalidArgument(str(field)[:64], "unknown field", "unknown_parameter")
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise errors.InvalidArgument("model", "required, a string", "invalid_value" if not model else "invalid_type")
-    max_tokens = _integer(data, max_tokens_field, 1, 1 << 31)
-    if max_tokens is None and max_tokens_field != "max_tokens":
-        max_tokens = _integer(data, "max_tokens", 1, 1 << 31)
-    stream = data.get("stream", False)
-    if stream is not None and not isinstance(stream, bool):
-        raise errors.InvalidArgument("stream", "must be a boolean", "invalid_type")
-    n = data.get("n")
-    if n is not None and n != 1:
-        raise errors.InvalidArgument("n", "only 1 is supported")
-    options = data.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict):
-            raise errors.InvalidArgument("stream_options", "must be an object", "invalid_type")
-        flag = options.get("include_usage", False)
-        if not isinstance(flag, bool):
-            raise errors.InvalidArgument("stream_options.include_usage", "must be a boolean", "invalid_type")
-        include_usage = flag
-    user = data.get("user")
-    if user is not None and not isinstance(user, str):
-        raise errors.InvalidArgument("user", "must be a string", "invalid_type")
-    return {"model": model, "max_tokens": max_tokens or DEFAULT_MAX_TOKENS, "stream": bool(stream),
-            "include_usage": include_usage, "sampling": _sampling(data)}
-
-
-def _absent(data: Mapping[str, Any], *fields: str) -> None:
-    """Fields Ferry does not implement: absent, null, false (or ``best_of`` 1) only."""
-    for field in fields:
-        value = data.get(field)
-        if value is not None and value is not False and not (field == "best_of" and value == 1):
-            raise errors.InvalidArgument(field, "not supported")
+def _common(data: schema.Sampling, max_tokens: int | None, prompts: int) -> dict[str, Any]:
+    n = data.n or 1
+    if n * max(1, prompts) > MAX_CHOICES:
+        raise errors.InvalidArgument("n" if prompts <= 1 else "prompt",
+                                     f"{n} choices of {max(1, prompts)} prompts: at most {MAX_CHOICES} in all")
+    options = data.stream_options
+    return {"model": data.model, "max_tokens": max_tokens, "stream": bool(data.stream),
+            "include_usage": bool(options is not None and options.include_usage), "n": n,
+            "sampling": _sampling(data), "ignored": tuple(schema.extras(data))}
 
 
 def parse_completion(body: bytes) -> Parsed:
-    """A ``/v1/completions`` body: ``prompt`` one string (or a list of one); raises InvalidArgument naming the field."""
-    data = _object(body)
-    common = _common(data, COMPLETION_FIELDS)
-    _absent(data, "echo", "logprobs", "best_of")
-    if data.get("suffix") is not None:
-        raise errors.InvalidArgument("suffix", "not supported")
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise errors.InvalidArgument("prompt", "required, a string (or a list of one string)",
-                                     "invalid_value" if prompt is None else "invalid_type")
-    return Parsed(prompt=prompt, **common)
+    """A ``/v1/completions`` body: ``prompt`` a string, a list of them, token ids, or lists of token ids.
+
+    Raises InvalidArgument naming the field (typed by :data:`dataplane.api.schema.COMPLETION`)."""
+    data: schema.CompletionRequest = _read(schema.COMPLETION, body)
+    _refuse_unserved(data, data.model)
+    prompt = data.prompt
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+    if isinstance(prompt, str):
+        prompts = (prompt,)
+    elif prompt and isinstance(prompt[0], int):
+        prompts = (tuple(item for item in prompt if isinstance(item, int)),)
+    else:
+        prompts = tuple(item if isinstance(item, str) else tuple(item) for item in prompt
+                        if isinstance(item, str | list))
+    if not prompts:
+        raise errors.InvalidArgument("prompt", "must not be an empty list")
+    return Parsed(prompts=prompts, echo=bool(data.echo), **_common(data, data.max_tokens, len(prompts)))
 
 
-def _content(value: Any, field: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):  # content parts: text only
-        texts: list[str] = []
-        for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise errors.InvalidArgument(f"{field}[{i}]", "only parts of type 'text' with a string 'text'")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise errors.InvalidArgument(field, "must be a string or a list of text parts", "invalid_type")
+def _content(value: str | list[Any] | None, field: str, model: str) -> str:
+    if value is None or isinstance(value, str):
+        return value or ""
+    texts: list[str] = []
+    for i, part in enumerate(value):
+        if not isinstance(part, schema.TextPart):
+            raise errors.InvalidArgument(f"{field}[{i}]", f"model {model!r} takes text only, not {part.type}",
+                                         "unsupported_parameter")
+        texts.append(part.text)
+    return "".join(texts)
 
 
 def parse_chat(body: bytes) -> Parsed:
-    """A ``/v1/chat/completions`` body: ``messages`` of role and content; raises InvalidArgument naming the field."""
-    data = _object(body)
-    common = _common(data, CHAT_FIELDS, "max_completion_tokens")
-    _absent(data, "logprobs")
-    messages = data.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise errors.InvalidArgument("messages", "required, a non-empty list",
-                                     "invalid_value" if messages in (None, []) else "invalid_type")
-    if len(messages) > MAX_MESSAGES:
-        raise errors.InvalidArgument("messages", f"at most {MAX_MESSAGES} messages")
-    out: list[Mapping[str, str]] = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise errors.InvalidArgument(f"messages[{i}]", "must be an object", "invalid_type")
-        role = message.get("role")
-        if role not in ROLES:
-            raise errors.InvalidArgument(f"messages[{i}].role", f"must be one of {', '.join(sorted(ROLES))}")
-        out.append({"role": role, "content": _content(message.get("content"), f"messages[{i}].content")})
-    return Parsed(messages=tuple(out), **common)
+    """A ``/v1/chat/completions`` body (typed by :data:`dataplane.api.schema.CHAT`); raises InvalidArgument naming
+    the field. Each message goes to the chat template with its role and text content (and its ``name``,
+    ``tool_calls`` and ``tool_call_id`` when given, which templates may read)."""
+    data: schema.ChatRequest = _read(schema.CHAT, body)
+    _refuse_unserved(data, data.model)
+    out: list[Mapping[str, Any]] = []
+    for i, message in enumerate(data.messages):
+        rendered: dict[str, Any] = {"role": message.role,
+                                    "content": _content(message.content, f"messages[{i}].content", data.model)}
+        for key in ("name", "tool_call_id"):
+            if (value := getattr(message, key)) is not None:
+                rendered[key] = value
+        if message.tool_calls:
+            rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+        out.append(rendered)
+    max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
+    return Parsed(messages=tuple(out), **_common(data, max_tokens, 0))
 
 
 def to_request(parsed: Parsed, prompt: str, *, tier: str, idempotency_key: str) -> inference_pb2.InferRequest:
     """The ``InferRequest`` both fronts validate and route; ``tier`` "" means the tenant's default (standard)."""
     if tier and tier not in TIERS:
         raise errors.InvalidArgument("x-ferry-tier", f"unknown tier {tier[:32]!r} (use {', '.join(TIERS)})")
-    request = inference_pb2.InferRequest(model=parsed.model, prompt=prompt, max_tokens=min(parsed.max_tokens, 1 << 31),
+    max_tokens = 0 if parsed.max_tokens is None else min(parsed.max_tokens, (1 << 31) - 1)  # 0: up to the context
+    request = inference_pb2.InferRequest(model=parsed.model, prompt=prompt, max_tokens=max_tokens,
                                          tier=TIERS.get(tier, common_pb2.TIER_UNSPECIFIED),
                                          idempotency_key=idempotency_key)
     for field, value in parsed.sampling.items():
@@ -266,60 +291,68 @@ def timeout_of(headers: Mapping[str, str], default: float) -> float:
     return seconds
 
 
-def usage(summary: inference_pb2.InferResponse) -> dict[str, Any]:
-    """OpenAI's ``usage`` object, with the cached prompt tokens under ``prompt_tokens_details``."""
-    return {"prompt_tokens": summary.prompt_tokens, "completion_tokens": summary.completion_tokens,
-            "total_tokens": summary.prompt_tokens + summary.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": summary.cached_prompt_tokens}}
+def usage(summaries: Sequence[inference_pb2.InferResponse], n: int = 1) -> dict[str, Any]:
+    """OpenAI's ``usage`` object of one or more answers, with the cached prompt tokens under
+    ``prompt_tokens_details``; ``n`` answers in a row share one prompt, counted once (as OpenAI counts ``n``)."""
+    prompts = summaries[::max(1, n)]
+    prompt = sum(s.prompt_tokens for s in prompts)
+    completion = sum(s.completion_tokens for s in summaries)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(s.cached_prompt_tokens for s in prompts)}}
 
 
 def _id(prefix: str, summary: inference_pb2.InferResponse, request_id: str) -> str:
     return f"{prefix}-{summary.request_id or request_id}"
 
 
-def completion(summary: inference_pb2.InferResponse, model: str, created: int) -> dict[str, Any]:
-    """The ``text_completion`` object of a unary answer."""
-    return {"id": _id("cmpl", summary, ""), "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": summary.text, "logprobs": None,
-                         "finish_reason": summary.finish_reason or "stop"}],
-            "usage": usage(summary)}
+def completion(summaries: Sequence[inference_pb2.InferResponse], model: str, created: int, *, n: int = 1,
+               echo: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``text_completion`` object of a unary answer: one choice per summary (``echo``: each prompt first)."""
+    return {"id": _id("cmpl", summaries[0], ""), "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": i, "text": (echo[i] if echo else "") + s.text, "logprobs": None,
+                         "finish_reason": s.finish_reason or "stop"} for i, s in enumerate(summaries)],
+            "usage": usage(summaries, n)}
 
 
-def chat(summary: inference_pb2.InferResponse, model: str, created: int) -> dict[str, Any]:
-    """The ``chat.completion`` object of a unary answer."""
-    return {"id": _id("chatcmpl", summary, ""), "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": summary.text},
-                         "logprobs": None, "finish_reason": summary.finish_reason or "stop"}],
-            "usage": usage(summary)}
+def chat(summaries: Sequence[inference_pb2.InferResponse], model: str, created: int, *,
+         n: int = 1) -> dict[str, Any]:
+    """The ``chat.completion`` object of a unary answer: one choice per summary."""
+    return {"id": _id("chatcmpl", summaries[0], ""), "object": "chat.completion", "created": created,
+            "model": model,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
+                         "finish_reason": s.finish_reason or "stop"} for i, s in enumerate(summaries)],
+            "usage": usage(summaries, n)}
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, *,
-                     summary: inference_pb2.InferResponse | None = None) -> dict[str, Any]:
-    """One ``text_completion`` stream chunk; the last one (``summary`` given) has the finish reason."""
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+                     summary: inference_pb2.InferResponse | None = None, index: int = 0) -> dict[str, Any]:
+    """One ``text_completion`` stream chunk of choice ``index``; its last one (``summary`` given) has the finish
+    reason."""
+    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
                               "finish_reason": (summary.finish_reason or "stop") if summary is not None else None}
     return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
             "choices": [choice]}
 
 
 def chat_chunk(request_id: str, model: str, created: int, text: str | None, *,
-               summary: inference_pb2.InferResponse | None = None) -> dict[str, Any]:
-    """One ``chat.completion.chunk``: ``text`` None is the first (the role); ``summary`` marks the last."""
+               summary: inference_pb2.InferResponse | None = None, index: int = 0) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of choice ``index``: ``text`` None is the first (the role); ``summary`` marks
+    the last."""
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else (
         {"content": text} if summary is None else {})
-    choice = {"index": 0, "delta": delta, "logprobs": None,
+    choice = {"index": index, "delta": delta, "logprobs": None,
               "finish_reason": (summary.finish_reason or "stop") if summary is not None else None}
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
             "model": model, "choices": [choice]}
 
 
-def usage_chunk(request_id: str, model: str, created: int, summary: inference_pb2.InferResponse, *,
-                chat: bool) -> dict[str, Any]:
+def usage_chunk(request_id: str, model: str, created: int, summaries: Sequence[inference_pb2.InferResponse], *,
+                chat: bool, n: int = 1) -> dict[str, Any]:
     """The chunk ``stream_options.include_usage`` asks for, after the last: empty ``choices`` and the ``usage``
     (as OpenAI sends it; without ``include_usage`` a stream carries no usage at all)."""
     prefix, kind = ("chatcmpl", "chat.completion.chunk") if chat else ("cmpl", "text_completion")
     return {"id": f"{prefix}-{request_id}", "object": kind, "created": created, "model": model, "choices": [],
-            "usage": usage(summary)}
+            "usage": usage(summaries, n)}
 
 
 def model_object(name: str, created: int) -> dict[str, Any]:

@@ -104,7 +104,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """The public Inference API of one proxy."""
 
     def __init__(self, router: Router, metrics: ProxyMetrics, *, region: str, clock: Callable[[], float],
-                 unread_timeout: float = 30.0, retry_after: float = 1.0) -> None:
+                 unread_timeout: float = 30.0, retry_after: float = 1.0, strict_fields: bool = False) -> None:
+        self._strict_fields = strict_fields  # [proxy] http_strict_fields: a field OpenAI does not define is a 400
         self._unread_timeout = unread_timeout  # a stream's chunk not written in this long ends it (StreamUnread)
         self._retry_after = retry_after
         self._router = router
@@ -241,6 +242,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if state.trace is not None:  # every request is counted once, whatever its front door: its trace ends here
             self._router.finish_trace(state, status)
         return elapsed
+
+    def ignored(self, fields: Sequence[str]) -> None:
+        """Fields of an OpenAI body that OpenAI does not define (both HTTP paths): each counted in
+        ``ferry_proxy_ignored_fields_total{field}`` (the first 64 names, then ``_other``), or, with
+        ``http_strict_fields``, the first refused (InvalidArgument naming it, ``unknown_parameter``)."""
+        if fields and self._strict_fields:
+            raise InvalidArgument(fields[0][:64], "not a field of OpenAI's API (the proxy's http_strict_fields)",
+                                  "unknown_parameter")
+        for field in fields:
+            self._metrics.ignored_fields.labels(self._metrics.ignored_field(field[:64])).inc()
 
     def succeed(self, state: RequestState, *, streamed: bool = False) -> None:
         """Count a request that succeeded (both fronts): its time to first token, its tokens, and for a stream

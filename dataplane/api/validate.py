@@ -7,7 +7,8 @@ Pure functions, no I/O. Checks, in field order, each raising
 - ``version``: at most ``max_version_bytes``, no control characters;
 - ``tier``: a known ``Tier`` value (``TIER_UNSPECIFIED`` means standard);
 - ``prompt``: required, at most ``max_prompt_bytes``;
-- ``max_tokens``: 1 .. ``max_tokens``;
+- ``max_tokens``: 1 .. ``max_tokens``, or 0: not given, as many as the model's context leaves
+  (at most ``max_tokens`` and the model's ``max_output_tokens``), set by :meth:`Router.begin` once the pool is known;
 - ``prefix_key``: at most ``max_prefix_key_bytes``;
 - ``idempotency_key``: at most ``max_idempotency_key_bytes``;
 - sampling (each optional): ``temperature`` 0..2, ``top_p`` (0, 1], ``top_k``,
@@ -108,8 +109,8 @@ def validate_request(request: inference_pb2.InferRequest, limits: Limits,
         known = "TIER_INTERACTIVE, TIER_STANDARD, TIER_BATCH"
         raise InvalidArgument("tier", f"unknown tier value {request.tier} (use {known})")
     prompt = _bounded(request.prompt, "prompt", limits.max_prompt_bytes, required=True)
-    if request.max_tokens < 1:
-        raise InvalidArgument("max_tokens", f"required, 1 to {limits.max_tokens}")
+    if request.max_tokens < 0:
+        raise InvalidArgument("max_tokens", f"0 (up to the model's context) or 1 to {limits.max_tokens}")
     if request.max_tokens > limits.max_tokens:
         raise InvalidArgument("max_tokens", f"over the limit of {limits.max_tokens}")
     _bounded(request.prefix_key, "prefix_key", limits.max_prefix_key_bytes)

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from dataplane.api import openai
+from dataplane.api import openai, schema
 from dataplane.api.chat import ChatTemplates
 from ferry import errors
 from ferry.config import TenantConfig
@@ -44,6 +44,7 @@ OPENAI = "openai"
 KSERVE = "kserve"
 MODELS = "models"  # GET /v1/models and /v1/models/{id}: answered by the picker from its table
 HEALTH = "health"  # GET /health: the picker's readiness
+OPENAPI = "openapi"  # GET /openapi.json: the API's document (dataplane.api.schema), no key asked
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -68,11 +69,14 @@ class Routed:
     wire: str
     request: inference_pb2.InferRequest
     stream: bool
+    ignored: tuple[str, ...] = ()  # body fields OpenAI does not define (counted, or refused when strict)
 
 
 def wire_of(method: str, path: str) -> str:
     """The wire of a request from its method and path (query string ignored); raises :class:`Unrouted`."""
     route = path.split("?", 1)[0]
+    if method == "GET" and route == schema.OPENAPI_PATH:
+        return OPENAPI
     if method == "GET" and (route == "/health" or route == openai.MODELS_PATH
                             or route.startswith(openai.MODELS_PATH + "/")):
         return HEALTH if route == "/health" else MODELS
@@ -91,10 +95,14 @@ def openai_request(path: str, body: bytes, headers: Mapping[str, str], tenant: T
     """A completion or chat body as the HTTP front door reads it; raises InvalidArgument naming the field."""
     chat = path.split("?", 1)[0] == CHAT
     parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
-    prompt = templates.render(parsed.model, parsed.messages) if chat else parsed.prompt
+    if chat:
+        prompt = templates.render(parsed.model, parsed.messages)
+    else:  # the first prompt routes the request (the replica answers every one); token ids, as words
+        first = parsed.prompts[0]
+        prompt = first if isinstance(first, str) else " ".join(map(str, first))
     request = openai.to_request(parsed, prompt, tier=openai.tier_of(headers, tenant),
                                 idempotency_key=headers.get("idempotency-key", ""))
-    return Routed(OPENAI, request, parsed.stream)
+    return Routed(OPENAI, request, parsed.stream, parsed.ignored)
 
 
 def _element(raw: bytes, field: str) -> bytes:

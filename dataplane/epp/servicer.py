@@ -64,7 +64,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from prometheus_client import CollectorRegistry
 
-from dataplane.api import openai
+from dataplane.api import openai, schema
 from dataplane.api.auth import Authenticator
 from dataplane.api.chat import ChatTemplates
 from dataplane.api.service import REQUEST_ID, InferenceServicer
@@ -197,6 +197,9 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         state, headers = flow.state, flow.headers
         try:
             flow.wire = bodies.wire_of(headers.get(":method", ""), headers.get(":path", ""))
+            if flow.wire == bodies.OPENAPI:
+                yield protocol.immediate(200, schema.openapi(), request_id=state.request_id)
+                return
             if flow.wire == bodies.HEALTH:
                 serving = self._serving()
                 yield protocol.immediate(200 if serving else 503, {"status": "SERVING" if serving else "NOT_SERVING"},
@@ -214,6 +217,7 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             routed = (bodies.openai_request(headers.get(":path", ""), body, headers, tenant, self._templates)
                       if flow.wire == bodies.OPENAI else bodies.kserve_request(body, headers))
             flow.stream = routed.stream
+            self._requests.ignored(routed.ignored)
             await self._router.encode(state, metadata, routed.request)  # a large prompt's tokens, off the loop
             flow.begun = True
             state.untouched = True  # the replica reads the body itself, sampling parameters included

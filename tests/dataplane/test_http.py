@@ -106,7 +106,7 @@ async def test_stream_is_server_sent_events_with_usage_only_when_asked(rig, path
     ({"model": "m", "prompt": "x", "temperature": "hot"}, {}, 400, "temperature"),
     ({"model": "m", "prompt": "x", "max_tokens": 0}, {}, 400, "max_tokens"),
     ({"model": "m", "prompt": "x", "max_tokens": 10**6}, {}, 400, "max_tokens"),
-    ({"model": "m", "prompt": "x", "logit_bias": {}}, {}, 400, "logit_bias"),
+    ({"model": "m", "prompt": "x", "logit_bias": {"50256": -100}}, {}, 400, "logit_bias"),
     ({"model": "m"}, {}, 400, "prompt"),
     (b"{not json", {}, 400, "body"),
     (b"\xff\xfe", {}, 400, "body"),

@@ -35,7 +35,6 @@ BAD = [
     ("prompt-missing", {"prompt": ""}, "prompt", "required"),
     ("prompt-over-limit", {"prompt": "x" * 17}, "prompt", "longer than 16"),
     ("prompt-multibyte-over-limit", {"prompt": "é" * 9}, "prompt", "longer than 16"),
-    ("max-tokens-missing", {"max_tokens": 0}, "max_tokens", "required"),
     ("max-tokens-over-limit", {"max_tokens": 101}, "max_tokens", "over the limit of 100"),
     ("prefix-key-over-limit", {"prefix_key": "p" * 7}, "prefix_key", "longer than 6"),
     ("idempotency-key-over-limit", {"idempotency_key": "k" * 6}, "idempotency_key", "longer than 5"),
@@ -58,6 +57,7 @@ GOOD = [
     ("limits-inclusive", {"model": "m" * 8, "version": "v123", "prompt": "é" * 8, "max_tokens": 100,
                           "prefix_key": "p" * 6, "idempotency_key": "k" * 5}, {"max_tokens": 100}),
     ("max-tokens-one", {"max_tokens": 1}, {"max_tokens": 1}),
+    ("max-tokens-unset", {"max_tokens": 0}, {"max_tokens": 0}),  # filled by Router.begin from the context
     ("prompt-kept-as-bytes", {"prompt": "a b  c"}, {"prompt": b"a b  c", "prompt_tokens": 3}),
 ]
 

@@ -1,0 +1,189 @@
+"""The HTTP front door as OpenAI's clients use it: defaults, n and prompt lists, echo, token ids, the typed schema.
+
+In process: the rig's fake control plane and replicas, aiohttp's client over loopback (tests.dataplane.test_http).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from dataplane.api import openai, schema
+from ferry.errors import InvalidArgument
+from ferry.tokens import Tokenizers
+from tests.dataplane.fakes import Behaviour, parse
+from tests.dataplane.test_http import AUTH, front, post
+from tests.test_tokens_hf import make_tokenizer
+
+pytestmark = pytest.mark.timeout(20)
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi there"}]}
+
+
+async def events(base: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as s, s.post(base + path, headers=AUTH, json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        lines = [line.decode().strip() async for line in resp.content if line.strip()]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+
+
+async def test_without_max_tokens_the_answer_may_fill_the_context(rig) -> None:
+    # OpenAI's default: no cap but the context (the fake replicas take 4,096 tokens), not 16
+    r, base = await front(rig, {"r1": Behaviour()})
+    status, body, _ = await post(base, "/v1/chat/completions", CHAT)
+    assert status == 200, body
+    prompt, max_tokens, _ = parse(r.replicas["r1"].requests[0])
+    assert max_tokens == 4096 - len(prompt.split())
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "a b c"})
+    assert status == 200 and parse(r.replicas["r1"].requests[1])[1] == 4096 - 3
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "w " * 4096})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and body["error"]["param"] == "prompt"
+
+
+async def test_n_fans_out_as_n_requests_to_one_replica(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour(), "r2": Behaviour()})
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, "n": 3, "max_tokens": 4})
+    assert status == 200, body
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["message"]["content"] for c in body["choices"])
+    served = r.served()
+    assert sorted(served.values()) == [0, 3]  # the same prefix: one replica's cache
+    each = body["choices"]
+    assert body["usage"]["completion_tokens"] == 3 * (body["usage"]["completion_tokens"] // 3) and len(each) == 3
+    requests = [req for replica in r.replicas.values() for req in replica.requests]
+    assert len({req.id for req in requests}) == 3  # each choice its own request id
+
+
+async def test_a_list_of_prompts_answers_each_in_order_and_echo_repeats_them(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": ["one", "two two"], "n": 2,
+                                                           "max_tokens": 2, "echo": True})
+    assert status == 200, body
+    texts = [c["text"] for c in body["choices"]]
+    assert len(texts) == 4 and [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert texts[0].startswith("one") and texts[1].startswith("one") and texts[2].startswith("two two")
+    assert body["usage"]["prompt_tokens"] == 1 + 2  # each prompt counted once, whatever n
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_n_streams_every_choice_tagged_with_its_index(rig, path: str) -> None:
+    _, base = await front(rig, {"r1": Behaviour(chunks=3)})
+    body: dict[str, Any] = {"model": "m", "n": 2, "max_tokens": 3, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    body |= CHAT if "chat" in path else {"prompt": "p", "echo": True}
+    chunks = await events(base, path, body)
+    usage = chunks[-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
+    by_index: dict[int, list[dict[str, Any]]] = {}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        by_index.setdefault(choice["index"], []).append(choice)
+    assert sorted(by_index) == [0, 1]
+    for choices in by_index.values():
+        assert choices[-1]["finish_reason"] in ("stop", "length")
+        assert all(c["finish_reason"] is None for c in choices[:-1])
+        if "chat" in path:
+            assert choices[0]["delta"]["role"] == "assistant"
+        else:
+            assert choices[0]["text"] == "p"  # echo: the prompt first
+
+
+async def test_token_id_prompts_are_read_by_the_models_tokenizer(rig, tmp_path: Path) -> None:
+    tokenizers = Tokenizers.load([("m", str(make_tokenizer(tmp_path / "tokenizer.json")))])
+    r, base = await front(rig, {"r1": Behaviour()}, tokenizers=tokenizers)
+    ids = tokenizers.get("m").ids("hello, world!")
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": ids, "max_tokens": 2})
+    assert status == 200, body
+    assert parse(r.replicas["r1"].requests[0])[0] == tokenizers.get("m").decode(ids)
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": [ids, ids], "max_tokens": 2})
+    assert status == 200 and len(body["choices"]) == 2
+
+
+async def test_token_ids_without_a_tokenizer_file_are_refused_naming_the_model(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": [1, 2, 3]})
+    assert status == 400 and body["error"]["param"] == "prompt" and "'m'" in body["error"]["message"]
+    assert body["error"]["code"] == "unsupported_parameter"
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content[0]"),
+])
+async def test_a_field_openai_defines_that_the_model_cannot_serve_is_400_naming_it(rig, extra: dict[str, Any],
+                                                                                   param: str) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, **extra})
+    assert status == 400, body
+    error = body["error"]
+    assert error["param"] == param and error["code"] == "unsupported_parameter" and "'m'" in error["message"]
+    assert "unknown" not in error["message"]
+
+
+@pytest.mark.parametrize("extra", [{"logprobs": False}, {"tool_choice": "none"}, {"response_format": {"type": "text"}},
+                                   {"parallel_tool_calls": True, "store": False, "metadata": {"a": "b"}}])
+async def test_fields_openai_defines_at_their_off_values_are_served(rig, extra: dict[str, Any]) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, "max_tokens": 2, **extra})
+    assert status == 200, body
+
+
+async def test_fields_openai_does_not_define_are_counted_or_refused_when_strict(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour()})
+    status, _, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 1,
+                                                        "my_field": 1})
+    assert status == 200
+    counted = r.proxy.metrics.registry.get_sample_value("ferry_proxy_ignored_fields_total", {"field": "my_field"})
+    assert counted == 1.0
+    _, base = await front(rig, {"r1": Behaviour()}, settings={"http_strict_fields": True})
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "x", "my_field": 1})
+    assert status == 400 and body["error"]["param"] == "my_field" and body["error"]["code"] == "unknown_parameter"
+
+
+async def test_the_openapi_document_is_served_without_a_key(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour()})
+    async with aiohttp.ClientSession() as s, s.get(base + "/openapi.json") as resp:
+        document = await resp.json()
+    assert resp.status == 200 and document["openapi"].startswith("3.1")
+    assert set(document["paths"]) >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model}"}
+    request = document["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
+    assert request["schema"]["$ref"].endswith("/ChatRequest")
+    assert "tools" in document["components"]["schemas"]["ChatRequest"]["properties"]
+
+
+@pytest.mark.parametrize(("body", "field", "code"), [
+    ({"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": 3}]},
+     "messages[1].content", "invalid_type"),
+    ({"model": "m", "messages": [{"role": "robot", "content": "a"}]}, "messages[0].role", "invalid_value"),
+    ({"model": "m", "messages": []}, "messages", "invalid_value"),
+    ({"model": "m", "messages": [{"role": "user", "content": "a"}], "n": 17}, "n", "invalid_value"),
+    ({"model": "m", "messages": [{"role": "user", "content": "a"}], "temperature": True}, "temperature",
+     "invalid_type"),
+    ({"model": "m", "messages": [{"role": "user", "content": "a"}], "stop": ["a", "b", "c", "d", "e"]}, "stop",
+     "invalid_value"),
+    ({"messages": [{"role": "user", "content": "a"}]}, "model", "invalid_value"),
+])
+def test_the_schema_names_the_field_and_openais_code(body: dict[str, Any], field: str, code: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        openai.parse_chat(json.dumps(body).encode())
+    assert refused.value.field == field and refused.value.code == code, refused.value
+
+
+def test_a_body_that_is_not_an_object_or_not_json_names_body() -> None:
+    for raw in (b"[1]", b"{not json", b"\xff\xfe", b"1"):
+        with pytest.raises(InvalidArgument) as refused:
+            openai.parse_completion(raw)
+        assert refused.value.field == "body"
+
+
+def test_the_document_declares_every_field_the_parser_reads() -> None:
+    properties = schema.openapi()["components"]["schemas"]["CompletionRequest"]["properties"]
+    assert {"prompt", "n", "echo", "logprobs", "stream_options", "max_tokens", "seed", "stop"} <= set(properties)

@@ -550,9 +550,40 @@ def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None, p
     }
 
 
+STATS_LISTENER, ADMIN_CLUSTER, STATS_PATH = "stats", "envoy_admin", "/stats/prometheus"
+
+
+def _stats(stats_listen: str, admin_port: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The listener (and the admin cluster behind it) that serves Envoy's Prometheus stats on ``stats_listen``
+    (``host:port``) while the admin interface itself stays on loopback: ``GET /stats/prometheus`` only, every
+    other path 404. None for "" (off)."""
+    if not stats_listen:
+        return [], []
+    if not admin_port:
+        raise ValueError("a stats listener needs a fixed admin port (its cluster names it)")
+    manager = {
+        "@type": _TYPE + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": STATS_LISTENER, "codec_type": "AUTO",
+        "route_config": {"name": STATS_LISTENER, "virtual_hosts": [{
+            "name": STATS_LISTENER, "domains": ["*"], "routes": [
+                {"match": {"path": STATS_PATH, "headers": [{"name": ":method", "string_match": {"exact": "GET"}}]},
+                 "route": {"cluster": ADMIN_CLUSTER, "timeout": "5s"}},
+                {"match": {"prefix": "/"}, "direct_response": {"status": 404}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": _TYPE + "extensions.filters.http.router.v3.Router"}}],
+    }
+    listener = {"name": STATS_LISTENER, "address": _socket_address(stats_listen), "filter_chains": [
+        {"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}]}]}
+    cluster = {"name": ADMIN_CLUSTER, "type": "STATIC", "connect_timeout": "1s", "load_assignment": {
+        "cluster_name": ADMIN_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _socket_address(f"127.0.0.1:{admin_port}")}}]}]}}
+    return [listener], [cluster]
+
+
 def render_bootstrap(settings: EnvoySettings, *, listen_port: int, admin_port: int, pickers: Sequence[str],
                      endpoints_path: str | None = None, tls: TlsFiles | None = None,
-                     picker_tls: TlsFiles | None = None, listen_host: str = "127.0.0.1") -> dict[str, Any]:
+                     picker_tls: TlsFiles | None = None, listen_host: str = "127.0.0.1",
+                     stats_listen: str = "") -> dict[str, Any]:
     """Envoy's v3 bootstrap (a dict; write it as JSON) for Ferry's data plane.
 
     ``listen_port``: the HTTP listener on 127.0.0.1 (HTTP/1.1 and h2c, or TLS
@@ -564,16 +595,19 @@ def render_bootstrap(settings: EnvoySettings, *, listen_port: int, admin_port: i
     Envoy watches its directory. ``tls``: cert/key files, None (default) for plain text.
     ``picker_tls``: Envoy's certificate and the CA for mutual TLS to the pickers (None: plain text).
     ``listen_host``: the listener's address (127.0.0.1; a pod's ``0.0.0.0``). The admin stays on loopback.
+    ``stats_listen``: ``host:port`` of a listener serving only ``GET /stats/prometheus`` (for a scraper off the
+    host; "" none; needs a fixed ``admin_port``).
     """
     if not pickers:
         raise ValueError("at least one picker address is needed")
+    stats_listeners, stats_clusters = _stats(stats_listen, admin_port)
     return {
         "node": {"id": "ferry-envoy", "cluster": "ferry"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "static_resources": {
-            "listeners": [_listener(settings, listen_port, tls, pickers, listen_host)],
+            "listeners": [_listener(settings, listen_port, tls, pickers, listen_host), *stats_listeners],
             "clusters": [_picker_cluster(settings, pickers, picker_tls),
                          *_report_clusters(settings, pickers, picker_tls), _replica_cluster(settings, endpoints_path),
-                         _replica_cluster(settings, endpoints_path, kserve=True)],
+                         _replica_cluster(settings, endpoints_path, kserve=True), *stats_clusters],
         },
     }

@@ -74,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ferry envoy", description="Run Envoy as Ferry's data plane.")
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port of the HTTP listener (default %(default)s)")
     p.add_argument("--admin-listen", default="127.0.0.1:0", help="host:port of Envoy's admin (default %(default)s)")
+    p.add_argument("--stats-listen", default="",
+                   help="host:port serving only Envoy's GET /stats/prometheus, for a scraper off the host "
+                        "(needs a fixed --admin-listen port; default: none)")
     p.add_argument("--pickers", required=True, help="HOST:PORT[,HOST:PORT...] of the endpoint pickers")
     p.add_argument("--control-plane", default="", help="HOST:PORT[,HOST:PORT...] of the control planes")
     p.add_argument("--region", default="local", help="the region whose table lists the replicas (default local)")
@@ -92,6 +95,17 @@ def _port(flag: str, value: str, *, loopback: bool = False) -> int:
         where = "127.0.0.1" if loopback else "HOST"
         raise ConfigError(flag, f"address {value!r}: expected {where}:PORT (port 0 for any)")
     return int(port)
+
+
+def _stats_listen(args: argparse.Namespace) -> str:
+    """``--stats-listen``, checked: a ``HOST:PORT`` with a port, beside a fixed ``--admin-listen`` port."""
+    if not args.stats_listen:
+        return ""
+    if not _port("--stats-listen", args.stats_listen):
+        raise ConfigError("--stats-listen", "needs a port (not 0)")
+    if not _port("--admin-listen", args.admin_listen, loopback=True):
+        raise ConfigError("--stats-listen", "needs a fixed --admin-listen port (the stats are the admin's)")
+    return str(args.stats_listen)
 
 
 async def serve(args: argparse.Namespace, settings: EnvoySettings, pickers: Iterable[str],
@@ -124,7 +138,8 @@ async def serve(args: argparse.Namespace, settings: EnvoySettings, pickers: Iter
         envoy = await start_envoy(settings, work_dir=workdir, pickers=list(pickers), tls=listener,
                                   picker_tls=listener, listen_host=args.listen.rpartition(":")[0],
                                   listen_port=_port("--listen", args.listen),
-                                  admin_port=_port("--admin-listen", args.admin_listen, loopback=True))
+                                  admin_port=_port("--admin-listen", args.admin_listen, loopback=True),
+                                  stats_listen=_stats_listen(args))
         if holder.table is not None:
             on_table(holder.table)
         exited = asyncio.ensure_future(envoy.process.wait())

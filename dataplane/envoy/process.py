@@ -138,14 +138,14 @@ def _admin_port_from(path: Path) -> int:
 
 def _write_files(settings: EnvoySettings, directory: Path, *, pickers: Sequence[str], replicas: Sequence[str],
                  listen_port: int, admin_port: int, tls: TlsFiles | None, picker_tls: TlsFiles | None = None,
-                 listen_host: str = "127.0.0.1") -> dict[str, Any]:
+                 listen_host: str = "127.0.0.1", stats_listen: str = "") -> dict[str, Any]:
     """Write ``endpoints.json`` and ``envoy.json`` into ``directory`` (made if missing); return the bootstrap."""
     directory.mkdir(parents=True, exist_ok=True)
     endpoints_path = directory / "endpoints.json"
     write_endpoints(endpoints_path, replicas)
     config = render_bootstrap(settings, listen_port=listen_port, admin_port=admin_port, pickers=pickers,
                               endpoints_path=str(endpoints_path.resolve()), tls=tls, picker_tls=picker_tls,
-                              listen_host=listen_host)
+                              listen_host=listen_host, stats_listen=stats_listen)
     (directory / "envoy.json").write_text(json.dumps(config, indent=1))
     (directory / "admin_address").unlink(missing_ok=True)
     return config
@@ -180,7 +180,7 @@ async def _listener_port(envoy: EnvoyProcess) -> int:
 async def start_envoy(settings: EnvoySettings, *, work_dir: str | os.PathLike[str], pickers: Sequence[str],
                       replicas: Sequence[str] = (), listen_port: int | None = None, admin_port: int | None = None,
                       tls: TlsFiles | None = None, picker_tls: TlsFiles | None = None,
-                      listen_host: str = "127.0.0.1", ready_timeout: float = 15.0,
+                      listen_host: str = "127.0.0.1", stats_listen: str = "", ready_timeout: float = 15.0,
                       stdout: int | None = None, stderr: int | None = None) -> EnvoyProcess:
     """Write the bootstrap and endpoint files into ``work_dir``, start Envoy and wait until it is ready.
 
@@ -190,14 +190,15 @@ async def start_envoy(settings: EnvoySettings, *, work_dir: str | os.PathLike[st
     default ``settings.port`` / ``settings.admin_port``; 0 lets the kernel
     choose (the chosen ports are in the result). ``tls``: the listener's
     cert/key (None: plain text); ``picker_tls``: mutual TLS to the pickers; ``listen_host``: the
-    listener's address (127.0.0.1). ``ready_timeout`` seconds (15) to get ready,
+    listener's address (127.0.0.1); ``stats_listen``: ``host:port`` serving only Envoy's
+    ``/stats/prometheus`` ("" none). ``ready_timeout`` seconds (15) to get ready,
     else EnvoyError (Envoy stopped). ``stdout`` / ``stderr``: as for
     :func:`asyncio.create_subprocess_exec` (None: inherited; the access log
     goes to stdout unless ``settings.access_log`` is a path).
     """
     directory = Path(work_dir)
     config = _write_files(settings, directory, pickers=pickers, replicas=replicas, tls=tls, picker_tls=picker_tls,
-                          listen_host=listen_host,
+                          listen_host=listen_host, stats_listen=stats_listen,
                           listen_port=settings.port if listen_port is None else listen_port,
                           admin_port=settings.admin_port if admin_port is None else admin_port)
     config_path, endpoints_path = directory / "envoy.json", directory / "endpoints.json"

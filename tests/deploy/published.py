@@ -7,23 +7,17 @@ header names the repository, tag, commit and path it was read from).
 returns its errors, each naming the kind, the object and the field's path;
 :func:`all_errors` checks a whole render, the core kinds with
 ``kubernetes-validate``.
-
-:func:`kustomize` renders a Kustomize directory with the real ``kubectl
-kustomize`` (Kustomize 5.5 in kubectl 1.32); a test module calls
-:func:`require_kubectl` first, which skips it where the binary is absent.
+Rendering is :func:`tests.deploy.kube.render` (the real ``kubectl kustomize``).
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
-import pytest
 import yaml
 
 SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"
@@ -34,8 +28,8 @@ SCHEMAS = {
     "ServiceMonitor": "servicemonitor.yaml",
     "PodMonitor": "podmonitor.yaml",
     "PrometheusRule": "prometheusrule.yaml",
+    "ScaledObject": "keda-scaledobject.yaml",
 }
-RENDER_TIMEOUT_SECONDS = 60
 
 
 @cache
@@ -66,16 +60,3 @@ def all_errors(objects: list[dict[str, Any]], version: str) -> list[str]:
         except kubernetes_validate.ValidationError as exc:
             found.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message}")
     return found
-
-
-def require_kubectl() -> None:
-    """Skip the calling test where ``kubectl`` is not on PATH."""
-    if shutil.which("kubectl") is None:
-        pytest.skip("kubectl is not on PATH: these tests render with `kubectl kustomize`")
-
-
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """Every object ``kubectl kustomize DIRECTORY`` renders; CalledProcessError (with kubectl's stderr) on failure."""
-    out = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True,
-                         timeout=RENDER_TIMEOUT_SECONDS)
-    return [o for o in yaml.safe_load_all(out.stdout) if o]

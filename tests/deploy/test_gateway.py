@@ -24,7 +24,7 @@ import pytest
 
 from dataplane import main as proxy_main
 from dataplane.epp.servicer import LIVENESS, READINESS
-from tests.deploy import published
+from tests.deploy import kube, published
 from tests.deploy.conftest import find
 
 OVERLAY = "overlays/inference-gateway"
@@ -35,8 +35,7 @@ GATEWAY_POD_LABEL = "gateway.networking.k8s.io/gateway-name"  # set by Istio on 
 
 @pytest.fixture(scope="module")
 def objects(kube_dir: Path) -> list[dict[str, Any]]:
-    published.require_kubectl()
-    return published.kustomize(kube_dir / OVERLAY)
+    return kube.render(kube_dir / OVERLAY)
 
 
 def flag(container: dict[str, Any], name: str) -> str | None:

@@ -322,7 +322,11 @@ def test_the_envoy_pods_admit_their_public_port_and_nothing_reaches_the_pickers(
                  for p in rule["ports"]}
     assert open_ports == {8080}
     metrics = {int(flag(c, "metrics-listen").rpartition(":")[2]) for c in pod["containers"] if c["name"] in PICKERS}
-    assert monitored == metrics
+    envoy = next(c for c in pod["containers"] if c["name"] == "envoy")
+    stats = int(flag(envoy, "stats-listen").rpartition(":")[2])  # Envoy's /stats/prometheus, admin on loopback
+    assert flag(envoy, "admin-listen").startswith("127.0.0.1:")
+    assert {p["name"]: p["containerPort"] for p in envoy["ports"]}["metrics-envoy"] == stats
+    assert monitored == metrics | {stats}
     pickers = {int(flag(c, "listen").rpartition(":")[2]) for c in pod["containers"] if c["name"] in PICKERS}
     assert not pickers & (open_ports | monitored)
 

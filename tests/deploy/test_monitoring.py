@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from dataplane import workers
-from tests.deploy import published
+from tests.deploy import kube, published
 from tests.deploy.conftest import KUBE, find
 from tools import deploysync
 
@@ -49,10 +49,9 @@ def with_component(kube_dir: Path, overlay: str) -> Path:
 @pytest.fixture(scope="module")
 def renders(kube_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Each overlay with the component, the inference-gateway overlay (which has it) and single-region without it."""
-    published.require_kubectl()
-    out = {o: published.kustomize(with_component(kube_dir, o)) for o in OVERLAYS}
-    out["overlays/inference-gateway"] = published.kustomize(kube_dir / "overlays/inference-gateway")
-    out["without"] = published.kustomize(kube_dir / OVERLAYS[0])
+    out = {o: kube.render(with_component(kube_dir, o)) for o in OVERLAYS}
+    out["overlays/inference-gateway"] = kube.render(kube_dir / "overlays/inference-gateway")
+    out["without"] = kube.render(kube_dir / OVERLAYS[0])
     return out
 
 

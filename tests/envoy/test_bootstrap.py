@@ -455,9 +455,10 @@ async def replicas() -> AsyncIterator[list[Replica]]:
 async def running_envoy(tmp_path: Path, pickers: list[str], replicas: list[str], tls: TlsFiles | None = None,
                         **overrides: Any) -> AsyncIterator[EnvoyProcess]:
     """A real Envoy with a rendered bootstrap (ports chosen by the kernel), stopped on the way out."""
+    admin_port, stats_listen = overrides.pop("admin_port", 0), overrides.pop("stats_listen", "")
     settings = EnvoySettings(concurrency=1, access_log="", **overrides)
     envoy = await start_envoy(settings, work_dir=tmp_path / "envoy", pickers=pickers, replicas=replicas,
-                              listen_port=0, admin_port=0, tls=tls)
+                              listen_port=0, admin_port=admin_port, tls=tls, stats_listen=stats_listen)
     try:
         yield envoy
     finally:
@@ -626,6 +627,35 @@ async def test_a_stopped_picker_is_skipped(tmp_path: Path, replicas: list[Replic
         # The ext_proc stream is opened again on the live picker (grpc_service.retry_policy): measured 0.
         assert failures <= 2
         assert second.requests >= 20
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(30)
+async def test_the_stats_listener_serves_only_the_prometheus_stats(tmp_path: Path, replicas: list[Replica],
+                                                                   client: aiohttp.ClientSession) -> None:
+    # a scraper off the host reaches Envoy's stats; the admin (drain, config dump) stays on loopback
+    stats = f"127.0.0.1:{_free_port()}"
+    with pytest.raises(ValueError, match="fixed admin port"):
+        render_bootstrap(EnvoySettings(), listen_port=0, admin_port=0, pickers=PICKERS, stats_listen=stats,
+                         endpoints_path=str(tmp_path / "e.json"))
+    async with serve_picker(StubPicker(replicas[0].address)) as (address, _server), \
+            running_envoy(tmp_path, [address], [replicas[0].address], admin_port=_free_port(),
+                          stats_listen=stats) as envoy:
+        await _get(client, _url(envoy))
+        async with client.get(f"http://{stats}/stats/prometheus") as answer:
+            text = await answer.text()
+            assert answer.status == 200 and "envoy_cluster_upstream_rq_total" in text
+        for path in ("/config_dump", "/drain_listeners", "/stats"):
+            async with client.get(f"http://{stats}{path}") as refused:
+                assert refused.status == 404
+        async with client.post(f"http://{stats}/stats/prometheus") as posted:
+            assert posted.status == 404
 
 
 @pytest.mark.e2e

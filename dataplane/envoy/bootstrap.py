@@ -70,6 +70,8 @@ health-checked over gRPC every second and ejected after 2 failures in a row.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -126,6 +128,9 @@ class TlsFiles:
     cert_path: str
     key_path: str
     ca_path: str = ""
+    # where this pair's SDS files are (render_secrets; written by dataplane.envoy.process): Envoy then follows the
+    # files, a renewed pair taken without a restart; "": the files are read once, at start
+    secrets_dir: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -367,13 +372,58 @@ def _ext_proc_filter(settings: EnvoySettings) -> dict[str, Any]:
     }}
 
 
+SECRET_TYPE = _TYPE + "extensions.transport_sockets.tls.v3.Secret"
+
+
+def _secret_names(tls: TlsFiles) -> tuple[str, str]:
+    """The SDS names of a pair's certificate and CA (a digest of their paths: two pairs never share one)."""
+    digest = hashlib.sha256(f"{tls.cert_path}\0{tls.key_path}\0{tls.ca_path}".encode()).hexdigest()[:12]
+    return f"ferry_cert_{digest}", f"ferry_ca_{digest}"
+
+
+def _sds(directory: str, name: str) -> dict[str, Any]:
+    return {"name": name, "sds_config": {"resource_api_version": "V3",
+                                         "path_config_source": {"path": f"{directory}/{name}.json"}}}
+
+
+def _identity(tls: TlsFiles, *, ca: bool) -> dict[str, Any]:
+    """The certificate (and, with ``ca``, the CA) of a ``common_tls_context``.
+
+    With ``tls.secrets_dir``: from SDS files (:func:`render_secrets`) whose secrets carry a ``watched_directory``:
+    Envoy reads the pair again when a file is moved into its directory, as the kubelet's atomic swap of a mounted
+    Secret (cert-manager's renewal) does, and checks the pair before it replaces the old one; new connections
+    then present the renewed certificate, connections open finish on the old. Without: the files, once."""
+    names = _secret_names(tls)
+    out: dict[str, Any]
+    if tls.secrets_dir:
+        out = {"tls_certificate_sds_secret_configs": [_sds(tls.secrets_dir, names[0])]}
+        if ca and tls.ca_path:
+            out["validation_context_sds_secret_config"] = _sds(tls.secrets_dir, names[1])
+        return out
+    out = {"tls_certificates": [{"certificate_chain": {"filename": tls.cert_path},
+                                 "private_key": {"filename": tls.key_path}}]}
+    if ca and tls.ca_path:
+        out["validation_context"] = {"trusted_ca": {"filename": tls.ca_path}}
+    return out
+
+
+def render_secrets(tls: TlsFiles) -> dict[str, dict[str, Any]]:
+    """The SDS files of a pair (file name -> content, to write into ``tls.secrets_dir``): its certificate and,
+    with a CA, its validation context, each watching the directory its files are in."""
+    cert, ca = _secret_names(tls)
+    out = {f"{cert}.json": {"resources": [{"@type": SECRET_TYPE, "name": cert, "tls_certificate": {
+        "certificate_chain": {"filename": tls.cert_path}, "private_key": {"filename": tls.key_path},
+        "watched_directory": {"path": os.path.dirname(os.path.abspath(tls.cert_path))}}}]}}
+    if tls.ca_path:
+        out[f"{ca}.json"] = {"resources": [{"@type": SECRET_TYPE, "name": ca, "validation_context": {
+            "trusted_ca": {"filename": tls.ca_path},
+            "watched_directory": {"path": os.path.dirname(os.path.abspath(tls.ca_path))}}}]}
+    return out
+
+
 def _upstream_tls(tls: TlsFiles) -> dict[str, Any]:
     """Mutual TLS towards a cluster: Envoy's certificate, and the CA that signs the other side's."""
-    common: dict[str, Any] = {"tls_certificates": [{"certificate_chain": {"filename": tls.cert_path},
-                                                    "private_key": {"filename": tls.key_path}}],
-                              "alpn_protocols": ["h2"]}
-    if tls.ca_path:
-        common["validation_context"] = {"trusted_ca": {"filename": tls.ca_path}}
+    common: dict[str, Any] = {**_identity(tls, ca=True), "alpn_protocols": ["h2"]}
     return {"name": "envoy.transport_sockets.tls", "typed_config": {
         "@type": _TYPE + "extensions.transport_sockets.tls.v3.UpstreamTlsContext", "common_tls_context": common}}
 
@@ -534,11 +584,7 @@ def _listener(settings: EnvoySettings, listen_port: int, tls: TlsFiles | None, p
     if tls is not None:
         chain["transport_socket"] = {"name": "envoy.transport_sockets.tls", "typed_config": {
             "@type": _TYPE + "extensions.transport_sockets.tls.v3.DownstreamTlsContext",
-            "common_tls_context": {
-                "alpn_protocols": ["h2", "http/1.1"],
-                "tls_certificates": [{"certificate_chain": {"filename": tls.cert_path},
-                                      "private_key": {"filename": tls.key_path}}],
-            }}}
+            "common_tls_context": {"alpn_protocols": ["h2", "http/1.1"], **_identity(tls, ca=False)}}}
     return {
         "name": "ferry",
         "address": {"socket_address": {"address": listen_host, "port_value": listen_port}},

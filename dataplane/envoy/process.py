@@ -35,6 +35,7 @@ from dataplane.envoy.bootstrap import (
     kserve_endpoints_path,
     render_bootstrap,
     render_endpoints,
+    render_secrets,
 )
 
 
@@ -70,10 +71,15 @@ def write_endpoints(path: str | os.PathLike[str], addresses: Sequence[str]) -> N
     file is moved there; a file written in place may be read half-written.
     """
     for target, cluster in ((Path(path), None), (Path(kserve_endpoints_path(str(path))), KSERVE_CLUSTER)):
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         rendered = render_endpoints(addresses) if cluster is None else render_endpoints(addresses, cluster=cluster)
-        temporary.write_text(json.dumps(rendered))
-        os.replace(temporary, target)
+        _replace(target, json.dumps(rendered))
+
+
+def _replace(target: Path, text: str) -> None:
+    """Write ``text`` to ``target`` atomically: a temporary file beside it, moved into place."""
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, target)
 
 
 @dataclasses.dataclass
@@ -141,6 +147,14 @@ def _write_files(settings: EnvoySettings, directory: Path, *, pickers: Sequence[
                  listen_host: str = "127.0.0.1", stats_listen: str = "") -> dict[str, Any]:
     """Write ``endpoints.json`` and ``envoy.json`` into ``directory`` (made if missing); return the bootstrap."""
     directory.mkdir(parents=True, exist_ok=True)
+    secrets = directory / "secrets"  # SDS files: Envoy follows the certificate files (a renewal needs no restart)
+    tls, picker_tls = (None if t is None else dataclasses.replace(t, secrets_dir=str(secrets.resolve()))
+                       for t in (tls, picker_tls))
+    for pair in (tls, picker_tls):
+        if pair is not None:
+            secrets.mkdir(exist_ok=True)
+            for name, content in render_secrets(pair).items():
+                _replace(secrets / name, json.dumps(content))
     endpoints_path = directory / "endpoints.json"
     write_endpoints(endpoints_path, replicas)
     config = render_bootstrap(settings, listen_port=listen_port, admin_port=admin_port, pickers=pickers,

@@ -54,6 +54,7 @@ from dataplane.envoy.process import EnvoyProcess, envoy_binary, start_envoy, wri
 from dataplane.epp.protocol import ANSWER_NAMESPACE
 from ferry import tlsgen
 from ferry.errors import ConfigError
+from tests.security.test_client_reload import SecretMount
 
 PICKERS = ["127.0.0.1:9001", "127.0.0.1:9002"]
 
@@ -656,6 +657,48 @@ async def test_the_stats_listener_serves_only_the_prometheus_stats(tmp_path: Pat
                 assert refused.status == 404
         async with client.post(f"http://{stats}/stats/prometheus") as posted:
             assert posted.status == 404
+
+
+def _serial_served(port: int, ca: Path) -> str:
+    """The serial number (hex) of the certificate Envoy's TLS listener presents now, checked against ``ca``."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return str(tls.getpeercert()["serialNumber"]).upper()
+
+
+def _serial_of(pem: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-noout", "-serial", "-in", str(pem)], capture_output=True, text=True,
+                         check=True, timeout=10).stdout
+    return out.strip().partition("=")[2].upper()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(60)
+async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path: Path, replicas: list[Replica]) -> None:
+    # cert-manager renews the Secret, the kubelet swaps the mounted files: Envoy's next handshake presents the
+    # renewed certificate (SDS files watching the directory), with no restart
+    pki = tmp_path / "pki"
+    tlsgen.generate(pki, ("envoy",))
+    mount = SecretMount(tmp_path / "secret")
+    mount.write_files(pki, "envoy")
+    _, cert, key = mount.paths
+    async with serve_picker(StubPicker(replicas[0].address)) as (address, _server), \
+            running_envoy(tmp_path / "run", [address], [replicas[0].address],
+                          tls=TlsFiles(cert_path=str(cert), key_path=str(key))) as envoy:
+        first = await asyncio.to_thread(_serial_served, envoy.listen_port, pki / "ca.pem")
+        assert first == _serial_of(pki / "envoy.pem")
+        pid = envoy.process.pid
+        tlsgen.issue(pki, "envoy")  # same CA and name, a new key and serial
+        mount.write_files(pki, "envoy")
+        renewed = _serial_of(pki / "envoy.pem")
+        assert renewed != first
+        deadline = time.monotonic() + 15
+        served = first
+        while served != renewed and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            served = await asyncio.to_thread(_serial_served, envoy.listen_port, pki / "ca.pem")
+        assert served == renewed and envoy.process.pid == pid and envoy.process.returncode is None
 
 
 @pytest.mark.e2e

@@ -136,7 +136,8 @@ class Proxy:
                                           strict_fields=self.settings.http.http_strict_fields)
         self.templates = ChatTemplates(  # raises ConfigError naming a model whose template does not load
             {m.name: load_template(m.chat_template, f"models.{m.name}.chat_template") for m in models},
-            max_bytes=self.limits.max_prompt_bytes)
+            max_bytes=self.limits.max_prompt_bytes,
+            tool_parsers={m.name: m.tool_parser for m in models})
         self.http: HttpFront | None = None
         self.picker: PickerServicer | None = None  # the endpoint picker, when start(picker=True)
         self.http_port = 0

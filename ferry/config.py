@@ -110,6 +110,18 @@ class ModelConfig:
     # model's context); 0: [limits] max_tokens. The operator may lower it; a request's own max_tokens is not capped
     # by it (only by [limits] max_tokens and the context).
     max_output_tokens: int = 0
+    # The format the model writes tool calls in (dataplane.api.tools): "hermes" (<tool_call>{json}</tool_call>,
+    # which the default chat template offers tools for), or "none": it takes no tools (a request with some: 400).
+    tool_parser: str = "hermes"
+
+    def __post_init__(self) -> None:
+        if self.max_output_tokens < 0:
+            raise ConfigError(f"models.{self.name}.max_output_tokens", "must be >= 0 (0: no cap of its own)")
+        if self.tool_parser not in TOOL_PARSERS:
+            raise ConfigError(f"models.{self.name}.tool_parser", f"must be one of {', '.join(TOOL_PARSERS)}")
+
+
+TOOL_PARSERS = ("hermes", "none")  # dataplane.api.tools.PARSERS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

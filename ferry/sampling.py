@@ -26,7 +26,8 @@ from collections.abc import Collection, Mapping, Sequence
 SamplingValue = float | int | tuple[str, ...]
 Tensor = tuple[str, str, tuple[int, ...], bytes]  # (input name, datatype, shape, raw contents)
 
-PARAMETERS = ("temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty")
+PARAMETERS = ("temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty",
+              "guided_json")
 TENSORS: Mapping[str, tuple[str, str]] = {
     "temperature": ("temperature", "FP32"),
     "top_p": ("top_p", "FP32"),
@@ -35,7 +36,9 @@ TENSORS: Mapping[str, tuple[str, str]] = {
     "seed": ("random_seed", "UINT64"),
     "presence_penalty": ("presence_penalty", "FP32"),
     "frequency_penalty": ("frequency_penalty", "FP32"),
+    "guided_json": ("guided_json", "BYTES"),  # a JSON Schema the answer matches (structured output)
 }
+TENSOR_ONLY = frozenset({"guided_json"})  # not carried by the sampling_parameters JSON (vLLM has no such field)
 BY_TENSOR = {tensor: name for name, (tensor, _) in TENSORS.items()}
 JSON_INPUT = "sampling_parameters"
 MAX_INPUTS = 64  # input names kept per replica (a model declares a handful)
@@ -46,9 +49,10 @@ _PACK = {"FP32": struct.Struct("<f"), "INT32": struct.Struct("<i"), "UINT64": st
 
 def accepted(inputs: Collection[str]) -> frozenset[str]:
     """The sampling parameters a model with these declared inputs accepts."""
+    declared = frozenset(name for name, (tensor, _) in TENSORS.items() if tensor in inputs)
     if JSON_INPUT in inputs:
-        return frozenset(PARAMETERS)
-    return frozenset(name for name, (tensor, _) in TENSORS.items() if tensor in inputs)
+        return declared | (frozenset(PARAMETERS) - TENSOR_ONLY)
+    return declared
 
 
 def bounded(inputs: Sequence[str]) -> tuple[str, ...]:

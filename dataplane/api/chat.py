@@ -11,9 +11,11 @@ Hugging Face ``tokenizer_config.json`` whose ``chat_template`` key is used
 
 Templates render in :class:`jinja2.sandbox.ImmutableSandboxedEnvironment`
 (no attribute access to internals, no mutation of the messages) with the
-variables Hugging Face templates expect: ``messages``, ``add_generation_prompt``
+variables Hugging Face templates expect: ``messages``, ``tools`` (the offered
+tools, :mod:`dataplane.api.tools`; none: undefined-falsy), ``add_generation_prompt``
 (true), ``bos_token`` and ``eos_token`` (from the tokenizer config, else ""),
-and ``raise_exception(message)``. The output is generated piece by piece and
+and ``raise_exception(message)``. The default layout renders tools in the
+``hermes`` way (docs/CONTRACTS.md, Tool calls). The output is generated piece by piece and
 refused (InvalidArgument ``messages``) once it passes ``max_bytes``, so a
 template looping over a large input cannot exhaust memory; a template that
 fails to render is refused naming ``messages`` with the template's message.
@@ -31,10 +33,41 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ferry.errors import ConfigError, InvalidArgument
 
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+TOOLS_FORMAT = (
+    "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>"
+)
 DEFAULT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    # the offered tools, in the system turn (after the caller's system message, when the first is one)
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}{{ tools_preamble }}"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{{ tools_format }}<|im_end|>\n{% endif %}"
+    # each message; a tool's result as a <tool_response>, an assistant's calls as <tool_call> blocks
+    "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% elif message['role'] == 'assistant' and message['tool_call_texts'] %}<|im_start|>assistant\n"
+    "{{ message['content'] }}{% for call in message['tool_call_texts'] %}<tool_call>\n{{ call }}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def call_text(call: Mapping[str, Any]) -> str:
+    """An earlier assistant call as the model wrote it: ``{"name": ..., "arguments": {...}}``."""
+    function = call.get("function", {})
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        arguments = function.get("arguments")
+    return json.dumps({"name": function.get("name", ""), "arguments": arguments}, ensure_ascii=False)
 
 
 class TemplateError(Exception):
@@ -77,10 +110,12 @@ def load_template(source: str, where: str) -> tuple[str, str, str]:
 class ChatTemplates:
     """Each model's compiled chat template; :meth:`render` turns messages into a prompt of at most ``max_bytes``."""
 
-    def __init__(self, templates: Mapping[str, tuple[str, str, str]], *, max_bytes: int) -> None:
+    def __init__(self, templates: Mapping[str, tuple[str, str, str]], *, max_bytes: int,
+                 tool_parsers: Mapping[str, str] | None = None) -> None:
         self._env = ImmutableSandboxedEnvironment(trim_blocks=False, lstrip_blocks=False, autoescape=False)
-        self._env.globals["raise_exception"] = _raise
+        self._env.globals.update(raise_exception=_raise, tools_preamble=TOOLS_PREAMBLE, tools_format=TOOLS_FORMAT)
         self._max_bytes = max_bytes
+        self._parsers = dict(tool_parsers or {})  # model -> tool_parser ([[models]]; absent: hermes)
         self._compiled: dict[str, tuple[jinja2.Template, str, str]] = {}
         for model, (source, bos, eos) in templates.items():
             try:
@@ -89,11 +124,20 @@ class ChatTemplates:
                 raise ConfigError(f"models.{model}.chat_template", f"line {exc.lineno}: {exc.message}") from None
         self._default = (self._env.from_string(DEFAULT_TEMPLATE), "", "")
 
-    def render(self, model: str, messages: Sequence[Mapping[str, str]]) -> str:
-        """The prompt of ``messages`` for ``model``; raises InvalidArgument naming ``messages``."""
+    def tool_parser(self, model: str) -> str:
+        """The format ``model`` writes tool calls in (:mod:`dataplane.api.tools`): ``hermes`` or ``none``."""
+        return self._parsers.get(model, "hermes")
+
+    def render(self, model: str, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]] = ()) -> str:
+        """The prompt of ``messages`` (and the ``tools`` offered) for ``model``; raises InvalidArgument naming
+        ``messages``. Each message also carries ``tool_call_texts``: its ``tool_calls`` as the model wrote them."""
         template, bos, eos = self._compiled.get(model, self._default)
-        context: dict[str, Any] = {"messages": [dict(m) for m in messages], "add_generation_prompt": True,
-                                   "bos_token": bos, "eos_token": eos}
+        context: dict[str, Any] = {
+            "messages": [{**m, "tool_call_texts": [call_text(c) for c in m.get("tool_calls") or ()]}
+                         for m in messages],
+            "tools": [dict(t) for t in tools] or None, "add_generation_prompt": True, "bos_token": bos,
+            "eos_token": eos}
         pieces: list[str] = []
         size = 0
         try:

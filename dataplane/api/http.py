@@ -52,18 +52,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import ssl
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from dataplane.api import openai, schema
+from dataplane.api import tools as tooling
 from dataplane.api.auth import Authenticator
 from dataplane.api.chat import ChatTemplates
 from dataplane.api.idempotency import body_digest
@@ -258,7 +260,13 @@ class HttpFront:
         parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
         self._servicer.ignored(parsed.ignored)
         if chat:
-            texts = [self._templates.render(parsed.model, parsed.messages)]
+            offered = tooling.offered(parsed.tools, parsed.tool_choice, model=parsed.model,
+                                      parser=self._templates.tool_parser(parsed.model))
+            texts = [self._templates.render(parsed.model, parsed.messages, offered)]
+            if offered:  # the answers' calls are parsed out (dataplane.api.tools)
+                parsed = dataclasses.replace(parsed, tools=tuple(offered))
+            else:
+                parsed = dataclasses.replace(parsed, tools=())
         else:
             texts = [self._text(parsed.model, prompt, len(parsed.prompts) > 1, i)
                      for i, prompt in enumerate(parsed.prompts)]
@@ -314,7 +322,8 @@ class HttpFront:
                 summaries = await _all(self._answer(one) for one in states)
             for one in states:
                 self._servicer.succeed(one)
-            body = openai.chat(summaries, parsed.model, created, n=parsed.n) if chat else openai.completion(
+            body = openai.chat(summaries, parsed.model, created, n=parsed.n,
+                               tools=bool(parsed.tools)) if chat else openai.completion(
                 summaries, parsed.model, created, n=parsed.n, echo=echo)
             return web.Response(body=_dumps(body), content_type=JSON, headers=headers)
         except FerryError as error:
@@ -355,11 +364,29 @@ class HttpFront:
         firsts: list[float | None] = [None] * len(states)
         summaries: list[inference_pb2.InferResponse | None] = [None] * len(states)
 
-        def chunk(index: int, text: str | None, summary: inference_pb2.InferResponse | None = None) -> bytes:
-            body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary, index=index) if chat
+        calls = [tooling.Stream() for _ in states] if chat and parsed.tools else []  # offered: parse the calls
+
+        def chunk(index: int, text: str | None, summary: inference_pb2.InferResponse | None = None,
+                  found: Sequence[tuple[int, tooling.Call]] = ()) -> bytes:
+            finish = "tool_calls" if calls and summary is not None and calls[index].calls else ""
+            body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary, index=index, calls=found,
+                                      finish=finish) if chat
                     else openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary,
                                                  index=index))
             return b"data: " + _dumps(body) + b"\n\n"
+
+        async def piece(index: int, text: str) -> None:
+            """One piece of choice ``index``: as it is, or through its tool-call parser."""
+            assert response is not None
+            if not calls:
+                await self._write(response, chunk(index, text))
+                return
+            released, found = calls[index].feed(text)
+            if released:
+                await self._write(response, chunk(index, released))
+            if found:
+                first = calls[index].calls - len(found)
+                await self._write(response, chunk(index, "", found=list(enumerate(found, first))))
 
         async def opened() -> web.StreamResponse:
             out = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream",
@@ -373,6 +400,9 @@ class HttpFront:
             return out
 
         async def ended(index: int) -> None:
+            if calls and (rest := calls[index].end()):  # an unclosed call: text after all
+                assert response is not None
+                await self._write(response, chunk(index, rest))
             state = states[index]
             state.outcome.ttft_seconds = firsts[index] or self._clock() - state.started
             self._servicer.succeed(state, streamed=firsts[index] is not None)
@@ -390,7 +420,7 @@ class HttpFront:
                         continue
                     if firsts[index] is None:
                         firsts[index] = self._clock() - states[index].started
-                    await self._write(response, chunk(index, text))
+                    await piece(index, text)
         except _ChoiceFailed as failure:  # after output (continuation failed): one error event, then the end
             if response is None:
                 raise failure.error from None

@@ -24,6 +24,7 @@ requests, at most :data:`MAX_CHOICES`); ``echo`` is served by the front door.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import urllib.parse
 from collections.abc import Collection, Mapping, Sequence
@@ -33,6 +34,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dataplane.admission.coldstart import WarmingUp
 from dataplane.api import schema
+from dataplane.api import tools as tooling
 from dataplane.guard.hooks import Refused
 from ferry import errors
 from ferry.config import TenantConfig
@@ -47,12 +49,12 @@ SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 # model when given (a value other than the "off" one), never silently dropped
 NOT_SERVED = {"logprobs": "log probabilities", "top_logprobs": "log probabilities",
               "logit_bias": "logit bias", "suffix": "a suffix (fill in the middle)", "best_of": "best_of",
-              "tools": "tools", "tool_choice": "tools", "functions": "tools", "function_call": "tools",
+              "functions": "functions (deprecated: use tools)", "function_call": "functions (deprecated: use tools)",
               "audio": "audio output"}
 OFF: dict[str, Any] = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "best_of": (None, 1),
                        "tool_choice": (None, "none"), "function_call": (None, "none"),
                        "logit_bias": (None, {}), "tools": (None, []), "functions": (None, [])}
-TEXT_FORMATS = (None, "text")  # response_format types every model serves
+JSON_OBJECT = '{"type": "object"}'  # the schema of response_format json_object
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class Parsed:
     n: int = 1
     echo: bool = False
     ignored: tuple[str, ...] = ()
+    tools: tuple[Mapping[str, Any], ...] = ()  # chat: the tools offered (dataplane.api.tools)
+    tool_choice: str | Mapping[str, Any] | None = None
 
     @property
     def prompt(self) -> str:
@@ -144,12 +148,6 @@ def _refuse_unserved(data: schema.Sampling, model: str) -> None:
             continue
         raise errors.InvalidArgument(field, f"model {model!r} does not serve {NOT_SERVED[field]} through this API",
                                      "unsupported_parameter")
-    if "response_format" in given:
-        response_format = getattr(data, "response_format", None)
-        if response_format is not None and response_format.type not in TEXT_FORMATS:
-            raise errors.InvalidArgument("response_format", f"model {model!r} does not serve structured output "
-                                                            f"({response_format.type}) through this API",
-                                         "unsupported_parameter")
     if "modalities" in given:
         modalities = getattr(data, "modalities", None)
         if modalities and set(modalities) != {"text"}:
@@ -169,6 +167,13 @@ def _sampling(data: schema.Sampling) -> dict[str, Any]:
         if not SEED_RANGE[0] <= data.seed <= SEED_RANGE[1]:
             raise errors.InvalidArgument("seed", f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}")
         out["seed"] = data.seed % (1 << 64)
+    response_format = getattr(data, "response_format", None)
+    if response_format is not None and response_format.type != "text":  # structured output: the model's guide
+        spec = response_format.json_schema
+        if response_format.type == "json_schema" and (spec is None or spec.schema_ is None):
+            raise errors.InvalidArgument("response_format.json_schema.schema", "required with type json_schema")
+        out["guided_json"] = (JSON_OBJECT if response_format.type == "json_object" or spec is None
+                              else json.dumps(spec.schema_, separators=(",", ":")))
     if data.stop is not None:
         items = [data.stop] if isinstance(data.stop, str) else data.stop
         for i, text in enumerate(items):
@@ -240,7 +245,10 @@ def parse_chat(body: bytes) -> Parsed:
             rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
         out.append(rendered)
     max_tokens = data.max_completion_tokens if data.max_completion_tokens is not None else data.max_tokens
-    return Parsed(messages=tuple(out), **_common(data, max_tokens, 0))
+    choice = data.tool_choice.model_dump() if isinstance(data.tool_choice, schema.Body) else data.tool_choice
+    return Parsed(messages=tuple(out), tools=tuple(tool.model_dump(by_alias=True, exclude_none=True)
+                                                   for tool in data.tools or ()),
+                  tool_choice=choice, **_common(data, max_tokens, 0))
 
 
 def to_request(parsed: Parsed, prompt: str, *, tier: str, idempotency_key: str) -> inference_pb2.InferRequest:
@@ -315,13 +323,21 @@ def completion(summaries: Sequence[inference_pb2.InferResponse], model: str, cre
 
 
 def chat(summaries: Sequence[inference_pb2.InferResponse], model: str, created: int, *,
-         n: int = 1) -> dict[str, Any]:
-    """The ``chat.completion`` object of a unary answer: one choice per summary."""
+         n: int = 1, tools: bool = False) -> dict[str, Any]:
+    """The ``chat.completion`` object of a unary answer: one choice per summary; with ``tools`` offered, the calls
+    in each answer parsed out (:func:`dataplane.api.tools.parse`) into ``message.tool_calls``."""
+    choices = []
+    for i, s in enumerate(summaries):
+        message: dict[str, Any] = {"role": "assistant", "content": s.text}
+        finish = s.finish_reason or "stop"
+        if tools:
+            content, calls = tooling.parse(s.text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": [c.openai() for c in calls]}
+                finish = "tool_calls"
+        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish})
     return {"id": _id("chatcmpl", summaries[0], ""), "object": "chat.completion", "created": created,
-            "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": s.text}, "logprobs": None,
-                         "finish_reason": s.finish_reason or "stop"} for i, s in enumerate(summaries)],
-            "usage": usage(summaries, n)}
+            "model": model, "choices": choices, "usage": usage(summaries, n)}
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, *,
@@ -335,13 +351,17 @@ def completion_chunk(request_id: str, model: str, created: int, text: str, *,
 
 
 def chat_chunk(request_id: str, model: str, created: int, text: str | None, *,
-               summary: inference_pb2.InferResponse | None = None, index: int = 0) -> dict[str, Any]:
-    """One ``chat.completion.chunk`` of choice ``index``: ``text`` None is the first (the role); ``summary`` marks
-    the last."""
+               summary: inference_pb2.InferResponse | None = None, index: int = 0,
+               calls: Sequence[tuple[int, tooling.Call]] = (), finish: str = "") -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of choice ``index``: ``text`` None is the first (the role); ``calls``
+    (``(index among the choice's calls, call)``) a delta of tool calls; ``summary`` marks the last (``finish``:
+    its reason, else the summary's)."""
     delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else (
         {"content": text} if summary is None else {})
+    if calls:
+        delta = {"tool_calls": [call.openai(k) for k, call in calls]}
     choice = {"index": index, "delta": delta, "logprobs": None,
-              "finish_reason": (summary.finish_reason or "stop") if summary is not None else None}
+              "finish_reason": (finish or summary.finish_reason or "stop") if summary is not None else None}
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
             "model": model, "choices": [choice]}
 
@@ -408,10 +428,13 @@ def error_body(message: str, kind: str, *, param: str | None = None, code: str |
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+HTTP_FIELDS = {"guided_json": "response_format"}  # the InferRequest field an HTTP body sets through another
+
+
 def error_of(error: errors.FerryError) -> tuple[int, dict[str, Any], float | None]:
     """The status, body and retry-after (seconds, or None) of a Ferry error."""
     status, kind, code = http_status(error)
-    param = error.field if isinstance(error, errors.InvalidArgument) else (
+    param = HTTP_FIELDS.get(error.field, error.field) if isinstance(error, errors.InvalidArgument) else (
         error.kind if isinstance(error, errors.NotFound) else None)
     retry = getattr(error, "retry_after", None) if isinstance(error, errors.Overloaded | WarmingUp) else None
     return status, error_body(str(error), kind, param=param, code=code), retry

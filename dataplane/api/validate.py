@@ -41,6 +41,7 @@ other fields are short.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Collection
 
@@ -157,6 +158,9 @@ def _sampling(request: inference_pb2.InferRequest) -> tuple[tuple[str, sampling.
             continue
         if not request.HasField(name):
             continue
+        if name == "guided_json":
+            out.append((name, (_guide(request.guided_json),)))
+            continue
         value = getattr(request, name)
         if name in _RANGES:
             low, high = _RANGES[name]
@@ -166,6 +170,22 @@ def _sampling(request: inference_pb2.InferRequest) -> tuple[tuple[str, sampling.
             value = round(value, 6)  # the wire's float32 back to the decimal the caller wrote (0.7, not 0.69999…)
         out.append((name, value))
     return tuple(out)
+
+
+MAX_GUIDE_BYTES = 64 * 1024
+
+
+def _guide(text: str) -> str:
+    """A ``guided_json`` schema: a JSON object of at most :data:`MAX_GUIDE_BYTES`."""
+    if len(text.encode()) > MAX_GUIDE_BYTES:
+        raise InvalidArgument("guided_json", f"longer than {MAX_GUIDE_BYTES} bytes")
+    try:
+        schema = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InvalidArgument("guided_json", "not valid JSON") from None
+    if not isinstance(schema, dict):
+        raise InvalidArgument("guided_json", "must be a JSON Schema object", "invalid_type")
+    return text
 
 
 def check_sampling(valid: ValidRequest, inputs: Collection[str], model: str,
@@ -180,7 +200,7 @@ def check_sampling(valid: ValidRequest, inputs: Collection[str], model: str,
     for name, _ in valid.sampling:
         if name not in ok:
             raise InvalidArgument(name, f"model {model!r} version {version!r} does not accept it "
-                                        f"(accepted: {', '.join(sorted(ok)) or 'none'})")
+                                        f"(accepted: {', '.join(sorted(ok)) or 'none'})", "unsupported_parameter")
     return sampling.encode(dict(valid.sampling), inputs)
 
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from dataplane.api import openai, schema
+from dataplane.api import openai, schema, tools
 from dataplane.api.chat import ChatTemplates
 from ferry import errors
 from ferry.config import TenantConfig
@@ -95,8 +95,10 @@ def openai_request(path: str, body: bytes, headers: Mapping[str, str], tenant: T
     """A completion or chat body as the HTTP front door reads it; raises InvalidArgument naming the field."""
     chat = path.split("?", 1)[0] == CHAT
     parsed = openai.parse_chat(body) if chat else openai.parse_completion(body)
-    if chat:
-        prompt = templates.render(parsed.model, parsed.messages)
+    if chat:  # the replica renders its own prompt; this one routes it (tools: refused if the model takes none)
+        offered = tools.offered(parsed.tools, parsed.tool_choice, model=parsed.model,
+                                parser=templates.tool_parser(parsed.model))
+        prompt = templates.render(parsed.model, parsed.messages, offered)
     else:  # the first prompt routes the request (the replica answers every one); token ids, as words
         first = parsed.prompts[0]
         prompt = first if isinstance(first, str) else " ".join(map(str, first))

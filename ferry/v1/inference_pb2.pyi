@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InferRequest(_message.Message):
-    __slots__ = ("model", "version", "tier", "prompt", "max_tokens", "prefix_key", "idempotency_key", "temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty")
+    __slots__ = ("model", "version", "tier", "prompt", "max_tokens", "prefix_key", "idempotency_key", "temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty", "guided_json")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class InferRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    GUIDED_JSON_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: str
     tier: _common_pb2.Tier
@@ -37,7 +38,8 @@ class InferRequest(_message.Message):
     seed: int
     presence_penalty: float
     frequency_penalty: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prefix_key: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ...) -> None: ...
+    guided_json: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., prefix_key: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., guided_json: _Optional[str] = ...) -> None: ...
 
 class InferResponse(_message.Message):
     __slots__ = ("text", "prompt_tokens", "completion_tokens", "replica_id", "region", "queue_seconds", "service_seconds", "request_id", "attempts", "model_version", "cached_prompt_tokens", "ttft_seconds", "finish_reason")

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.config import ProxySettings
 from dataplane.server import Proxy
-from ferry.config import GuardrailConfig, TenantConfig, hash_api_key
+from ferry.config import GuardrailConfig, ModelConfig, TenantConfig, hash_api_key
 from ferry.tokens import Tokenizers
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from tests.dataplane.fakes import Behaviour, FakeControlPlane, FakeReplica, route, snapshot
@@ -48,7 +48,7 @@ class Rig:
 
     async def start(self, behaviours: dict[str, Behaviour], *, settings: dict[str, Any] | None = None,
                     loads: dict[str, dict[str, Any]] | None = None, tokenizers: Tokenizers | None = None,
-                    guardrails: Sequence[GuardrailConfig] = ()) -> Rig:
+                    guardrails: Sequence[GuardrailConfig] = (), models: Sequence[ModelConfig] = ()) -> Rig:
         for rid, behaviour in behaviours.items():
             self.replicas[rid] = await FakeReplica(rid, behaviour).start()
         routes = [route(r, **(loads or {}).get(rid, {})) for rid, r in self.replicas.items()]
@@ -57,7 +57,7 @@ class Rig:
         proxy_settings = ProxySettings.from_section({"proxy_id": "p-test", **FAST, **(settings or {})})
         self.proxy = Proxy(settings=proxy_settings, tenants=TENANTS, control_planes=[self.cp.address],
                            registry=CollectorRegistry(), rng=random.Random(7), tokenizers=tokenizers,
-                           guardrails=guardrails)
+                           guardrails=guardrails, models=models)
         port = await self.proxy.start("127.0.0.1:0")
         ack = await self.cp.next_ack()
         assert ack.applied, ack.error

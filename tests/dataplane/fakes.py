@@ -29,7 +29,8 @@ class Behaviour:
     ``stall`` (stream: one chunk, then wait until cancelled).
     ``chunks``: streamed responses; ``delay``: seconds before answering;
     ``report``: send the ``ferry_*`` parameters (a real Triton does not);
-    ``final_flag``: mark the last streamed response with ``triton_final_response``.
+    ``final_flag``: mark the last streamed response with ``triton_final_response``;
+    ``script``: answer these pieces (streamed one per response) instead of made-up words.
     """
 
     kind: str = "ok"
@@ -39,6 +40,7 @@ class Behaviour:
     report: bool = True
     final_flag: bool = True
     die_with_error_message: bool = False
+    script: tuple[str, ...] = ()  # the answer's pieces as they are streamed (unary: joined), instead of words
 
 
 async def serve(add: Callable[[Any, grpc.aio.Server], None], servicer: Any,
@@ -148,6 +150,9 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._before(request, context)
+        if self.behaviour.script:
+            text = "".join(self.behaviour.script)
+            return response(request, text, self._params(request, len(self.behaviour.script)))
         words = self._words(request)
         return response(request, " ".join(words), self._params(request, len(words)))
 
@@ -155,7 +160,8 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
         request = await anext(aiter(request_iterator))
         await self._before(request, context)
         _, max_tokens, _ = parse(request)
-        n = min(self.behaviour.chunks, max_tokens)
+        script = self.behaviour.script
+        n = len(script) if script else min(self.behaviour.chunks, max_tokens)
         for i in range(n):
             if self.behaviour.kind == "die" and i == 1:
                 if self.behaviour.die_with_error_message:
@@ -172,13 +178,14 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
             if i == n - 1 and self.behaviour.final_flag:
                 params["triton_final_response"] = True
             yield service_pb2.ModelStreamInferResponse(
-                infer_response=response(request, f"{self.replica_id}c{i} ", params)
+                infer_response=response(request, script[i] if script else f"{self.replica_id}c{i} ", params)
             )
 
 
 def route(replica: FakeReplica | str, address: str = "", *, version: str = "v1", node: str = "n1", queued: int = 0,
           running: int = 0, max_concurrency: int = 4, kv_free: int = 100, kv_total: int = 100,
-          age: float = 0.0, state: int = common_pb2.REPLICA_STATE_READY, region: str = "local") -> Any:
+          age: float = 0.0, state: int = common_pb2.REPLICA_STATE_READY, region: str = "local",
+          inputs: Sequence[str] = ()) -> Any:
     """A ReplicaRoute for a fake replica (or an id and an address)."""
     rid = replica if isinstance(replica, str) else replica.replica_id
     addr = address or (replica.address if isinstance(replica, FakeReplica) else "127.0.0.1:1")
@@ -187,7 +194,7 @@ def route(replica: FakeReplica | str, address: str = "", *, version: str = "v1",
         max_concurrency=max_concurrency, kv_block_tokens=16, max_context_tokens=4096,
         load=common_pb2.ReplicaLoad(replica_id=rid, state=state, queued=queued, running=running,
                                     kv_blocks_free=kv_free, kv_blocks_total=kv_total),
-        telemetry_age_seconds=age,
+        telemetry_age_seconds=age, inputs=list(inputs),
     )
 
 

@@ -13,6 +13,8 @@ import aiohttp
 import pytest
 
 from dataplane.api import openai, schema
+from dataplane.api import tools as tooling
+from ferry.config import ModelConfig
 from ferry.errors import InvalidArgument
 from ferry.tokens import Tokenizers
 from tests.dataplane.fakes import Behaviour, parse
@@ -113,8 +115,7 @@ async def test_token_ids_without_a_tokenizer_file_are_refused_naming_the_model(r
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),  # its replicas declare no guided_json
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content[0]"),
 ])
@@ -187,3 +188,104 @@ def test_a_body_that_is_not_an_object_or_not_json_names_body() -> None:
 def test_the_document_declares_every_field_the_parser_reads() -> None:
     properties = schema.openapi()["components"]["schemas"]["CompletionRequest"]["properties"]
     assert {"prompt", "n", "echo", "logprobs", "stream_options", "max_tokens", "seed", "stop"} <= set(properties)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+async def test_tools_are_offered_in_the_prompt_and_the_models_call_parsed_out(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour(script=("Let me look. ", CALL))})
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, "tools": [WEATHER]})
+    assert status == 200, body
+    (choice,) = body["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert message["content"] == "Let me look. "
+    (call,) = message["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    prompt = parse(r.replicas["r1"].requests[0])[0]
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+
+
+async def test_a_streamed_call_split_across_pieces_is_one_tool_call_delta(rig) -> None:
+    script = ("Hi <tool", '_call>\n{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}\n</tool_', "call> bye")
+    _, base = await front(rig, {"r1": Behaviour(script=script)})
+    chunks = await events(base, "/v1/chat/completions", {**CHAT, "tools": [WEATHER], "stream": True})
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    text = "".join(d.get("content") or "" for d in deltas)
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert text == "Hi  bye" and len(calls) == 1
+    assert calls[0]["index"] == 0 and calls[0]["function"] == {"name": "get_weather",
+                                                               "arguments": '{"city": "Oslo"}'}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_the_conversation_goes_on_with_the_tools_result(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour(script=("It is sunny in Oslo.",))})
+    messages = [{"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    status, body, _ = await post(base, "/v1/chat/completions", {"model": "m", "messages": messages,
+                                                                "tools": [WEATHER]})
+    assert status == 200 and body["choices"][0]["finish_reason"] != "tool_calls"
+    prompt = parse(r.replicas["r1"].requests[0])[0]
+    assert CALL in prompt and "<tool_response>\nsunny\n</tool_response>" in prompt
+
+
+async def test_tool_choice_none_offers_nothing_and_parses_nothing(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour(script=(CALL,))})
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, "tools": [WEATHER], "tool_choice": "none"})
+    assert status == 200 and body["choices"][0]["message"]["content"] == CALL
+    assert "<tools>" not in parse(r.replicas["r1"].requests[0])[0]
+
+
+@pytest.mark.parametrize(("extra", "models", "param"), [
+    ({"tools": [WEATHER]}, [ModelConfig(name="m", tool_parser="none")], "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "other"}}}, [], "tool_choice"),
+])
+async def test_tools_a_model_cannot_take_are_refused_naming_the_field(rig, extra: dict[str, Any],
+                                                                      models: list[ModelConfig], param: str) -> None:
+    _, base = await front(rig, {"r1": Behaviour()}, models=models)
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, **extra})
+    assert status == 400 and body["error"]["param"] == param, body
+
+
+@pytest.mark.parametrize(("response_format", "schema_sent"), [
+    ({"type": "json_object"}, {"type": "object"}),
+    ({"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}},
+     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+])
+async def test_structured_output_goes_to_a_model_that_declares_guided_json(rig, response_format: dict[str, Any],
+                                                                            schema_sent: dict[str, Any]) -> None:
+    r, base = await front(rig, {"r1": Behaviour(script=('{"city": "Oslo"}',))},
+                          loads={"r1": {"inputs": ["guided_json"]}})
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, "response_format": response_format})
+    assert status == 200, body
+    assert json.loads(body["choices"][0]["message"]["content"]) == {"city": "Oslo"}
+    sent = r.replicas["r1"].requests[0]
+    (index,) = [i for i, t in enumerate(sent.inputs) if t.name == "guided_json"]
+    raw = sent.raw_input_contents[index]
+    assert json.loads(raw[4:].decode()) == schema_sent  # one BYTES element: length, then the schema
+
+
+def test_streamed_calls_are_found_whatever_the_cut() -> None:
+    text = f"a {CALL} b <tool_call>not json</tool_call> c"
+    for size in (1, 2, 3, 7, len(text)):
+        stream = tooling.Stream()
+        released, calls = [], []
+        for start in range(0, len(text), size):
+            out, found = stream.feed(text[start:start + size])
+            released.append(out)
+            calls += found
+        released.append(stream.end())
+        assert "".join(released) == "a  b <tool_call>not json</tool_call> c", size
+        assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Oslo"}')]
+    assert tooling.parse(text)[0] == "a  b <tool_call>not json</tool_call> c"
+    assert tooling.parse("<tool_call>{") == ("<tool_call>{", [])

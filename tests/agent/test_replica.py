@@ -110,7 +110,7 @@ async def test_statistics_metadata_config_and_index(client):
     assert await client.is_model_ready("chat") and await client.is_model_ready("chat", "v1")
     assert not await client.is_model_ready("other") and not await client.is_model_ready("chat", "v2")
     meta = await client.get_model_metadata("chat")
-    assert [i.name for i in meta.inputs] == ["text_input", "max_tokens", "stream"]
+    assert [i.name for i in meta.inputs] == ["text_input", "max_tokens", "stream", "ignore_eos"]
     config = (await client.get_model_config("chat")).config
     assert config.max_batch_size == FAST.max_running and config.model_transaction_policy.decoupled
     assert config.parameters["ferry_kv_block_tokens"].string_value == "16"

@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     with tempfile.TemporaryDirectory(prefix="ferry-demo-") as tmp:
         workdir = Path(tmp)
-        up = Child("up", ["up", "--replicas", args.replicas, "--workdir", str(workdir / "fleet")], workdir).start()
+        # The replay asks for the trace's output lengths: answers run to max_tokens, with no natural end.
+        up = Child("up", ["up", "--replicas", args.replicas, "--answer-tokens", "0", "--workdir",
+                          str(workdir / "fleet")], workdir).start()
         try:
             try:
                 ready = up.wait_ready(90)

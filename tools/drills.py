@@ -607,7 +607,9 @@ def run_scenario(name: str, seconds: float, rate: float, workdir: Path, path: st
     path = path or default_path(name)
     if path == "envoy" and scenario.drive_envoy is None:
         raise ValueError(f"scenario {name} has no Envoy variant: use --path relay")
-    up = Child("up", ["up", *scenario.flags, "--workdir", str(workdir / "fleet")], workdir).start()
+    # Answers run to max_tokens (no natural end), as when the figures of docs/evaluation.md were measured.
+    up = Child("up", ["up", *scenario.flags, "--answer-tokens", "0", "--workdir", str(workdir / "fleet")],
+               workdir).start()
     try:
         ready = up.wait_ready(90)
         load = Load(ready, rate, max_tokens=scenario.max_tokens)

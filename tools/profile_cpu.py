@@ -223,7 +223,7 @@ class Run:
     def start(self) -> None:
         args, work = self.args, self.workdir
         cmd = [sys.executable, "-m", "ferry", "up", "--models", "chat", "--ready-file", str(work / "up.json"),
-               "--workdir", str(work / "up"), "--timeout", "90"]
+               "--workdir", str(work / "up"), "--timeout", "90", "--answer-tokens", "0"]  # answers of max_tokens
         if args.config:
             cmd += ["--config", args.config]
         replica_pids: dict[str, int] = {}

@@ -36,7 +36,13 @@ Model (iteration-level scheduling, as continuous-batching engines such as Tensor
   New requests are admitted only while the step has prefill budget left.
 - **End of step** (:meth:`Engine.finish_step`): the tokens of the step are
   delivered (one per request), first tokens flagged, requests that reached
-  ``max_tokens`` finish and free their blocks.
+  their length finish and free their blocks.
+- **Length**: a request generates :attr:`EngineRequest.output_tokens` tokens,
+  the length of its answer as the replica's faces settle it beforehand (a
+  natural end drawn from the prompt, a stop string, or ``max_tokens``:
+  :mod:`agent.replica.answer`); 0 means ``max_tokens``. Admission checks
+  prompt + ``max_tokens`` against the context (as vLLM does), but the KV
+  reservation and the steps follow the real length.
 
 Defaults (:class:`EngineParams`, section ``[replica]``), one large-model
 replica: ``max_running`` 60, ``max_queue`` 1024, ``kv_block_tokens`` 512,
@@ -45,12 +51,15 @@ replica: ``max_running`` 60, ``max_queue`` 1024, ``kv_block_tokens`` 512,
 0.2 ms per running request (20 ms at 60: 50 tokens/s per request),
 ``max_context_tokens`` 131072.
 
-``max_step_tokens`` 8192.
+``max_step_tokens`` 8192. ``answer_tokens`` 0 and ``answer_min_tokens`` 8
+are read by the faces, not the engine (:mod:`agent.replica.answer`): with 0
+every answer runs to ``max_tokens``, as the fleet simulator assumes.
 
-Simplifications: every request generates exactly ``max_tokens`` tokens; no
+Simplifications: a request's length is known at admission; no
 preemption or swapping (blocks for the whole output are reserved up front,
-as TensorRT-LLM's guaranteed-no-evict policy does, and a request waits in
-the queue while the pool lacks them); the prefix cache is an index of
+as TensorRT-LLM's guaranteed-no-evict policy does for ``max_tokens``, here
+for the real length, which is what a paged engine ends up holding, and a
+request waits in the queue while the pool lacks them); the prefix cache is an index of
 hashes beside the KV reservation rather than blocks taken out of it (an
 engine that keeps reusable blocks in the free pool behaves alike until the
 pool is full).
@@ -87,6 +96,10 @@ class EngineParams:
     decode_seconds_per_request: float = 0.0002
     max_context_tokens: int = 131072
     max_step_tokens: int = 8192
+    # Read by the faces (agent.replica.answer), not the engine: the mean natural answer length in tokens
+    # (0: every answer runs to max_tokens) and its floor.
+    answer_tokens: int = 0
+    answer_min_tokens: int = 8
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -96,17 +109,27 @@ class EngineParams:
                 raise ConfigError(f"replica.{f.name}", f"must be >= {least}, got {value}")
 
 
-_AT_LEAST_ONE = ("max_running", "kv_block_tokens", "kv_blocks_total", "max_context_tokens")
+_AT_LEAST_ONE = ("max_running", "kv_block_tokens", "kv_blocks_total", "max_context_tokens", "answer_min_tokens")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineRequest:
-    """What the engine needs of a request: sizes and the prompt's chained block hashes."""
+    """What the engine needs of a request: sizes and the prompt's chained block hashes.
+
+    ``max_tokens`` is the budget the client asked for (checked against the context); ``output_tokens`` the
+    tokens the request really generates, 1..``max_tokens`` (0: ``max_tokens``).
+    """
 
     request_id: str
     prompt_tokens: int
     max_tokens: int
     block_hashes: tuple[int, ...] = ()
+    output_tokens: int = 0
+
+    @property
+    def length(self) -> int:
+        """The tokens this request generates before it finishes."""
+        return self.output_tokens or self.max_tokens
 
 
 class Admission(enum.StrEnum):
@@ -119,7 +142,7 @@ class Admission(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Finished:
-    """Summary of a request that generated all its tokens."""
+    """Summary of a request that generated all its tokens (``completion_tokens``: its length)."""
 
     request_id: str
     prompt_tokens: int
@@ -197,18 +220,19 @@ class Engine:
         self._hit_blocks = self._lookup_blocks = 0
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
-        """KV blocks a request reserves: its prompt plus all its output."""
+        """KV blocks a request of ``max_tokens`` output tokens reserves: its prompt plus all its output."""
         return blocks_for(prompt_tokens + max_tokens, self.params.kv_block_tokens)
 
     def submit(self, req: EngineRequest, now: float) -> Admission:
         """Queue ``req``; refused (nothing changes) when the queue is full or the request can never fit."""
-        if req.prompt_tokens < 0 or req.max_tokens < 1:
-            raise ValueError(f"request {req.request_id}: prompt_tokens >= 0 and max_tokens >= 1 required")
+        if req.prompt_tokens < 0 or req.max_tokens < 1 or not 0 <= req.output_tokens <= req.max_tokens:
+            raise ValueError(f"request {req.request_id}: prompt_tokens >= 0, max_tokens >= 1 and "
+                             "0 <= output_tokens <= max_tokens required")
         if req.request_id in self._ids:
             raise ValueError(f"request {req.request_id}: id already in the engine")
         p = self.params
         if (req.prompt_tokens + req.max_tokens > p.max_context_tokens
-                or self.blocks_needed(req.prompt_tokens, req.max_tokens) > p.kv_blocks_total):
+                or self.blocks_needed(req.prompt_tokens, req.length) > p.kv_blocks_total):
             self._rejected += 1
             return Admission.TOO_LONG
         if len(self._queue) >= p.max_queue:
@@ -263,7 +287,7 @@ class Engine:
         admitted = False
         while self._queue and len(self._running) < p.max_running and budget > 0:
             head = self._queue[0]
-            need = self.blocks_needed(head.req.prompt_tokens, head.req.max_tokens)
+            need = self.blocks_needed(head.req.prompt_tokens, head.req.length)
             if need > p.kv_blocks_total - self._blocks_used:
                 break
             self._queue.popleft()
@@ -311,7 +335,7 @@ class Engine:
             if rid in step.prefill:
                 first.append(rid)
                 self._cache.insert(active.req.block_hashes)
-            if active.emitted >= active.req.max_tokens:
+            if active.emitted >= active.req.length:
                 del self._running[rid]
                 self._ids.discard(rid)
                 self._blocks_used -= active.blocks

@@ -21,29 +21,33 @@ Routes (``model`` is the replica's model name):
   ``is_generation``; never a ``model_path`` or ``tokenizer_path``, from
   which a router would try to load (or download) a tokenizer.
 - ``POST /generate`` (SGLang): ``{"text": str, "sampling_params":
-  {"max_new_tokens": int = 128}, "stream": bool = false, "rid": str}``;
-  answers ``{"text", "meta_info": {"id", "prompt_tokens",
-  "completion_tokens", "cached_tokens", "finish_reason": {"type": "length",
-  "length": n}}}``. Streamed: one server-sent event per engine delta with the
-  whole text so far (SGLang's default, not incremental), ``finish_reason``
-  null and no ``cached_tokens`` until the last event, then ``data: [DONE]``.
+  {"max_new_tokens": int = 128, "stop": str | [str], "ignore_eos": bool},
+  "stream": bool = false, "rid": str}``; answers ``{"text", "meta_info":
+  {"id", "prompt_tokens", "completion_tokens", "cached_tokens",
+  "finish_reason": {"type": "length", "length": n} | {"type": "stop",
+  "matched": the stop string, or EOS_TOKEN_ID at a natural end}}}``.
+  Streamed: one server-sent event per engine delta with the whole text so
+  far (SGLang's default, not incremental), ``finish_reason`` null and no
+  ``cached_tokens`` until the last event, then ``data: [DONE]``.
 - ``POST /v1/completions`` (OpenAI): ``{"model": str, "prompt": str | [str],
-  "max_tokens": int = 16, "stream": bool = false, "stream_options":
-  {"include_usage": bool}}``; answers a ``text_completion`` with ``usage``
+  "max_tokens": int, "stop": str | [str], "ignore_eos": bool, "stream":
+  bool = false, "stream_options": {"include_usage": bool}}``; answers a
+  ``text_completion`` with ``usage``
   (``prompt_tokens_details.cached_tokens``). Streamed: one chunk per engine
-  delta with the new text, the last with ``finish_reason`` "length", then,
+  delta with the new text, the last with ``finish_reason``, then,
   when ``include_usage``, a chunk with empty ``choices`` and the usage, then
   ``data: [DONE]``. ``model``, when given, must be the replica's.
 - ``POST /v1/chat/completions`` (OpenAI chat): ``{"model": str, "messages":
   [{"role", "content": str | [{"type": "text", "text": str}]}],
-  "max_completion_tokens" | "max_tokens": int = 16, "stream": bool = false,
-  "stream_options": {"include_usage": bool}}``; the prompt is the messages'
-  text contents joined by newlines (no chat template). Answers a
+  "max_completion_tokens" | "max_tokens": int, "stop", "ignore_eos",
+  "stream": bool = false, "stream_options": {"include_usage": bool}}``; the
+  prompt is the messages' text contents joined by newlines (no chat
+  template). Answers a
   ``chat.completion`` whose ``message`` is ``{"role": "assistant",
   "content"}``, with ``usage``. Streamed: ``chat.completion.chunk`` events,
   the first with ``delta`` ``{"role": "assistant", "content": ""}``, then one
   per engine delta with the new ``content``, then one with an empty
-  ``delta`` and ``finish_reason`` "length"; with ``include_usage`` every
+  ``delta`` and the ``finish_reason``; with ``include_usage`` every
   chunk carries ``"usage": null`` and one more chunk with empty ``choices``
   carries the usage (OpenAI's semantics); then ``data: [DONE]``.
 - ``POST /v1/completions/render`` (vLLM's renderer, which vllm-router's
@@ -56,10 +60,15 @@ Routes (``model`` is the replica's model name):
   are cached (LRU, 32 Mi characters, shared by the faces of a process), so a
   prompt rendered on every replica of the process is hashed once.
 
-Other request fields (sampling parameters, ``temperature`` ...) are ignored,
-but ``n`` other than 1 and ``echo`` true are refused: every request generates
-exactly its token budget (the engine's model), so ``finish_reason`` is
-always "length".
+Where an answer ends is :func:`agent.replica.answer.answer_limit`, as on
+the KServe face: its natural end (``[replica] answer_tokens``; none with
+``ignore_eos``), the first ``stop`` string (at most ``MAX_STOPS`` of at most
+``MAX_STOP_CHARS`` characters) or the budget; ``finish_reason`` "stop" for
+the first two, "length" for the budget. The OpenAI budget, when the body
+gives none, is the context left after the prompt (vLLM's default: the
+answer ends naturally or at the context). Other request fields (sampling
+parameters, ``temperature`` ...) are ignored, but ``n`` other than 1 and
+``echo`` true are refused.
 
 Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` whose
 ``param`` names the field at fault: 400 malformed JSON or field, 404 unknown
@@ -98,10 +107,11 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from agent.replica import tensors
+from agent.replica.answer import answer_limit
 from agent.replica.engine import Finished
 from agent.replica.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
@@ -113,7 +123,9 @@ BODY_TIMEOUT_SECONDS = 30.0
 LINGER_SECONDS = 1.0  # after closing its side, the server discards what the client still sends this long ...
 LINGER_BYTES = 1024 * 1024  # ... or up to this much, so the close does not reset the connection before it is read
 GENERATE_DEFAULT_TOKENS = 128  # SGLang's default max_new_tokens
-COMPLETION_DEFAULT_TOKENS = 16  # OpenAI's default max_tokens
+MAX_STOPS = 16  # stop strings per request (as many as the KServe face's stop_words tensor takes)
+MAX_STOP_CHARS = 256
+EOS_TOKEN_ID = 2  # what SGLang's finish_reason names as matched at a natural end (Llama's </s>)
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
             411: "Length Required", 413: "Content Too Large", 429: "Too Many Requests",
@@ -121,7 +133,8 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 _T = TypeVar("_T")
 
 
-def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int) -> tuple[Ticket, int]:
+def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int | None, *, stops: Sequence[str] = (),
+                  ignore_eos: bool = False, prompt_field: str = "prompt") -> tuple[Ticket, int]:
     """Queue ``prompt`` in the engine (both faces do it this way); returns the ticket and the prompt's tokens.
 
     Tokens are the runner's tokenizer (a model's ``tokenizer.json``, else
@@ -129,9 +142,23 @@ def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int) -> tuple[T
     as the proxy does (:meth:`ferry.tokens.Tokenizer.encode`), so a proxy
     block of 512 tokens is whole engine blocks whenever the engine's block
     size divides 512, and with the default (512) the very same hashes.
+    ``max_tokens`` None is the context left after the prompt (vLLM's
+    default; InvalidArgument naming ``prompt_field`` when none is left).
+    Where the answer ends (``ticket.answer``) is :func:`agent.replica.answer.answer_limit`
+    of the prompt, the budget, ``stops`` and ``ignore_eos``, with the
+    engine's ``answer_tokens`` settings.
     """
-    encoded = runner.tokenizer.encode(prompt, block_tokens=runner.engine.params.kv_block_tokens)
-    return runner.submit(encoded.count, max_tokens, encoded.hashes), encoded.count
+    params = runner.engine.params
+    encoded = runner.tokenizer.encode(prompt, block_tokens=params.kv_block_tokens)
+    if max_tokens is None:
+        max_tokens = params.max_context_tokens - encoded.count
+        if max_tokens < 1:
+            raise InvalidArgument(prompt_field, f"prompt of {encoded.count} tokens leaves no room for an answer "
+                                                f"in the context of {params.max_context_tokens} tokens")
+    answer = answer_limit(prompt, max_tokens, stops, params=params, ignore_eos=ignore_eos)
+    if answer.reason == "length":  # the whole budget: the runner's default answer
+        return runner.submit(encoded.count, max_tokens, encoded.hashes), encoded.count
+    return runner.submit(encoded.count, max_tokens, encoded.hashes, answer), encoded.count
 
 
 def token_ids(prompt: str) -> list[int]:
@@ -507,8 +534,8 @@ class HttpFace:
         model = _typed(body, "model", str, self.model)
         if model != self.model:
             raise NotFound("model", model)
-        _, ids = _RENDERED.get(_prompt(body.get("prompt"), "prompt"))
-        max_tokens = _typed(body, "max_tokens", int, COMPLETION_DEFAULT_TOKENS)
+        count, ids = _RENDERED.get(_prompt(body.get("prompt"), "prompt"))
+        max_tokens = _typed(body, "max_tokens", int, max(self.runner.engine.params.max_context_tokens - count, 1))
         rendered = json.dumps({"request_id": f"cmpl-{uuid.uuid4().hex}", "model": self.model,
                                "sampling_params": {"max_tokens": max_tokens}}, separators=(",", ":"))
         payload = f'[{rendered[:-1]},"token_ids":{ids}}}]'
@@ -523,13 +550,16 @@ class HttpFace:
 
     # -- generation -----------------------------------------------------------------------------------------------
 
-    def _admit(self, prompt: str, max_tokens: int, budget_field: str) -> tuple[Ticket, int]:
+    def _admit(self, prompt: str, budget: Budget, prompt_field: str) -> tuple[Ticket, int]:
         if not self._loaded():
             raise Unavailable(f"model {self.model} is loading")
         try:
-            return submit_prompt(self.runner, prompt, max_tokens)
+            return submit_prompt(self.runner, prompt, budget.max_tokens, stops=budget.stops,
+                                 ignore_eos=budget.ignore_eos, prompt_field=prompt_field)
         except InvalidArgument as exc:
-            raise InvalidArgument(budget_field, exc.reason) from None
+            if exc.field != "max_tokens":
+                raise
+            raise InvalidArgument(budget.field, exc.reason) from None
 
     async def _follow(self, conn: _Conn, ticket: Ticket,
                       on_delta: Callable[[int, Finished | None], Awaitable[None]] | None = None) -> Finished:
@@ -553,25 +583,22 @@ class HttpFace:
             raise InvalidArgument("text", "required (input_ids are not served: prompts are whitespace words)")
         prompt = _prompt(body.get("text"), "text")
         sampling = _typed(body, "sampling_params", dict, {})
-        max_tokens = _typed(sampling, "max_new_tokens", int, GENERATE_DEFAULT_TOKENS, "sampling_params.")
-        if max_tokens < 1:
-            raise InvalidArgument("sampling_params.max_new_tokens", f"must be >= 1, got {max_tokens}")
+        budget = _budget(sampling, ("max_new_tokens",), GENERATE_DEFAULT_TOKENS, "sampling_params.")
         stream = _typed(body, "stream", bool, False)
         rid = _typed(body, "rid", str, "") or uuid.uuid4().hex
-        ticket, prompt_tokens = self._admit(prompt, max_tokens, "sampling_params.max_new_tokens")
+        ticket, prompt_tokens = self._admit(prompt, budget, "text")
 
         def meta(finished: Finished | None) -> dict[str, Any]:
             info: dict[str, Any] = {"id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens,
                                     "completion_tokens": ticket.emitted}
             if finished is not None:
-                info.update(finish_reason={"type": "length", "length": finished.completion_tokens},
-                            cached_tokens=finished.cached_tokens,
+                info.update(finish_reason=_sglang_finish(ticket), cached_tokens=finished.cached_tokens,
                             e2e_latency=finished.queue_seconds + finished.service_seconds)
             return info
 
         if not stream:
             f = await self._follow(conn, ticket)
-            await conn.send_json(200, {"text": tensors.generated_text(0, f.completion_tokens), "meta_info": meta(f)},
+            await conn.send_json(200, {"text": tensors.generated_text(0, ticket.emitted), "meta_info": meta(f)},
                                  keep_alive=request.keep_alive)
             return
 
@@ -589,30 +616,25 @@ class HttpFace:
         if model != self.model:
             raise NotFound("model", model)
         prompt = _prompt(body.get("prompt"), "prompt")
-        max_tokens = _typed(body, "max_tokens", int, COMPLETION_DEFAULT_TOKENS)
-        if max_tokens < 1:
-            raise InvalidArgument("max_tokens", f"must be >= 1, got {max_tokens}")
+        budget = _budget(body, ("max_tokens",))
         if _typed(body, "n", int, 1) != 1:
             raise InvalidArgument("n", "only 1 completion per request is served")
         if _typed(body, "echo", bool, False):
             raise InvalidArgument("echo", "the prompt is not echoed")
         stream = _typed(body, "stream", bool, False)
         usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
-        ticket, prompt_tokens = self._admit(prompt, max_tokens, "max_tokens")
+        ticket, prompt_tokens = self._admit(prompt, budget, "prompt")
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model}
 
-        def usage(f: Finished) -> dict[str, Any]:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": f.completion_tokens,
-                    "total_tokens": prompt_tokens + f.completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
-
         def choice(text: str, finished: Finished | None) -> dict[str, Any]:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if finished else None}
+            return {"index": 0, "text": text, "logprobs": None,
+                    "finish_reason": ticket.answer.reason if finished else None}
 
         if not stream:
             f = await self._follow(conn, ticket)
-            answer = {**head, "choices": [choice(tensors.generated_text(0, f.completion_tokens), f)], "usage": usage(f)}
+            answer = {**head, "choices": [choice(tensors.generated_text(0, ticket.emitted), f)],
+                      "usage": _usage(prompt_tokens, ticket, f)}
             await conn.send_json(200, answer, keep_alive=request.keep_alive)
             return
         sent = 0
@@ -625,9 +647,8 @@ class HttpFace:
         conn.start_events(request.keep_alive)
         f = await self._follow(conn, ticket, delta)
         if usage_too:
-            await conn.event(json.dumps({**head, "choices": [], "usage": usage(f)}).encode())
+            await conn.event(json.dumps({**head, "choices": [], "usage": _usage(prompt_tokens, ticket, f)}).encode())
         await conn.end_events()
-
 
     async def _chat(self, conn: _Conn, request: _Request) -> None:
         body = _json_body(request.body)
@@ -635,29 +656,22 @@ class HttpFace:
         if model != self.model:
             raise NotFound("model", model)
         prompt = _chat_prompt(body.get("messages"))
-        field = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_tokens = _typed(body, field, int, COMPLETION_DEFAULT_TOKENS)
-        if max_tokens < 1:
-            raise InvalidArgument(field, f"must be >= 1, got {max_tokens}")
+        budget = _budget(body, ("max_completion_tokens", "max_tokens"))
         if _typed(body, "n", int, 1) != 1:
             raise InvalidArgument("n", "only 1 completion per request is served")
         stream = _typed(body, "stream", bool, False)
         usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
-        ticket, prompt_tokens = self._admit(prompt, max_tokens, field)
+        ticket, prompt_tokens = self._admit(prompt, budget, "messages")
         head: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
                                 "model": self.model}
 
-        def usage(f: Finished) -> dict[str, Any]:
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": f.completion_tokens,
-                    "total_tokens": prompt_tokens + f.completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
-
         if not stream:
             f = await self._follow(conn, ticket)
-            message = {"role": "assistant", "content": tensors.generated_text(0, f.completion_tokens)}
+            message = {"role": "assistant", "content": tensors.generated_text(0, ticket.emitted)}
             answer = {**head, "object": "chat.completion",
-                      "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "length"}],
-                      "usage": usage(f)}
+                      "choices": [{"index": 0, "message": message, "logprobs": None,
+                                   "finish_reason": ticket.answer.reason}],
+                      "usage": _usage(prompt_tokens, ticket, f)}
             await conn.send_json(200, answer, keep_alive=request.keep_alive)
             return
         chunk_head = {**head, "object": "chat.completion.chunk"}
@@ -678,10 +692,57 @@ class HttpFace:
         conn.start_events(request.keep_alive)
         await chunk({"role": "assistant", "content": ""}, None)
         f = await self._follow(conn, ticket, on_delta)
-        await chunk({}, "length")
+        await chunk({}, ticket.answer.reason)
         if usage_too:
-            await conn.event(json.dumps({**chunk_head, "choices": [], "usage": usage(f)}).encode())
+            await conn.event(json.dumps({**chunk_head, "choices": [],
+                                         "usage": _usage(prompt_tokens, ticket, f)}).encode())
         await conn.end_events()
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How long a request's answer may run: ``max_tokens`` (None: the context left after the prompt), the field
+    that gave it, stop strings and ``ignore_eos`` (no natural end)."""
+
+    max_tokens: int | None
+    field: str
+    stops: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+def _budget(obj: Mapping[str, Any], fields: tuple[str, ...], default: int | None = None, where: str = "") -> Budget:
+    """The budget of a request body (or SGLang's ``sampling_params``): the first of ``fields`` given (absent:
+    ``default``), ``stop`` (a string or a list of at most :data:`MAX_STOPS` strings of at most
+    :data:`MAX_STOP_CHARS` characters) and ``ignore_eos``; raises InvalidArgument naming the field."""
+    field = next((f for f in fields if obj.get(f) is not None), fields[-1])
+    max_tokens = default if obj.get(field) is None else _typed(obj, field, int, 0, where)
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidArgument(where + field, f"must be >= 1, got {max_tokens}")
+    stop = obj.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise InvalidArgument(where + "stop", "must be a string or a list of strings")
+    if len(stops) > MAX_STOPS:
+        raise InvalidArgument(where + "stop", f"at most {MAX_STOPS} strings, got {len(stops)}")
+    for i, text in enumerate(stops):
+        if len(text) > MAX_STOP_CHARS:
+            raise InvalidArgument(f"{where}stop[{i}]", f"at most {MAX_STOP_CHARS} characters, got {len(text)}")
+    return Budget(max_tokens, where + field, tuple(stops), _typed(obj, "ignore_eos", bool, False, where))
+
+
+def _usage(prompt_tokens: int, ticket: Ticket, f: Finished) -> dict[str, Any]:
+    """OpenAI's ``usage`` of a finished request: its prompt, the answer's words and the cached tokens."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": ticket.emitted,
+            "total_tokens": prompt_tokens + ticket.emitted,
+            "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
+
+
+def _sglang_finish(ticket: Ticket) -> dict[str, Any]:
+    """SGLang's ``finish_reason``: ``length`` with the length, or ``stop`` with what matched (the stop string, or
+    the end-of-sequence token's id)."""
+    if ticket.answer.reason == "length":
+        return {"type": "length", "length": ticket.emitted}
+    return {"type": "stop", "matched": ticket.answer.matched if ticket.answer.matched is not None else EOS_TOKEN_ID}
 
 
 def _chat_prompt(messages: object) -> str:

@@ -4,8 +4,10 @@ Loop: ``start_step(now)``; when it returns a duration, sleep that long, then
 ``finish_step(now)`` and hand each request its tokens; when it returns None,
 wait until a request is submitted. An idle replica costs no CPU.
 
-Each submitted request gets a :class:`Ticket`. A ticket holds a counter of
-tokens not yet taken by its consumer and, at the end, the engine's
+Each submitted request gets a :class:`Ticket`. A ticket holds where its
+answer ends (:class:`agent.replica.answer.Limit`: the engine generates that
+many tokens, at least one), a counter of tokens not yet taken by its
+consumer (never past the answer's words) and, at the end, the engine's
 :class:`agent.replica.engine.Finished` summary; :meth:`Ticket.next` returns what
 arrived since the last call. A consumer slower than the engine therefore
 gets several steps' tokens in one delta: memory per request stays O(1)
@@ -27,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from agent.replica.answer import Limit
 from agent.replica.engine import Admission, Engine, EngineRequest, Finished, StepResult
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.tokens import WHITESPACE, Tokenizer
@@ -45,17 +48,23 @@ class RunnerStats:
 
 
 class Ticket:
-    """One request's view of the engine: tokens since the consumer's last look, then the summary."""
+    """One request's view of the engine: tokens since the consumer's last look, then the summary.
 
-    def __init__(self, engine_id: str, max_tokens: int) -> None:
+    ``emitted`` counts the answer's words delivered so far: at most ``answer.words`` (a stop string at the very
+    start leaves 0 words, though the engine generates one token).
+    """
+
+    def __init__(self, engine_id: str, max_tokens: int, answer: Limit | None = None) -> None:
         self.engine_id = engine_id
         self.max_tokens = max_tokens
+        self.answer = answer or Limit(words=max_tokens, reason="length")
         self.emitted = 0
         self.finished: Finished | None = None
         self._pending = 0
         self._changed = asyncio.Event()
 
     def _deliver(self, tokens: int, finished: Finished | None) -> None:
+        tokens = max(min(tokens, self.answer.words - self.emitted), 0)
         self._pending += tokens
         self.emitted += tokens
         if finished is not None:
@@ -87,11 +96,14 @@ class EngineRunner:
         self._recent: deque[tuple[float, float]] = deque(maxlen=4096)  # (end, duration) of recent steps
         self.slowdown = 1.0  # steps take this many times longer (fault injection: SIGUSR1 on ``ferry node``)
 
-    def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: tuple[int, ...]) -> Ticket:
-        """Queue a request; raises Overloaded (queue full) or InvalidArgument (it can never fit)."""
+    def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: tuple[int, ...],
+               answer: Limit | None = None) -> Ticket:
+        """Queue a request whose answer ends at ``answer`` (None: ``max_tokens``, ``length``); raises Overloaded
+        (queue full) or InvalidArgument (it can never fit)."""
         engine_id = str(next(self._ids))
+        output = 0 if answer is None else min(max(answer.words, 1), max_tokens)
         req = EngineRequest(request_id=engine_id, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                            block_hashes=block_hashes)
+                            block_hashes=block_hashes, output_tokens=output)
         admission = self.engine.submit(req, self._clock())
         if admission is Admission.QUEUE_FULL:
             self.stats.rejected += 1
@@ -102,7 +114,7 @@ class EngineRunner:
             raise InvalidArgument("max_tokens", (
                 f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the replica's "
                 f"context ({p.max_context_tokens} tokens) or KV cache ({p.kv_blocks_total * p.kv_block_tokens})"))
-        ticket = Ticket(engine_id, max_tokens)
+        ticket = Ticket(engine_id, max_tokens, answer)
         self._tickets[engine_id] = ticket
         self._wake.set()
         return ticket

@@ -8,7 +8,10 @@ parameters of docs/CONTRACTS.md:
 - ``ModelStreamInfer`` (decoupled): one response per engine step with the
   text since the previous response (a slow reader gets several steps in one),
   the last with ``triton_final_response`` = true and the summary parameters;
-  ``stream`` = false gives one final response. Several requests may share a
+  ``stream`` = false gives one final response. The answer ends where
+  :func:`agent.replica.answer.answer_limit` says (a natural end unless
+  ``ignore_eos``, a stop string, or ``max_tokens``), and
+  ``ferry_finish_reason`` says why (``stop`` or ``length``). Several requests may share a
   stream (at most ``max_stream_requests`` in flight). An admission error
   ends the stream with its status, as a unary call would.
 - Errors: unknown model or version -> NOT_FOUND; malformed tensor ->
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
@@ -43,6 +45,7 @@ from tritonclient.grpc import service_pb2_grpc
 from agent.httptext import serve_text
 from agent.replica import metrics as replica_metrics
 from agent.replica import tensors
+from agent.replica.answer import Limit, answer_limit
 from agent.replica.engine import Engine, EngineParams, Finished
 from agent.replica.httpface import HttpFace, submit_prompt
 from agent.replica.runner import EngineRunner, Ticket
@@ -69,25 +72,19 @@ def _unimplemented(rpc: str) -> Callable[[Any, Any, Any], Awaitable[NoReturn]]:
     return handler
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Limit:
-    """How many words a request may emit and why it ends there: ``stop`` (a stop string, or the end) or ``length``."""
-
-    words: int
-    reason: str
+def _stops(parsed: tensors.LlmRequest) -> tuple[str, ...]:
+    stops = parsed.sampling.get("stop")
+    return stops if isinstance(stops, tuple) else ()
 
 
-def stop_limit(parsed: tensors.LlmRequest) -> Limit:
-    """The words before the first stop string of the (deterministic) reply, or ``max_tokens`` (``length``).
+def stop_limit(parsed: tensors.LlmRequest, params: EngineParams | None = None) -> Limit:
+    """Where the answer to a KServe request ends (:func:`agent.replica.answer.answer_limit`): its natural end
+    under ``params`` (None: none), its first stop string, or ``max_tokens`` (``length``).
 
     Seeded sampling is a no-op here: the reply is the same words whatever the seed or temperature.
     """
-    stops = parsed.sampling.get("stop")
-    if isinstance(stops, tuple) and stops:
-        cut = tensors.cut_at_stop(tensors.generated_text(0, parsed.max_tokens), stops)
-        if cut is not None:
-            return Limit(words=cut[1], reason="stop")
-    return Limit(words=parsed.max_tokens, reason="length")
+    return answer_limit(parsed.prompt, parsed.max_tokens, _stops(parsed), params=params,
+                        ignore_eos=parsed.ignore_eos)
 
 
 class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -126,7 +123,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                  "UINT64": mc.TYPE_UINT64}
         config = mc.ModelConfig(
             name=self.model, platform=PLATFORM, backend="ferry", max_batch_size=p.max_running,
-            input=[mc.ModelInput(name=n, data_type=types[t], dims=[1], optional=(n == "stream"))
+            input=[mc.ModelInput(name=n, data_type=types[t], dims=[1], optional=n in tensors.OPTIONAL)
                    for n, t in tensors.INPUTS.items()]
             + [mc.ModelInput(name=n, data_type=types[t], dims=[-1], optional=True)
                for n, t in tensors.SAMPLING_INPUTS.items()],
@@ -167,7 +164,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
     # -- inference -------------------------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        ticket, _, limit = await self._admit(request, context)
+        ticket, _ = await self._admit(request, context)
         try:
             while ticket.finished is None:
                 await ticket.next()
@@ -176,12 +173,11 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 self.runner.cancel(ticket)
         f = ticket.finished
         assert f is not None
-        emitted = min(f.completion_tokens, limit.words)
         return tensors.text_response(
             model=self.model, version=self.version, request_id=request.id,
-            text=tensors.generated_text(0, emitted),
-            parameters={**_summary(f), "ferry_completion_tokens": emitted,
-                        "ferry_finish_reason": limit.reason},
+            text=tensors.generated_text(0, ticket.emitted),
+            parameters={**_summary(f), "ferry_completion_tokens": ticket.emitted,
+                        "ferry_finish_reason": ticket.answer.reason},
         )
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
@@ -192,9 +188,9 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 if len(tasks) >= self.max_stream_requests:
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                         f"more than {self.max_stream_requests} requests in flight on one stream")
-                ticket, parsed, limit = await self._admit(request, context)
+                ticket, parsed = await self._admit(request, context)
                 incremental = parsed.stream is not False
-                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, limit, context, lock))
+                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, context, lock))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks:
@@ -203,7 +199,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
             for task in tasks:
                 task.cancel()
 
-    async def _stream_one(self, request_id: str, incremental: bool, ticket: Ticket, limit: Limit, context: Any,
+    async def _stream_one(self, request_id: str, incremental: bool, ticket: Ticket, context: Any,
                           lock: asyncio.Lock) -> None:
         sent = 0
         try:
@@ -211,14 +207,12 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 _, finished = await ticket.next()
                 if not incremental and finished is None:
                     continue
-                count = max(min(ticket.emitted, limit.words) - sent, 0)
-                if finished is None and count == 0:
-                    continue  # past a stop string: nothing more to say until the end
+                count = ticket.emitted - sent
                 params: dict[str, bool | int | float | str] = {"ferry_completion_tokens": count,
                                                                "triton_final_response": finished is not None}
                 if finished is not None:
                     params.update(_summary(finished))
-                    params["ferry_finish_reason"] = limit.reason
+                    params["ferry_finish_reason"] = ticket.answer.reason
                 response = tensors.text_response(model=self.model, version=self.version, request_id=request_id,
                                                  text=tensors.generated_text(sent, count), parameters=params)
                 sent += count
@@ -231,16 +225,16 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 self.runner.cancel(ticket)
 
     async def _admit(self, request: pb.ModelInferRequest,
-                     context: Any) -> tuple[Ticket, tensors.LlmRequest, Limit]:
+                     context: Any) -> tuple[Ticket, tensors.LlmRequest]:
         try:
             self._check_or_raise(request.model_name, request.model_version)
             if not self._loaded():
                 raise Unavailable(f"model {self.model}/{self.version} is loading "
                                   f"({self.ready_at - self._clock():.1f} s left)")
             parsed = tensors.parse_request(request)
-            limit = stop_limit(parsed)
-            ticket, _ = submit_prompt(self.runner, parsed.prompt, max(min(parsed.max_tokens, limit.words), 1))
-            return ticket, parsed, limit
+            ticket, _ = submit_prompt(self.runner, parsed.prompt, parsed.max_tokens, stops=_stops(parsed),
+                                      ignore_eos=parsed.ignore_eos, prompt_field="text_input")
+            return ticket, parsed
         except FerryError as exc:
             await context.abort(status_for(exc), str(exc))
             raise  # not reached: abort raises

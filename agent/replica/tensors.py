@@ -1,7 +1,8 @@
 """KServe v2 tensors of an LLM replica, as docs/CONTRACTS.md fixes them: parse requests, build responses.
 
 Inputs: ``text_input`` (BYTES), ``max_tokens`` (INT32), optional ``stream``
-(BOOL), each of shape ``[1, 1]`` or ``[1]``, given either as typed
+(BOOL) and ``ignore_eos`` (BOOL: generate exactly ``max_tokens``, no natural
+end; vLLM's and SGLang's name), each of shape ``[1, 1]`` or ``[1]``, given either as typed
 ``contents`` or, as tritonclient sends them, in ``raw_input_contents`` (one
 entry per input, in order; BYTES elements are a 4-byte little-endian length
 then the bytes). Output: ``text_output`` (BYTES, ``[1, 1]``) in
@@ -28,7 +29,8 @@ from tritonclient.grpc import service_pb2
 from ferry import sampling
 from ferry.errors import InvalidArgument
 
-INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL"}
+INPUTS = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "ignore_eos": "BOOL"}
+OPTIONAL = ("stream", "ignore_eos")  # the inputs of INPUTS a request may leave out
 SAMPLING_INPUTS = {tensor: datatype for tensor, datatype in sampling.TENSORS.values()}
 DECLARED = {**INPUTS, **SAMPLING_INPUTS}  # every input the model declares (the sampling ones optional)
 OUTPUT = "text_output"
@@ -43,6 +45,7 @@ class LlmRequest:
     prompt: str
     max_tokens: int
     stream: bool | None = None
+    ignore_eos: bool = False
     sampling: Mapping[str, sampling.SamplingValue] = dataclasses.field(default_factory=dict)
 
 
@@ -85,7 +88,7 @@ def parse_request(request: service_pb2.ModelInferRequest) -> LlmRequest:
         raise InvalidArgument("max_tokens", f"must be >= 1, got {max_tokens}")
     stream = values.get("stream")
     return LlmRequest(prompt=prompt, max_tokens=max_tokens, stream=bool(stream) if stream is not None else None,
-                      sampling=given)
+                      ignore_eos=bool(values.get("ignore_eos", False)), sampling=given)
 
 
 def _sampling_value(tensor: service_pb2.ModelInferRequest.InferInputTensor,
@@ -104,15 +107,21 @@ def _sampling_value(tensor: service_pb2.ModelInferRequest.InferInputTensor,
         raise InvalidArgument(name, str(exc)) from None
 
 
+def first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """Where the first of ``stops`` begins in ``text``, and which (None when none occurs; empty ones never do)."""
+    found = [(i, stop) for stop in stops if stop and (i := text.find(stop)) >= 0]
+    return min(found) if found else None
+
+
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, int] | None:
     """``text`` before the first of ``stops`` and its word count (None when no stop string occurs).
 
     Words are the generated tokens, so the cut falls at a word boundary: the words wholly before the stop string.
     """
-    found = [i for i in (text.find(stop) for stop in stops if stop) if i >= 0]
-    if not found:
+    first = first_stop(text, stops)
+    if first is None:
         return None
-    kept = text[:min(found)].split()
+    kept = text[:first[0]].split()
     return " ".join(kept), len(kept)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 from tritonclient.grpc import InferInput
 
+from agent.replica.answer import natural_length
 from agent.replica.engine import EngineParams
 
 FAST = EngineParams(
@@ -18,7 +19,8 @@ FAST = EngineParams(
 )
 
 
-def llm_inputs(prompt: str, max_tokens: int, stream: bool | None = None) -> list[InferInput]:
+def llm_inputs(prompt: str, max_tokens: int, stream: bool | None = None,
+               ignore_eos: bool | None = None) -> list[InferInput]:
     text = InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=object))
     limit = InferInput("max_tokens", [1, 1], "INT32")
@@ -28,7 +30,21 @@ def llm_inputs(prompt: str, max_tokens: int, stream: bool | None = None) -> list
         flag = InferInput("stream", [1, 1], "BOOL")
         flag.set_data_from_numpy(np.array([[stream]], dtype=bool))
         inputs.append(flag)
+    if ignore_eos is not None:
+        flag = InferInput("ignore_eos", [1, 1], "BOOL")
+        flag.set_data_from_numpy(np.array([[ignore_eos]], dtype=bool))
+        inputs.append(flag)
     return inputs
+
+
+def with_natural(params: EngineParams, low: int, high: int, tag: str = "prompt") -> tuple[str, int]:
+    """A prompt whose natural answer length under ``params`` is in [low, high], and that length."""
+    for i in range(10_000):
+        prompt = f"{tag} number {i}: tell me about the river"
+        n = natural_length(prompt, params.answer_tokens, params.answer_min_tokens)
+        if low <= n <= high:
+            return prompt, n
+    raise AssertionError(f"no prompt with a natural length in [{low}, {high}]")
 
 
 def text_of(result) -> str:

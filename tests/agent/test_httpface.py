@@ -16,9 +16,9 @@ import pytest
 import tritonclient.grpc.aio as triton
 
 from agent.replica import tensors
-from agent.replica.httpface import token_ids
+from agent.replica.httpface import EOS_TOKEN_ID, token_ids
 from agent.replica.server import SimulatedReplica
-from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until
+from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until, with_natural
 from tools.peers.replicas import start_replicas, stop_replicas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -488,3 +488,100 @@ async def test_chat_stream_without_include_usage_has_no_usage_field(port):
 async def test_chat_refuses_bad_input_naming_the_field(port, body, param):
     response = await call(port, "POST", "/v1/chat/completions", body)
     assert response.status in (400, 404) and response.json()["error"]["param"] == param
+
+
+# -- where answers end: natural length, stop strings, max_tokens (agent.replica.answer) ---------------------------
+
+ANSWERS = dataclasses.replace(FAST, answer_tokens=12, answer_min_tokens=4)
+
+
+@pytest.fixture
+async def answering():
+    async with SimulatedReplica("chat", "v1", params=ANSWERS, replica_id="r1", http=True) as rep:
+        yield rep
+
+
+async def test_an_answer_without_max_tokens_ends_at_its_natural_length_with_stop(answering):
+    prompt, n = with_natural(ANSWERS, 6, 30)
+    answer = (await call(answering.http_port, "POST", "/v1/completions", {"prompt": prompt})).json()
+    assert answer["choices"][0]["text"] == tensors.generated_text(0, n)
+    assert answer["choices"][0]["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == n
+    chat = {"messages": [{"role": "user", "content": prompt}], "stream": True}
+    chunks = [json.loads(e) for e in (await call(answering.http_port, "POST", "/v1/chat/completions",
+                                                 chat)).events()[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == tensors.generated_text(0, n)
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-2:] == [None, "stop"]
+
+
+async def test_max_tokens_before_the_natural_end_is_length_and_ignore_eos_runs_it_out(answering):
+    prompt, n = with_natural(ANSWERS, 6, 30)
+    short = (await call(answering.http_port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 5})).json()
+    assert short["choices"][0]["finish_reason"] == "length" and short["usage"]["completion_tokens"] == 5
+    body = {"messages": [{"role": "user", "content": prompt}], "max_completion_tokens": n + 7, "ignore_eos": True}
+    full = (await call(answering.http_port, "POST", "/v1/chat/completions", body)).json()
+    assert full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == n + 7
+    assert answering.runner.engine.load().kv_blocks_free == ANSWERS.kv_blocks_total
+
+
+async def test_generate_names_what_matched_at_a_stop(answering):
+    prompt, n = with_natural(ANSWERS, 6, 30)
+    natural = (await call(answering.http_port, "POST", "/generate", generate_body(prompt, 100))).json()["meta_info"]
+    assert natural["finish_reason"] == {"type": "stop", "matched": EOS_TOKEN_ID} and natural["completion_tokens"] == n
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": 100, "stop": ["tokens", "river"]}}
+    cut = (await call(answering.http_port, "POST", "/generate", body)).json()
+    assert cut["text"] == "the ferry crosses a" and cut["meta_info"]["finish_reason"] == {"type": "stop",
+                                                                                        "matched": "river"}
+    body["sampling_params"] = {"max_new_tokens": 3, "stop": "river", "ignore_eos": True}
+    capped = (await call(answering.http_port, "POST", "/generate", body)).json()["meta_info"]
+    assert capped["finish_reason"] == {"type": "length", "length": 3}
+
+
+async def test_a_stop_string_ends_the_answer_on_every_openai_route(port):
+    body = {"prompt": "a b", "max_tokens": 50, "stop": "river", "stream": True,
+            "stream_options": {"include_usage": True}}
+    *chunks, usage = [json.loads(e) for e in (await call(port, "POST", "/v1/completions", body)).events()[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "the ferry crosses a"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and usage["usage"]["completion_tokens"] == 4
+    chat = {"messages": [{"role": "user", "content": "a b"}], "max_tokens": 50, "stop": ["zzz", "the"]}
+    answer = (await call(port, "POST", "/v1/chat/completions", chat)).json()  # stops before the first word
+    assert answer["choices"][0]["message"]["content"] == "" and answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 0
+
+
+async def test_the_default_budget_is_the_context_left_after_the_prompt(answering, port):
+    left = 3
+    prompt = words(ANSWERS.max_context_tokens - left)  # its natural length is at least the floor, 4 > 3
+    answer = (await call(answering.http_port, "POST", "/v1/completions", {"prompt": prompt})).json()
+    assert answer["usage"]["completion_tokens"] == left and answer["choices"][0]["finish_reason"] == "length"
+    full = await call(port, "POST", "/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": words(FAST.max_context_tokens)}]})
+    assert full.status == 400 and full.json()["error"]["param"] == "messages"
+    over = await call(port, "POST", "/v1/completions", {"prompt": "a b", "max_tokens": FAST.max_context_tokens})
+    assert over.status == 400 and over.json()["error"]["param"] == "max_tokens"
+    rendered = (await call(port, "POST", "/v1/completions/render", {"prompt": "a b c"})).json()
+    assert rendered[0]["sampling_params"] == {"max_tokens": FAST.max_context_tokens - 3}
+
+
+async def test_both_faces_end_the_same_prompt_at_the_same_word(answering):
+    prompt, n = with_natural(ANSWERS, 6, 30)
+    async with triton.InferenceServerClient(answering.address) as client:
+        result = await client.infer("chat", llm_inputs(prompt, 100))
+    over_http = (await call(answering.http_port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 100}))
+    assert text_of(result) == over_http.json()["choices"][0]["text"] == tensors.generated_text(0, n)
+    assert params_of(result)["ferry_finish_reason"] == "stop" == over_http.json()["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": "a", "stop": 3}, "stop"),
+    ("/v1/completions", {"prompt": "a", "stop": ["x", 3]}, "stop"),
+    ("/v1/completions", {"prompt": "a", "stop": ["x"] * 17}, "stop"),
+    ("/v1/completions", {"prompt": "a", "stop": ["x" * 257]}, "stop[0]"),
+    ("/v1/completions", {"prompt": "a", "ignore_eos": "yes"}, "ignore_eos"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "stop": {"s": 1}}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 0}, "max_tokens"),
+    ("/generate", {"text": "a", "sampling_params": {"stop": [None]}}, "sampling_params.stop"),
+    ("/generate", {"text": "a", "sampling_params": {"ignore_eos": 1}}, "sampling_params.ignore_eos"),
+], ids=str)
+async def test_bad_stop_and_ignore_eos_fields_are_refused_by_name(port, path, body, param):
+    response = await call(port, "POST", path, body)
+    assert response.status == 400 and response.json()["error"]["param"] == param

@@ -16,7 +16,7 @@ from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
 from agent.replica import tensors
 from agent.replica.server import ReplicaServicer, SimulatedReplica
-from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until
+from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until, with_natural
 
 
 @pytest.fixture
@@ -110,7 +110,7 @@ async def test_statistics_metadata_config_and_index(client):
     assert await client.is_model_ready("chat") and await client.is_model_ready("chat", "v1")
     assert not await client.is_model_ready("other") and not await client.is_model_ready("chat", "v2")
     meta = await client.get_model_metadata("chat")
-    assert [i.name for i in meta.inputs] == ["text_input", "max_tokens", "stream"]
+    assert [i.name for i in meta.inputs] == ["text_input", "max_tokens", "stream", "ignore_eos"]
     config = (await client.get_model_config("chat")).config
     assert config.max_batch_size == FAST.max_running and config.model_transaction_policy.decoupled
     assert config.parameters["ferry_kv_block_tokens"].string_value == "16"
@@ -289,3 +289,57 @@ async def test_a_warming_replica_is_not_ready_and_refuses_inference_until_its_mo
         assert await c.is_model_ready("chat")
         result = await c.infer("chat", llm_inputs("p q", 2))
         assert text_of(result)
+
+
+# -- where answers end (agent.replica.answer) ---------------------------------------------------------------------
+
+ANSWERS = dataclasses.replace(FAST, answer_tokens=12, answer_min_tokens=4)
+
+
+@pytest.fixture
+async def answering_client():
+    async with (SimulatedReplica("chat", "v1", params=ANSWERS, replica_id="n-r1") as rep,
+                triton.InferenceServerClient(rep.address) as c):
+        yield c
+
+
+async def test_an_answer_ends_at_its_natural_length_with_stop_unary_and_streamed(answering_client):
+    prompt, n = with_natural(ANSWERS, 6, 30)
+    result = await answering_client.infer("chat", llm_inputs(prompt, 200))
+    assert text_of(result) == tensors.generated_text(0, n)
+    assert params_of(result)["ferry_completion_tokens"] == n and params_of(result)["ferry_finish_reason"] == "stop"
+    responses = []
+    async for streamed, error in answering_client.stream_infer(requests(
+            {"model_name": "chat", "inputs": llm_inputs(prompt, 200, stream=True)})):
+        assert error is None
+        responses.append(streamed)
+        if params_of(streamed)["triton_final_response"]:
+            break
+    assert "".join(text_of(r) for r in responses) == tensors.generated_text(0, n)
+    assert sum(params_of(r)["ferry_completion_tokens"] for r in responses) == n
+    assert params_of(responses[-1])["ferry_finish_reason"] == "stop"
+
+
+async def test_max_tokens_first_is_length_and_the_ignore_eos_tensor_runs_to_it(answering_client):
+    prompt, n = with_natural(ANSWERS, 6, 30)
+    short = params_of(await answering_client.infer("chat", llm_inputs(prompt, 5)))
+    assert (short["ferry_completion_tokens"], short["ferry_finish_reason"]) == (5, "length")
+    full = params_of(await answering_client.infer("chat", llm_inputs(prompt, n + 9, ignore_eos=True)))
+    assert (full["ferry_completion_tokens"], full["ferry_finish_reason"]) == (n + 9, "length")
+    same = params_of(await answering_client.infer("chat", llm_inputs(prompt, 200, ignore_eos=False)))
+    assert (same["ferry_completion_tokens"], same["ferry_finish_reason"]) == (n, "stop")
+
+
+async def test_ignore_eos_is_declared_optional_and_checked(client, stub):
+    config = (await client.get_model_config("chat")).config
+    assert {i.name: i.optional for i in config.input}["ignore_eos"] is True
+    assert {i.name: i.optional for i in config.input}["max_tokens"] is False
+    req = raw_request()
+    flag = req.inputs.add(name="ignore_eos", datatype="INT32", shape=[1, 1])
+    req.raw_input_contents.append((1).to_bytes(4, "little"))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelInfer(req)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and info.value.details().startswith("ignore_eos")
+    flag.datatype = "BOOL"
+    req.raw_input_contents[-1] = b"\x01"
+    assert (await stub.ModelInfer(req)).parameters["ferry_finish_reason"].string_param == "length"

@@ -43,8 +43,11 @@ class Up:
         }
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "user.toml").write_text(dumps(config))
+        # --answer-tokens 0: answers run to max_tokens, whose exact counts these tests check (a stream continued
+        # on another replica ends at its budget, not at a natural end drawn from the continuation's prompt).
         self.child = Child("up", ["up", "--replicas", "4", "--models", "chat", "--config",
-                                  str(workdir / "user.toml"), "--workdir", str(workdir / "fleet")], workdir).start()
+                                  str(workdir / "user.toml"), "--answer-tokens", "0", "--workdir",
+                                  str(workdir / "fleet")], workdir).start()
         self.ready: dict[str, Any] = self.child.wait_ready(90)
 
     def client(self, tenant: str = "ent", key: str | None = None) -> openai.OpenAI:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from ferry.procs import Child
@@ -39,6 +40,15 @@ def test_ferry_up_runs_the_fleet_and_stops_on_sigint(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=60)
         assert call.returncode == 0, call.stderr
         assert json.loads(call.stdout)["completion_tokens"] == 3
+        # A chat without max_tokens through Envoy may run to the whole context: the replicas end it naturally.
+        chat = {"model": "chat-small", "messages": [{"role": "user", "content": "tell me about the river"}]}
+        request = urllib.request.Request(f"http://{ready['envoy']}/v1/chat/completions", json.dumps(chat).encode(),
+                                         {"Authorization": f"Bearer {ready['api_keys']['enterprise-1']}",
+                                          "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read())
+        assert answer["choices"][0]["finish_reason"] == "stop", answer
+        assert 8 <= answer["usage"]["completion_tokens"] <= 8 + 44 * 40, answer["usage"]  # ferry up: mean 48
         pids = list(ready["pids"].values())
         assert all(_alive(p) for p in pids)
         up.kill(signal.SIGINT)

@@ -84,6 +84,9 @@ from ferry.v1 import admin_pb2
 
 DEFAULT_MODELS = ("chat-large", "chat-small")
 MODEL_GPUS = {"chat-large": 8, "chat-small": 1}
+# [replica] answer_tokens of the simulated replicas: a chat without max_tokens may run to the whole context, so
+# answers end by themselves; 48 is a short reply (1 s of decode on a full replica), docs/operations.md.
+ANSWER_TOKENS = 48
 PLANS = {"enterprise-1": ("enterprise", ["interactive", "standard", "batch"]),
          "paid-1": ("paid", ["interactive", "standard", "batch"]),
          "free-1": ("free", ["standard", "batch"])}
@@ -93,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=None,
                         help="simulated replicas in all (default 8, or 0 with --triton)")
     parser.add_argument("--replicas-per-node", type=int, default=2, help="replicas per node process (default 2)")
+    parser.add_argument("--answer-tokens", type=int, default=None, metavar="N", help="simulated replicas' mean "
+                        f"natural answer length (default: --config's [replica] answer_tokens, else {ANSWER_TOKENS}; "
+                        "0: every answer runs to max_tokens)")
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated model names")
     parser.add_argument("--region", default="local")
     parser.add_argument("--regions", type=int, default=1,
@@ -128,9 +134,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "OpenAI front end's URL, Envoy also reaches them over OpenAI HTTP")
 
 
-def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+def build_config(user: dict[str, Any], models: list[str],
+                 answer_tokens: int | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """The config file of the run, and the API keys it made up (tenant → key)."""
     config = dict(user)
+    replica = config["replica"] = dict(config.get("replica", {}))  # answers end naturally unless told otherwise
+    replica["answer_tokens"] = answer_tokens if answer_tokens is not None else replica.get("answer_tokens",
+                                                                                          ANSWER_TOKENS)
     keys: dict[str, str] = {}
     if "tenants" not in config:
         tenants = []
@@ -144,12 +154,13 @@ def build_config(user: dict[str, Any], models: list[str]) -> tuple[dict[str, Any
 
 
 def write_config(user_path: str | None, models: list[str], regions: list[str],
-                 path: Path, *, trace_endpoint: str = "") -> tuple[dict[str, Any], dict[str, str]]:
+                 path: Path, answer_tokens: int | None = None, *,
+                 trace_endpoint: str = "") -> tuple[dict[str, Any], dict[str, str]]:
     """Write the run's config file at ``path``: the user's ``--config`` (if any) with the made-up tenants,
     models and region layout it lacks, and with ``trace_endpoint``, the proxies' traces sent there
     (:func:`ferry.cli.up.traces.proxy_settings`). Returns the config written and the API keys made up."""
     user = tomllib.loads(Path(user_path).read_text(encoding="utf-8")) if user_path else {}
-    config, keys = build_config(user, models)
+    config, keys = build_config(user, models, answer_tokens)
     config = with_regions(config, regions)
     if trace_endpoint:
         config["proxy"] = proxy_settings(trace_endpoint, config.get("proxy", {}))
@@ -202,7 +213,8 @@ class Fleet:
             self._trace_out = open(args.trace_file, "a", encoding="utf-8") if args.trace_file else None  # noqa: SIM115
             self.traces = TraceSink(self._trace_out or sys.stdout)
             endpoint = self.traces.start()
-        _, self.api_keys = write_config(args.config, self.models, regions, config_path, trace_endpoint=endpoint)
+        _, self.api_keys = write_config(args.config, self.models, regions, config_path,
+                                        getattr(args, "answer_tokens", None), trace_endpoint=endpoint)
         cfg = ["--config", str(config_path)]
         token_path = self.workdir / "admin-token"
         token_path.touch(mode=0o600)

@@ -131,6 +131,13 @@ class Handoff:
     closed: bool = False  # Router.handed_back ran
 
 
+def _logprobs_asked(valid: ValidRequest) -> int | None:
+    """None when the request asks no log probabilities, else how many alternatives per token (0: none)."""
+    given = dict(valid.sampling)
+    top = given.get("top_logprobs", 0)
+    return (top if isinstance(top, int) else 0) if given.get("logprobs") else None
+
+
 class Router:
     """Runs requests from validation to the last byte; see the module docstring."""
 
@@ -274,6 +281,7 @@ class Router:
             tenant=state.tenant.name,
             plan=state.tenant.plan,
             sampling=tensors,
+            logprobs=_logprobs_asked(valid),
         )
         self._tenants.enter(state.tenant.name)  # dataplane.admission.limits: one tenant cannot take every slot
         try:

@@ -27,7 +27,7 @@ SamplingValue = float | int | tuple[str, ...]
 Tensor = tuple[str, str, tuple[int, ...], bytes]  # (input name, datatype, shape, raw contents)
 
 PARAMETERS = ("temperature", "top_p", "top_k", "stop", "seed", "presence_penalty", "frequency_penalty",
-              "guided_json")
+              "guided_json", "logprobs", "top_logprobs")
 TENSORS: Mapping[str, tuple[str, str]] = {
     "temperature": ("temperature", "FP32"),
     "top_p": ("top_p", "FP32"),
@@ -37,14 +37,18 @@ TENSORS: Mapping[str, tuple[str, str]] = {
     "presence_penalty": ("presence_penalty", "FP32"),
     "frequency_penalty": ("frequency_penalty", "FP32"),
     "guided_json": ("guided_json", "BYTES"),  # a JSON Schema the answer matches (structured output)
+    "logprobs": ("return_log_probs", "BOOL"),  # each token's log probability back (TensorRT-LLM's name)
+    "top_logprobs": ("top_logprobs", "INT32"),  # and as many of the most likely tokens at each place
 }
-TENSOR_ONLY = frozenset({"guided_json"})  # not carried by the sampling_parameters JSON (vLLM has no such field)
+# not carried by the sampling_parameters JSON (vLLM has no guided_json, and its logprobs is another shape)
+TENSOR_ONLY = frozenset({"guided_json", "logprobs", "top_logprobs"})
 BY_TENSOR = {tensor: name for name, (tensor, _) in TENSORS.items()}
 JSON_INPUT = "sampling_parameters"
 MAX_INPUTS = 64  # input names kept per replica (a model declares a handful)
 MAX_INPUT_CHARS = 64
 
-_PACK = {"FP32": struct.Struct("<f"), "INT32": struct.Struct("<i"), "UINT64": struct.Struct("<Q")}
+_PACK = {"FP32": struct.Struct("<f"), "INT32": struct.Struct("<i"), "UINT64": struct.Struct("<Q"),
+         "BOOL": struct.Struct("<?")}
 
 
 def accepted(inputs: Collection[str]) -> frozenset[str]:
@@ -75,7 +79,7 @@ def encode(values: Mapping[str, SamplingValue], inputs: Collection[str]) -> tupl
         elif isinstance(value, tuple):
             out.append((tensor, datatype, (1, len(value)), _bytes([s.encode() for s in value])))
         else:
-            number = float(value) if datatype == "FP32" else int(value)
+            number = float(value) if datatype == "FP32" else (bool(value) if datatype == "BOOL" else int(value))
             out.append((tensor, datatype, (1, 1), _PACK[datatype].pack(number)))
     if rest:
         out.append((JSON_INPUT, "BYTES", (1,), _bytes([json.dumps(rest, sort_keys=True).encode()])))

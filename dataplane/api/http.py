@@ -71,6 +71,7 @@ from dataplane.api.chat import ChatTemplates
 from dataplane.api.idempotency import body_digest
 from dataplane.api.service import REQUEST_ID, InferenceServicer
 from dataplane.config import HttpSettings
+from dataplane.forward.kserve import Logprob, Piece
 from dataplane.router import RequestState, Router
 from dataplane.table.local import TableHolder
 from dataplane.tracing import TRACEPARENT, TRACESTATE
@@ -322,9 +323,9 @@ class HttpFront:
                 summaries = await _all(self._answer(one) for one in states)
             for one in states:
                 self._servicer.succeed(one)
-            body = openai.chat(summaries, parsed.model, created, n=parsed.n,
-                               tools=bool(parsed.tools)) if chat else openai.completion(
-                summaries, parsed.model, created, n=parsed.n, echo=echo)
+            body = openai.chat(summaries, parsed.model, created, n=parsed.n, tools=bool(parsed.tools),
+                               logprobs=parsed.logprobs) if chat else openai.completion(
+                summaries, parsed.model, created, n=parsed.n, echo=echo, logprobs=parsed.logprobs)
             return web.Response(body=_dumps(body), content_type=JSON, headers=headers)
         except FerryError as error:
             status, body, retry = openai.error_of(error)
@@ -366,24 +367,30 @@ class HttpFront:
 
         calls = [tooling.Stream() for _ in states] if chat and parsed.tools else []  # offered: parse the calls
 
+        offsets = [0] * len(states)  # each choice's text so far (completions' logprobs text_offset)
+
         def chunk(index: int, text: str | None, summary: inference_pb2.InferResponse | None = None,
-                  found: Sequence[tuple[int, tooling.Call]] = ()) -> bytes:
+                  found: Sequence[tuple[int, tooling.Call]] = (), logprobs: Sequence[Logprob] = ()) -> bytes:
             finish = "tool_calls" if calls and summary is not None and calls[index].calls else ""
-            body = (openai.chat_chunk(rid, parsed.model, created, text, summary=summary, index=index, calls=found,
-                                      finish=finish) if chat
-                    else openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary,
-                                                 index=index))
+            asked = openai.logprobs_of(logprobs) if parsed.logprobs and text and summary is None else None
+            if chat:
+                body = openai.chat_chunk(rid, parsed.model, created, text, summary=summary, index=index, calls=found,
+                                         finish=finish, logprobs=asked)
+            else:
+                body = openai.completion_chunk(rid, parsed.model, created, text or "", summary=summary,
+                                               index=index, logprobs=asked, offset=offsets[index])
+                offsets[index] += len(text or "")
             return b"data: " + _dumps(body) + b"\n\n"
 
-        async def piece(index: int, text: str) -> None:
+        async def piece(index: int, text: str, logprobs: Sequence[Logprob] = ()) -> None:
             """One piece of choice ``index``: as it is, or through its tool-call parser."""
             assert response is not None
             if not calls:
-                await self._write(response, chunk(index, text))
+                await self._write(response, chunk(index, text, logprobs=logprobs))
                 return
             released, found = calls[index].feed(text)
             if released:
-                await self._write(response, chunk(index, released))
+                await self._write(response, chunk(index, released, logprobs=logprobs))
             if found:
                 first = calls[index].calls - len(found)
                 await self._write(response, chunk(index, "", found=list(enumerate(found, first))))
@@ -412,15 +419,15 @@ class HttpFront:
 
         try:
             async with contextlib.aclosing(_pieces(self._router, states)) as pieces:
-                async for index, text in pieces:
+                async for index, item in pieces:
                     if response is None:
                         response = await opened()
-                    if text is None:
+                    if item is None:
                         await ended(index)
                         continue
                     if firsts[index] is None:
                         firsts[index] = self._clock() - states[index].started
-                    await piece(index, text)
+                    await piece(index, item.text, item.logprobs)
         except _ChoiceFailed as failure:  # after output (continuation failed): one error event, then the end
             if response is None:
                 raise failure.error from None
@@ -456,26 +463,26 @@ class _ChoiceFailed(Exception):
 CHOICE_QUEUE = 64  # pieces of several streamed choices waiting for the writer; beyond, their readers wait
 
 
-async def _pieces(router: Router, states: list[RequestState]) -> AsyncGenerator[tuple[int, str | None], None]:
-    """The pieces of every choice's stream as ``(index, text)``, ``(index, None)`` when that choice ends; raises
+async def _pieces(router: Router, states: list[RequestState]) -> AsyncGenerator[tuple[int, Piece | None], None]:
+    """The pieces of every choice's stream as ``(index, piece)``, ``(index, None)`` when that choice ends; raises
     :class:`_ChoiceFailed`. One choice is read in place (no task, no queue: the common case); several by one
     task each into a queue of :data:`CHOICE_QUEUE`, cancelled when the caller stops."""
     if len(states) == 1:
         try:
             async with contextlib.aclosing(router.stream(states[0])) as pieces:
                 async for piece in pieces:
-                    yield 0, piece.text
+                    yield 0, piece
         except FerryError as error:
             raise _ChoiceFailed(0, error) from None
         yield 0, None
         return
-    queue: asyncio.Queue[tuple[int, str | FerryError | None]] = asyncio.Queue(CHOICE_QUEUE)
+    queue: asyncio.Queue[tuple[int, Piece | FerryError | None]] = asyncio.Queue(CHOICE_QUEUE)
 
     async def pump(index: int, state: RequestState) -> None:
         try:
             async with contextlib.aclosing(router.stream(state)) as pieces:
                 async for piece in pieces:
-                    await queue.put((index, piece.text))
+                    await queue.put((index, piece))
         except FerryError as error:
             await queue.put((index, error))
             return

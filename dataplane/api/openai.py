@@ -47,11 +47,10 @@ MAX_CHOICES = 16  # requests one body fans out to (n x prompts): each takes a sl
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
 # fields OpenAI defines that no replica of this fleet serves through the proxy yet: a 400 naming the field and the
 # model when given (a value other than the "off" one), never silently dropped
-NOT_SERVED = {"logprobs": "log probabilities", "top_logprobs": "log probabilities",
-              "logit_bias": "logit bias", "suffix": "a suffix (fill in the middle)", "best_of": "best_of",
+NOT_SERVED = {"logit_bias": "logit bias", "suffix": "a suffix (fill in the middle)", "best_of": "best_of",
               "functions": "functions (deprecated: use tools)", "function_call": "functions (deprecated: use tools)",
               "audio": "audio output"}
-OFF: dict[str, Any] = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "best_of": (None, 1),
+OFF: dict[str, Any] = {"best_of": (None, 1),
                        "tool_choice": (None, "none"), "function_call": (None, "none"),
                        "logit_bias": (None, {}), "tools": (None, []), "functions": (None, [])}
 JSON_OBJECT = '{"type": "object"}'  # the schema of response_format json_object
@@ -85,6 +84,11 @@ class Parsed:
         """The first prompt, as text ("" when it is token ids or a chat)."""
         first = self.prompts[0] if self.prompts else ""
         return first if isinstance(first, str) else ""
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the tokens' log probabilities are asked."""
+        return bool(self.sampling.get("logprobs"))
 
     @property
     def choices(self) -> int:
@@ -174,6 +178,19 @@ def _sampling(data: schema.Sampling) -> dict[str, Any]:
             raise errors.InvalidArgument("response_format.json_schema.schema", "required with type json_schema")
         out["guided_json"] = (JSON_OBJECT if response_format.type == "json_object" or spec is None
                               else json.dumps(spec.schema_, separators=(",", ":")))
+    logprobs = getattr(data, "logprobs", None)
+    top = getattr(data, "top_logprobs", None)
+    if isinstance(data, schema.ChatRequest):  # chat: a flag, and top_logprobs alternatives
+        if top and not logprobs:
+            raise errors.InvalidArgument("top_logprobs", "needs logprobs: true")
+        if logprobs:
+            out["logprobs"] = True
+            if top:
+                out["top_logprobs"] = top
+    elif logprobs is not None:  # completions: the number of alternatives (0: the chosen token's only)
+        out["logprobs"] = True
+        if logprobs:
+            out["top_logprobs"] = logprobs
     if data.stop is not None:
         items = [data.stop] if isinstance(data.stop, str) else data.stop
         for i, text in enumerate(items):
@@ -213,6 +230,9 @@ def parse_completion(body: bytes) -> Parsed:
                         if isinstance(item, str | list))
     if not prompts:
         raise errors.InvalidArgument("prompt", "must not be an empty list")
+    if data.echo and data.logprobs is not None:
+        raise errors.InvalidArgument("echo", f"with logprobs: model {data.model!r} does not return the prompt's "
+                                             "log probabilities", "unsupported_parameter")
     return Parsed(prompts=prompts, echo=bool(data.echo), **_common(data, data.max_tokens, len(prompts)))
 
 
@@ -309,21 +329,52 @@ def usage(summaries: Sequence[inference_pb2.InferResponse], n: int = 1) -> dict[
             "prompt_tokens_details": {"cached_tokens": sum(s.cached_prompt_tokens for s in prompts)}}
 
 
+Logprobs = Sequence[tuple[str, float, Sequence[tuple[str, float]]]]  # (token, log probability, alternatives)
+
+
+def logprobs_of(items: Sequence[Any]) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    """Log probabilities as ``(token, logprob, alternatives)``, from the wire's ``TokenLogprob`` or the
+    forwarder's ``Logprob``."""
+    return [(i.token, i.logprob, [(t.token, t.logprob) if hasattr(t, "token") else (t[0], t[1]) for t in i.top])
+            for i in items]
+
+
+def chat_logprobs(items: Logprobs) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``content``, one entry per token with its bytes and ``top_logprobs``."""
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": round(logprob, 6), "bytes": list(token.encode())}
+
+    return {"content": [{**entry(token, logprob), "top_logprobs": [entry(t, v) for t, v in top]}
+                        for token, logprob, top in items], "refusal": None}
+
+
+def completion_logprobs(items: Logprobs, offset: int = 0) -> dict[str, Any]:
+    """A completion choice's ``logprobs``: ``tokens``, ``token_logprobs``, ``top_logprobs`` (a token -> logprob
+    object each) and ``text_offset`` (each token's offset in the text, from ``offset``)."""
+    offsets, at = [], offset
+    for token, _, _ in items:
+        offsets.append(at)
+        at += len(token)
+    return {"tokens": [token for token, _, _ in items], "token_logprobs": [round(lp, 6) for _, lp, _ in items],
+            "top_logprobs": [{t: round(v, 6) for t, v in top} for _, _, top in items], "text_offset": offsets}
+
+
 def _id(prefix: str, summary: inference_pb2.InferResponse, request_id: str) -> str:
     return f"{prefix}-{summary.request_id or request_id}"
 
 
 def completion(summaries: Sequence[inference_pb2.InferResponse], model: str, created: int, *, n: int = 1,
-               echo: Sequence[str] = ()) -> dict[str, Any]:
+               echo: Sequence[str] = (), logprobs: bool = False) -> dict[str, Any]:
     """The ``text_completion`` object of a unary answer: one choice per summary (``echo``: each prompt first)."""
     return {"id": _id("cmpl", summaries[0], ""), "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": (echo[i] if echo else "") + s.text, "logprobs": None,
+            "choices": [{"index": i, "text": (echo[i] if echo else "") + s.text,
+                         "logprobs": completion_logprobs(logprobs_of(s.logprobs)) if logprobs else None,
                          "finish_reason": s.finish_reason or "stop"} for i, s in enumerate(summaries)],
             "usage": usage(summaries, n)}
 
 
 def chat(summaries: Sequence[inference_pb2.InferResponse], model: str, created: int, *,
-         n: int = 1, tools: bool = False) -> dict[str, Any]:
+         n: int = 1, tools: bool = False, logprobs: bool = False) -> dict[str, Any]:
     """The ``chat.completion`` object of a unary answer: one choice per summary; with ``tools`` offered, the calls
     in each answer parsed out (:func:`dataplane.api.tools.parse`) into ``message.tool_calls``."""
     choices = []
@@ -335,16 +386,19 @@ def chat(summaries: Sequence[inference_pb2.InferResponse], model: str, created: 
             if calls:
                 message = {"role": "assistant", "content": content, "tool_calls": [c.openai() for c in calls]}
                 finish = "tool_calls"
-        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish})
+        choices.append({"index": i, "message": message, "finish_reason": finish,
+                        "logprobs": chat_logprobs(logprobs_of(s.logprobs)) if logprobs else None})
     return {"id": _id("chatcmpl", summaries[0], ""), "object": "chat.completion", "created": created,
             "model": model, "choices": choices, "usage": usage(summaries, n)}
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, *,
-                     summary: inference_pb2.InferResponse | None = None, index: int = 0) -> dict[str, Any]:
+                     summary: inference_pb2.InferResponse | None = None, index: int = 0,
+                     logprobs: Logprobs | None = None, offset: int = 0) -> dict[str, Any]:
     """One ``text_completion`` stream chunk of choice ``index``; its last one (``summary`` given) has the finish
     reason."""
-    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None,
+    choice: dict[str, Any] = {"index": index, "text": text,
+                              "logprobs": completion_logprobs(logprobs, offset) if logprobs is not None else None,
                               "finish_reason": (summary.finish_reason or "stop") if summary is not None else None}
     return {"id": f"cmpl-{request_id}", "object": "text_completion", "created": created, "model": model,
             "choices": [choice]}
@@ -352,7 +406,8 @@ def completion_chunk(request_id: str, model: str, created: int, text: str, *,
 
 def chat_chunk(request_id: str, model: str, created: int, text: str | None, *,
                summary: inference_pb2.InferResponse | None = None, index: int = 0,
-               calls: Sequence[tuple[int, tooling.Call]] = (), finish: str = "") -> dict[str, Any]:
+               calls: Sequence[tuple[int, tooling.Call]] = (), finish: str = "",
+               logprobs: Logprobs | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` of choice ``index``: ``text`` None is the first (the role); ``calls``
     (``(index among the choice's calls, call)``) a delta of tool calls; ``summary`` marks the last (``finish``:
     its reason, else the summary's)."""
@@ -360,7 +415,7 @@ def chat_chunk(request_id: str, model: str, created: int, text: str | None, *,
         {"content": text} if summary is None else {})
     if calls:
         delta = {"tool_calls": [call.openai(k) for k, call in calls]}
-    choice = {"index": index, "delta": delta, "logprobs": None,
+    choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
               "finish_reason": (finish or summary.finish_reason or "stop") if summary is not None else None}
     return {"id": f"chatcmpl-{request_id}", "object": "chat.completion.chunk", "created": created,
             "model": model, "choices": [choice]}

@@ -56,6 +56,7 @@ import grpc
 
 from dataplane.admission.coldstart import WarmingUp
 from dataplane.api.idempotency import body_digest
+from dataplane.forward.kserve import Logprob
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import RequestState, Router
 from dataplane.tracing import TRACEPARENT, TRACESTATE, header
@@ -98,6 +99,13 @@ def finish_reason(state: RequestState) -> str:
         return state.outcome.finish_reason
     asked = state.request.max_tokens if state.request is not None else 0
     return "length" if asked and state.outcome.completion_tokens >= asked else "stop"
+
+
+def token_logprobs(found: Sequence[Logprob]) -> list[inference_pb2.TokenLogprob]:
+    """The wire's ``TokenLogprob`` of each token's log probability."""
+    return [inference_pb2.TokenLogprob(token=lp.token, logprob=lp.logprob,
+                                       top=[inference_pb2.TopLogprob(token=t, logprob=v) for t, v in lp.top])
+            for lp in found]
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServicer):
@@ -183,7 +191,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 async for piece in pieces:
                     if first is None:
                         first = self._clock() - state.started
-                    await self._write(context, inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens))
+                    await self._write(context, inference_pb2.InferChunk(text=piece.text, tokens=piece.tokens,
+                                                                        logprobs=token_logprobs(piece.logprobs)))
             state.outcome.ttft_seconds = first if first is not None else self._clock() - state.started
             await self._write(context, inference_pb2.InferChunk(final=True, summary=self.summary(state, "")))
             self.succeed(state, streamed=first is not None)
@@ -197,10 +206,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             raise StreamUnread(self._unread_timeout, self._retry_after) from None
 
     def summary(self, state: RequestState, text: str) -> inference_pb2.InferResponse:
-        """The ``InferResponse`` of a finished request (shared with the HTTP front door)."""
+        """The ``InferResponse`` of a finished request (shared with the HTTP front door): a unary one (``text``
+        given) with the tokens' log probabilities when asked; a stream's (``text`` "") without, each chunk
+        carried its own."""
         outcome = state.outcome
         proxy_wait = max(state.forwarded_at - state.started, 0.0)
         return inference_pb2.InferResponse(
+            logprobs=token_logprobs(outcome.logprobs) if text else (),
             text=text,
             prompt_tokens=outcome.prompt_tokens,
             completion_tokens=outcome.completion_tokens,

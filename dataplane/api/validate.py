@@ -161,6 +161,18 @@ def _sampling(request: inference_pb2.InferRequest) -> tuple[tuple[str, sampling.
         if name == "guided_json":
             out.append((name, (_guide(request.guided_json),)))
             continue
+        if name == "top_logprobs":
+            if not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise InvalidArgument("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}")
+            if not request.logprobs:
+                raise InvalidArgument("top_logprobs", "needs logprobs")
+            if request.top_logprobs:
+                out.append((name, request.top_logprobs))
+            continue
+        if name == "logprobs":
+            if request.logprobs:
+                out.append((name, True))
+            continue
         value = getattr(request, name)
         if name in _RANGES:
             low, high = _RANGES[name]
@@ -173,6 +185,7 @@ def _sampling(request: inference_pb2.InferRequest) -> tuple[tuple[str, sampling.
 
 
 MAX_GUIDE_BYTES = 64 * 1024
+MAX_TOP_LOGPROBS = 20
 
 
 def _guide(text: str) -> str:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import struct
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -88,6 +89,7 @@ class Call:
     tenant: str
     plan: str
     sampling: tuple[Tensor, ...] = ()  # the sampling parameters' input tensors (ferry.sampling)
+    logprobs: int | None = None  # log probabilities asked, with this many alternatives per token (None: not asked)
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,6 +106,16 @@ class Outcome:
     cached_reported: bool = False  # the replica sent ferry_cached_tokens
     completion_reported: bool = False  # the replica sent ferry_completion_tokens (else counted here, in words)
     finish_reason: str = ""  # the replica's ferry_finish_reason ("stop" or "length"), when it sent one
+    logprobs: list[Logprob] = dataclasses.field(default_factory=list)  # when asked: each token's, in order
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Logprob:
+    """One generated token's log probability, and the most likely tokens at its place (most likely first)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,6 +124,7 @@ class Piece:
 
     text: str
     tokens: int
+    logprobs: tuple[Logprob, ...] = ()  # each token of ``text``'s, when asked
 
 
 _LENGTH = struct.Struct("<I")  # the length prefix of each element of a BYTES tensor's raw contents
@@ -174,6 +187,47 @@ def _text(response: pb.ModelInferResponse, replica_id: str, started: bool, *, re
         return ""
     raise ForwardFailed(replica_id, "bad_response", "response has no text_output", output_started=started,
                         retryable=not started)
+
+
+LOGPROB_OUTPUTS = ("output_log_probs", "output_tokens", "top_logprobs")  # docs/CONTRACTS.md, Log probabilities
+MAX_TOP = 20  # alternatives kept per token
+
+
+def _elements(raw: bytes) -> list[bytes]:
+    """The elements of a BYTES tensor's raw contents (each length-prefixed)."""
+    out: list[bytes] = []
+    at = 0
+    while at + 4 <= len(raw):
+        (size,) = _LENGTH.unpack_from(raw, at)
+        out.append(raw[at + 4:at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def _logprobs(response: pb.ModelInferResponse, keep: int = MAX_TOP) -> tuple[Logprob, ...]:
+    """The log probabilities a response carries (none when it has no ``output_log_probs``): ``output_log_probs``
+    FP32 one per token, ``output_tokens`` BYTES their texts, ``top_logprobs`` BYTES a JSON object per token
+    (token -> log probability, most likely first; the first ``keep`` kept). A malformed part is left out, never
+    an error: the text is what the client asked for first."""
+    found: dict[str, bytes] = {}
+    for index, output in enumerate(response.outputs):
+        if output.name in LOGPROB_OUTPUTS and index < len(response.raw_output_contents):
+            found[output.name] = response.raw_output_contents[index]
+    raw = found.get("output_log_probs")
+    if raw is None:
+        return ()
+    values = [v for (v,) in struct.iter_unpack("<f", raw[:len(raw) - len(raw) % 4])]
+    tokens = [t.decode(errors="replace") for t in _elements(found.get("output_tokens", b""))]
+    tops: list[tuple[tuple[str, float], ...]] = []
+    for item in _elements(found.get("top_logprobs", b"")):
+        try:
+            data = json.loads(item)
+        except ValueError:
+            data = {}
+        tops.append(tuple((str(k), float(v)) for k, v in list(data.items())[:min(keep, MAX_TOP)]
+                          if isinstance(v, int | float)) if isinstance(data, dict) else ())
+    return tuple(Logprob(tokens[i] if i < len(tokens) else "", value, tops[i] if i < len(tops) else ())
+                 for i, value in enumerate(values))
 
 
 def _text_slow(response: pb.ModelInferResponse, replica_id: str, started: bool) -> str:
@@ -295,6 +349,7 @@ class Forwarder:
         completion = _param(params, "ferry_completion_tokens")
         outcome.completion_tokens = int(completion) if completion is not None else count_tokens(text)
         outcome.completion_reported = completion is not None
+        outcome.logprobs = list(_logprobs(result, call.logprobs)) if call.logprobs is not None else []
         return outcome
 
     async def _collect(self, replica: Replica, call: Call, remaining: float, metadata: Metadata | None) -> Outcome:
@@ -358,7 +413,9 @@ class Forwarder:
                         texts.append(text)
                         if len(texts) >= JOIN_PIECES:  # the text as one string, not thousands of small ones
                             texts[:] = ["".join(texts)]
-                        yield Piece(text, tokens)
+                        logprobs = _logprobs(response, call.logprobs) if call.logprobs is not None else ()
+                        outcome.logprobs.extend(logprobs)
+                        yield Piece(text, tokens, logprobs)
                     if _param(params, "triton_final_response"):
                         break
             except (InferenceServerException, grpc.aio.AioRpcError) as exc:

@@ -193,7 +193,8 @@ class Guards:
         checked = await self.output(hooks, subject, text, context=tail, final=final)
         if checked == text:
             return held
-        return [Piece(checked, sum(p.tokens for p in held))] if held or checked else []
+        return ([Piece(checked, sum(p.tokens for p in held), tuple(lp for p in held for lp in p.logprobs))]
+                if held or checked else [])
 
     async def _check(self, hook: GuardrailConfig, subject: Subject, request: guardrail_pb2.CheckRequest,
                      text: str) -> str:

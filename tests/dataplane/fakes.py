@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import struct
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -41,6 +42,7 @@ class Behaviour:
     final_flag: bool = True
     die_with_error_message: bool = False
     script: tuple[str, ...] = ()  # the answer's pieces as they are streamed (unary: joined), instead of words
+    logprobs: bool = False  # answer log probabilities when the request asks (return_log_probs)
 
 
 async def serve(add: Callable[[Any, grpc.aio.Server], None], servicer: Any,
@@ -73,14 +75,28 @@ def parse(request: Any) -> tuple[str, int, bool]:
     return prompt, max_tokens, stream
 
 
-def response(request: Any, text: str, params: dict[str, Any]) -> Any:
-    """A ModelInferResponse with ``text_output`` = ``text`` and the given parameters."""
+def response(request: Any, text: str, params: dict[str, Any], *, logprobs: bool = False) -> Any:
+    """A ModelInferResponse with ``text_output`` = ``text`` and the given parameters; with ``logprobs``, each word
+    of ``text`` with a log probability (-0.5 per word of its place) and two alternatives, as docs/CONTRACTS.md
+    has them (``output_log_probs``, ``output_tokens``, ``top_logprobs``)."""
     reply = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
     out = reply.outputs.add()
     out.name, out.datatype = "text_output", "BYTES"
     out.shape.extend([1, 1])
     data = text.encode()
     reply.raw_output_contents.append(struct.pack("<I", len(data)) + data)
+    if logprobs:
+        tokens = [w + " " for w in text.split()]
+        for name, datatype, raw in (
+                ("output_log_probs", "FP32", b"".join(struct.pack("<f", -0.5 * (i + 1)) for i in range(len(tokens)))),
+                ("output_tokens", "BYTES", b"".join(struct.pack("<I", len(t.encode())) + t.encode() for t in tokens)),
+                ("top_logprobs", "BYTES", b"".join(
+                    struct.pack("<I", len(j)) + j for j in (json.dumps({t: -0.5 * (i + 1), "x": -9.0}).encode()
+                                                            for i, t in enumerate(tokens))))):
+            extra = reply.outputs.add()
+            extra.name, extra.datatype = name, datatype
+            extra.shape.extend([1, len(tokens)])
+            reply.raw_output_contents.append(raw)
     for key, value in params.items():
         if isinstance(value, bool):
             reply.parameters[key].bool_param = value
@@ -150,11 +166,16 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._before(request, context)
+        asked = self._asked(request)
         if self.behaviour.script:
             text = "".join(self.behaviour.script)
-            return response(request, text, self._params(request, len(self.behaviour.script)))
+            return response(request, text, self._params(request, len(self.behaviour.script)), logprobs=asked)
         words = self._words(request)
-        return response(request, " ".join(words), self._params(request, len(words)))
+        return response(request, " ".join(words), self._params(request, len(words)), logprobs=asked)
+
+    def _asked(self, request: Any) -> bool:
+        """Log probabilities asked (``return_log_probs``) and this replica answers them."""
+        return self.behaviour.logprobs and any(t.name == "return_log_probs" for t in request.inputs)
 
     async def ModelStreamInfer(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         request = await anext(aiter(request_iterator))
@@ -178,7 +199,8 @@ class FakeReplica(service_pb2_grpc.GRPCInferenceServiceServicer):
             if i == n - 1 and self.behaviour.final_flag:
                 params["triton_final_response"] = True
             yield service_pb2.ModelStreamInferResponse(
-                infer_response=response(request, script[i] if script else f"{self.replica_id}c{i} ", params)
+                infer_response=response(request, script[i] if script else f"{self.replica_id}c{i} ", params,
+                                        logprobs=self._asked(request))
             )
 
 

@@ -17,6 +17,8 @@ from dataplane.api import tools as tooling
 from ferry.config import ModelConfig
 from ferry.errors import InvalidArgument
 from ferry.tokens import Tokenizers
+from ferry.v1 import inference_pb2
+from tests.dataplane.conftest import PAID
 from tests.dataplane.fakes import Behaviour, parse
 from tests.dataplane.test_http import AUTH, front, post
 from tests.test_tokens_hf import make_tokenizer
@@ -289,3 +291,56 @@ def test_streamed_calls_are_found_whatever_the_cut() -> None:
         assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Oslo"}')]
     assert tooling.parse(text)[0] == "a  b <tool_call>not json</tool_call> c"
     assert tooling.parse("<tool_call>{") == ("<tool_call>{", [])
+
+
+LOGPROB_INPUTS = {"r1": {"inputs": ["return_log_probs", "top_logprobs"]}}
+
+
+async def test_chat_logprobs_with_alternatives_unary_and_streamed(rig) -> None:
+    r, base = await front(rig, {"r1": Behaviour(logprobs=True, chunks=3)}, loads=LOGPROB_INPUTS)
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, "max_tokens": 3, "logprobs": True,
+                                                                "top_logprobs": 2})
+    assert status == 200, body
+    content = body["choices"][0]["logprobs"]["content"]
+    words = body["choices"][0]["message"]["content"].split()
+    assert [e["token"].strip() for e in content] == words
+    assert content[0]["logprob"] == -0.5 and content[0]["bytes"] == list(content[0]["token"].encode())
+    assert [t["token"] for t in content[0]["top_logprobs"]] == [content[0]["token"], "x"]
+    sent = r.replicas["r1"].requests[0]
+    assert {t.name: t.datatype for t in sent.inputs}.items() >= {("return_log_probs", "BOOL"),
+                                                                ("top_logprobs", "INT32")}
+    chunks = await events(base, "/v1/chat/completions", {**CHAT, "max_tokens": 3, "logprobs": True, "stream": True})
+    with_text = [c for c in chunks if c["choices"][0]["delta"].get("content")]
+    assert with_text and all(len(c["choices"][0]["logprobs"]["content"]) == 1 for c in with_text)
+
+
+async def test_completion_logprobs_name_tokens_offsets_and_alternatives(rig) -> None:
+    _, base = await front(rig, {"r1": Behaviour(logprobs=True)}, loads=LOGPROB_INPUTS)
+    status, body, _ = await post(base, "/v1/completions", {"model": "m", "prompt": "a b", "max_tokens": 3,
+                                                           "logprobs": 2})
+    assert status == 200, body
+    logprobs = body["choices"][0]["logprobs"]
+    assert "".join(logprobs["tokens"]).split() == body["choices"][0]["text"].split()
+    assert logprobs["token_logprobs"] == [-0.5, -1.0, -1.5] and logprobs["text_offset"][0] == 0
+    assert all(len(top) == 2 for top in logprobs["top_logprobs"])
+
+
+async def test_logprobs_over_grpc_come_with_each_chunk(rig) -> None:
+    r = await rig({"r1": Behaviour(logprobs=True, chunks=2)}, loads=LOGPROB_INPUTS)
+    chunks = [c async for c in r.stub.InferStream(request_of(logprobs=True, top_logprobs=1), metadata=PAID)]
+    pieces = [c for c in chunks if not c.final]
+    assert pieces and all(c.logprobs and len(c.logprobs[0].top) == 1 for c in pieces)  # the one asked
+    reply = await r.stub.Infer(request_of(logprobs=True), metadata=PAID)
+    assert len(reply.logprobs) == len(reply.text.split()) and not reply.logprobs[0].top  # no alternative asked
+
+
+@pytest.mark.parametrize(("extra", "param"), [({"top_logprobs": 2}, "top_logprobs"),
+                                               ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")])
+async def test_bad_logprobs_requests_name_the_field(rig, extra: dict[str, Any], param: str) -> None:
+    _, base = await front(rig, {"r1": Behaviour(logprobs=True)}, loads=LOGPROB_INPUTS)
+    status, body, _ = await post(base, "/v1/chat/completions", {**CHAT, **extra})
+    assert status == 400 and body["error"]["param"] == param, body
+
+
+def request_of(**fields: Any) -> Any:
+    return inference_pb2.InferRequest(model="m", prompt="hello there", max_tokens=3, **fields)

@@ -12,8 +12,7 @@ Three fleets, each a ``ferry up`` for the module:
 What a client written against OpenAI's API reads: defaults, ``stream_options.include_usage`` chunk by chunk,
 ``n``, ``/v1/models/{id}``, tool calls parsed by the SDK, ``response_format`` and
 ``chat.completions.parse`` with a pydantic model, the error codes and rate-limit headers, and LangChain's
-invoke, stream and tool call. ``logprobs`` is refused by name everywhere (no model of these fleets returns
-them).
+invoke, stream and tool call, ``logprobs`` with alternatives.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 HI = [{"role": "user", "content": "Say hello to the river."}]
-SIM_FEATURES = frozenset({"natural_end", "tools", "structured", "context"})  # context: its replicas report one
+# what the simulated model serves; context: its replicas report one (a prompt can be too long)
+SIM_FEATURES = frozenset({"natural_end", "tools", "structured", "context", "logprobs"})
 
 
 class Up:
@@ -151,11 +151,20 @@ def test_n_three_choices(up: Up) -> None:
     assert all(c.message.content for c in answer.choices)
 
 
-def test_logprobs_are_refused_naming_the_field_and_the_model(up: Up) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        up.client().chat.completions.create(model=up.model, messages=HI, logprobs=True, top_logprobs=2)
-    assert refused.value.code == "unsupported_parameter" and refused.value.param == "logprobs"
-    assert f"'{up.model}'" in refused.value.message
+def test_logprobs_with_two_alternatives(up: Up) -> None:
+    if not up.serves("logprobs"):
+        refused(up, "logprobs", logprobs=True, top_logprobs=2)
+        return
+    answer = up.client().chat.completions.create(model=up.model, messages=HI, max_tokens=5, logprobs=True,
+                                                 top_logprobs=2)
+    (choice,) = answer.choices
+    assert choice.logprobs is not None and choice.logprobs.content
+    assert all(len(token.top_logprobs) == 2 and token.logprob <= 0 for token in choice.logprobs.content)
+    assert "".join(t.token for t in choice.logprobs.content).split() == (choice.message.content or "").split()
+    chunks = list(up.client().completions.create(model=up.model, prompt="the river", max_tokens=4, logprobs=1,
+                                                  stream=True))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens or []]
+    assert "".join(tokens).split() == "".join(c.choices[0].text for c in chunks if c.choices).split()
 
 
 def test_a_model_is_retrieved_by_id(up: Up) -> None:

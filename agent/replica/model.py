@@ -118,7 +118,11 @@ def offered_tool(prompt: str) -> tuple[str, object] | None:
     start = prompt.rfind("\n<tools>\n")
     if start < 0 and not prompt.startswith("<tools>\n"):
         return None
-    for line in prompt[start + len("\n<tools>\n") if start >= 0 else len("<tools>\n"):].split("\n"):
+    pos = start + len("\n<tools>\n") if start >= 0 else len("<tools>\n")
+    while pos < len(prompt):  # line by line, up to the first function (not the whole rest of the prompt)
+        end = prompt.find("\n", pos)
+        end = len(prompt) if end < 0 else end
+        line, pos = prompt[pos:end], end + 1
         if line.startswith("</tools>"):
             return None
         try:

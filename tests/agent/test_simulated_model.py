@@ -6,6 +6,7 @@ with the official ``openai`` SDK.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -19,6 +20,7 @@ from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
 from agent.replica import model, tensors
+from agent.replica.answer import Limit, answer_limit
 from agent.replica.server import SimulatedReplica
 from dataplane.api import tools as hermes
 from dataplane.api.chat import ChatTemplates
@@ -105,6 +107,29 @@ def test_a_script_is_whitespace_tokens_that_join_into_its_text() -> None:
     assert all(len(t.split()) == 1 for t in script.tokens) and len(script.tokens) == len(script.text.split())
     start, end = script.arguments
     validate(json.loads(script.text[start:end]), WEATHER["function"]["parameters"])
+
+
+def test_a_call_comes_before_the_schema_and_the_schema_after_the_tool_result() -> None:
+    schema = json.dumps(Weather.model_json_schema())
+    called = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{}"}}]}
+    first = model.kserve_script(render(ASK, [WEATHER]), (schema,))
+    assert first is not None and first.call and first.name == "get_weather"
+    then = model.kserve_script(render([*ASK, called, {"role": "tool", "content": "sunny"}], [WEATHER]), (schema,))
+    assert then is not None and not then.call
+    Weather.model_validate_json(then.text)
+    assert model.kserve_script(render(ASK), None) is None
+
+
+def test_a_script_ends_after_its_last_token_whatever_the_natural_length_says() -> None:
+    script = model.json_script(Weather.model_json_schema(), "x").tokens
+    on = dataclasses.replace(FAST, answer_tokens=3, answer_min_tokens=2)
+    assert answer_limit("p", 500, params=on, script=script) == Limit(len(script), "stop", script=script)
+    assert answer_limit("p", 500, params=on, ignore_eos=True, script=script).words == len(script)
+    assert answer_limit("p", len(script), script=script).reason == "length"  # the end token did not fit
+    cut = answer_limit("p", 500, ['"sunny"'], script=script)
+    assert cut.reason == "stop" and cut.matched == '"sunny"' and '"sunny"' not in cut.text(0, cut.words)
+    assert cut.text(0, cut.words + 1).endswith('"sunny":')
 
 
 # -- KServe face --------------------------------------------------------------------------------------------------

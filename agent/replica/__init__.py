@@ -3,7 +3,10 @@
 Pure: :mod:`.engine` (continuous batching, chunked prefill, a prefix cache
 :mod:`.prefix_cache`, driven by an injected clock), :mod:`.tensors` (the
 KServe v2 tensors of docs/CONTRACTS.md), :mod:`.metrics` (the Prometheus text
-under Triton's and TensorRT-LLM's names). Edges: :mod:`.runner` (one engine
+under Triton's and TensorRT-LLM's names), :mod:`.model` (what the simulated
+model answers: words, JSON for a schema, a tool call when tools are offered)
+with :mod:`.instance` (a JSON value of a JSON Schema) and :mod:`.choices`
+(OpenAI's shapes of an answer). Edges: :mod:`.runner` (one engine
 in real time), :mod:`.server` (the gRPC servicer), :mod:`.httpface` (an HTTP
 face speaking the peers' APIs, for side-by-side runs).
 """

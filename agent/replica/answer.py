@@ -7,7 +7,8 @@ Both faces of a replica (KServe v2 in :mod:`agent.replica.server`, HTTP in
 the KV blocks follow the answer a client really gets.
 
 An answer is ``min(natural, stop, max_tokens)`` words of
-:func:`agent.replica.tensors.generated_text`:
+:func:`agent.replica.tensors.generated_text`, or tokens of a script (JSON, a
+tool call: :mod:`agent.replica.model`), :meth:`Limit.text`:
 
 - **natural**: the length at which the model would emit end-of-sequence.
   A model that ends with the same chance p after each token gives a
@@ -22,7 +23,8 @@ An answer is ``min(natural, stop, max_tokens)`` words of
   ``[replica] answer_tokens`` (0: off, every answer runs to ``max_tokens``,
   the default and what the fleet simulator assumes) and
   ``answer_min_tokens``; ``ignore_eos`` (vLLM's and SGLang's name) turns the
-  natural end off for one request.
+  natural end off for one request. A script's natural end is its last
+  token, whatever ``answer_tokens`` and ``ignore_eos`` say.
 - **stop**: the words before the first stop string, when the whole string
   falls inside the answer (the cut is at a word boundary:
   :func:`agent.replica.tensors.cut_at_stop`).
@@ -33,7 +35,7 @@ An answer is ``min(natural, stop, max_tokens)`` words of
 Cost: O(prompt) for the hash, O(longest stop string) for the stop cut: the
 reply repeats a 10-word cycle, so a stop string that occurs in it occurs
 first within two cycles plus its own length (:func:`_window`), whatever
-``max_tokens`` is (by default the whole context on the HTTP face).
+``max_tokens`` is (by default the whole context on the HTTP face); O(script) for a script.
 """
 
 from __future__ import annotations
@@ -49,11 +51,21 @@ from agent.replica.engine import EngineParams
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Limit:
-    """How many words a request emits and why it ends there: ``stop`` (its end, or ``matched``) or ``length``."""
+    """How many words a request emits and why it ends there: ``stop`` (its end, or ``matched``) or ``length``;
+    what they are: the tokens of ``script``, else the vocabulary's words."""
 
     words: int
     reason: str
     matched: str | None = None  # the stop string that ended it
+    script: tuple[str, ...] | None = None  # the answer's tokens (None: tensors.generated_text)
+
+    def text(self, start: int, count: int) -> str:
+        """Tokens ``start`` to ``start + count - 1`` of the answer, joined."""
+        return _text(self.script, start, count)
+
+
+def _text(script: tuple[str, ...] | None, start: int, count: int) -> str:
+    return tensors.generated_text(start, count) if script is None else "".join(script[start:start + count])
 
 
 def natural_length(prompt: str, mean: int, floor: int) -> int:
@@ -79,18 +91,20 @@ def _window(stops: Sequence[str]) -> int:
 
 
 def answer_limit(prompt: str, max_tokens: int, stops: Sequence[str] = (), *, params: EngineParams | None = None,
-                 ignore_eos: bool = False) -> Limit:
+                 ignore_eos: bool = False, script: tuple[str, ...] | None = None) -> Limit:
     """Where the answer to ``prompt`` ends: ``min(natural, stop, max_tokens)`` words, and why.
 
     ``params`` gives ``answer_tokens`` and ``answer_min_tokens`` (None or ``answer_tokens`` 0: no natural
-    end); ``ignore_eos`` turns the natural end off.
+    end); ``ignore_eos`` turns the natural end off; ``script``, the answer's tokens, ends it after them.
     """
     mean = params.answer_tokens if params is not None and not ignore_eos else 0
     natural = natural_length(prompt, mean, params.answer_min_tokens) if params is not None and mean > 0 else None
+    if script is not None:
+        natural = len(script)
     length = max_tokens if natural is None else min(natural, max_tokens)
     if any(stops):
-        text = tensors.generated_text(0, min(length, _window(stops)))
+        text = _text(script, 0, length if script is not None else min(length, _window(stops)))
         first = tensors.first_stop(text, stops)
         if first is not None:  # the words wholly before it, as tensors.cut_at_stop counts them
-            return Limit(words=len(text[:first[0]].split()), reason="stop", matched=first[1])
-    return Limit(words=length, reason="stop" if length < max_tokens else "length")
+            return Limit(words=len(text[:first[0]].split()), reason="stop", matched=first[1], script=script)
+    return Limit(words=length, reason="stop" if length < max_tokens else "length", script=script)

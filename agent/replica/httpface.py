@@ -5,9 +5,10 @@ runner behind the replica's KServe v2 gRPC face) over HTTP/1.1 on asyncio
 streams, so that HTTP routers can be measured in front of the same replicas
 Ferry routes to over gRPC. Both faces admit a prompt with
 :func:`submit_prompt` (whitespace tokens, chained block hashes of the
-engine's block size) and write :func:`agent.replica.tensors.generated_text`, so a
-request's text, token counts, cached tokens and the engine's prefix-cache
-counters are the same whichever face it came through.
+engine's block size) and write the answer :mod:`agent.replica.model` gives
+(words, JSON, a tool call), so a request's text, token counts, cached
+tokens and the engine's prefix-cache counters are the same whichever face it
+came through.
 
 Routes (``model`` is the replica's model name):
 
@@ -31,8 +32,8 @@ Routes (``model`` is the replica's model name):
   ``cached_tokens`` until the last event, then ``data: [DONE]``.
 - ``POST /v1/completions`` (OpenAI): ``{"model": str, "prompt": str | [str],
   "max_tokens": int, "stop": str | [str], "ignore_eos": bool, "stream":
-  bool = false, "stream_options": {"include_usage": bool}}``; answers a
-  ``text_completion`` with ``usage``
+  bool = false, "stream_options": {"include_usage": bool}, "n": int = 1,
+  "response_format"}``; answers a ``text_completion`` with ``usage``
   (``prompt_tokens_details.cached_tokens``). Streamed: one chunk per engine
   delta with the new text, the last with ``finish_reason``, then,
   when ``include_usage``, a chunk with empty ``choices`` and the usage, then
@@ -40,16 +41,25 @@ Routes (``model`` is the replica's model name):
 - ``POST /v1/chat/completions`` (OpenAI chat): ``{"model": str, "messages":
   [{"role", "content": str | [{"type": "text", "text": str}]}],
   "max_completion_tokens" | "max_tokens": int, "stop", "ignore_eos",
-  "stream": bool = false, "stream_options": {"include_usage": bool}}``; the
-  prompt is the messages' text contents joined by newlines (no chat
-  template). Answers a
+  "stream": bool = false, "stream_options": {"include_usage": bool}, "n":
+  int = 1, "tools", "tool_choice", "response_format"}``; the prompt is the
+  messages' text contents joined by newlines (no chat template). Answers a
   ``chat.completion`` whose ``message`` is ``{"role": "assistant",
-  "content"}``, with ``usage``. Streamed: ``chat.completion.chunk`` events,
-  the first with ``delta`` ``{"role": "assistant", "content": ""}``, then one
-  per engine delta with the new ``content``, then one with an empty
-  ``delta`` and the ``finish_reason``; with ``include_usage`` every
+  "content"}``, or a tool call (:mod:`agent.replica.choices`), with
+  ``usage``. Streamed: ``chat.completion.chunk`` events, the first with
+  ``delta`` ``{"role": "assistant", "content": ""}``, then one per engine
+  delta with the new ``content`` (or a tool call's parts), then one with an
+  empty ``delta`` and the ``finish_reason``; with ``include_usage`` every
   chunk carries ``"usage": null`` and one more chunk with empty ``choices``
   carries the usage (OpenAI's semantics); then ``data: [DONE]``.
+- OpenAI's ``n`` (1 to ``MAX_CHOICES``): as many engine requests of the
+  prompt (the later ones find it cached), the same answer each; choices
+  ``index`` 0..n-1; streamed, every choice's first delta, then choice 0's
+  chunks to its end, then choice 1's (its tokens so far in one chunk) ...;
+  ``usage`` counts the prompt once and the completion tokens of every
+  choice. ``tools`` / ``tool_choice`` and ``response_format``
+  (``json_object``, ``json_schema``) are the model's
+  (:mod:`agent.replica.model`): malformed ones are refused naming the field.
 - ``POST /v1/completions/render`` (vLLM's renderer, which vllm-router's
   cache_aware policy calls on every worker before it routes a completion):
   the completion request -> ``[{"request_id", "model", "token_ids",
@@ -67,8 +77,7 @@ the KServe face: its natural end (``[replica] answer_tokens``; none with
 the first two, "length" for the budget. The OpenAI budget, when the body
 gives none, is the context left after the prompt (vLLM's default: the
 answer ends naturally or at the context). Other request fields (sampling
-parameters, ``temperature`` ...) are ignored, but ``n`` other than 1 and
-``echo`` true are refused.
+parameters, ``temperature`` ...) are ignored, but ``echo`` true is refused.
 
 Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` whose
 ``param`` names the field at fault: 400 malformed JSON or field, 404 unknown
@@ -110,9 +119,11 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agent.replica import tensors
+from agent.replica import choices
+from agent.replica import model as simulated
 from agent.replica.answer import answer_limit
 from agent.replica.engine import Finished
+from agent.replica.model import Script
 from agent.replica.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
 from ferry.tokens import tokenize
@@ -125,6 +136,7 @@ LINGER_BYTES = 1024 * 1024  # ... or up to this much, so the close does not rese
 GENERATE_DEFAULT_TOKENS = 128  # SGLang's default max_new_tokens
 MAX_STOPS = 16  # stop strings per request (as many as the KServe face's stop_words tensor takes)
 MAX_STOP_CHARS = 256
+MAX_CHOICES = 16  # n, the choices of one OpenAI request
 EOS_TOKEN_ID = 2  # what SGLang's finish_reason names as matched at a natural end (Llama's </s>)
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
@@ -134,7 +146,8 @@ _T = TypeVar("_T")
 
 
 def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int | None, *, stops: Sequence[str] = (),
-                  ignore_eos: bool = False, prompt_field: str = "prompt") -> tuple[Ticket, int]:
+                  ignore_eos: bool = False, prompt_field: str = "prompt",
+                  script: tuple[str, ...] | None = None) -> tuple[Ticket, int]:
     """Queue ``prompt`` in the engine (both faces do it this way); returns the ticket and the prompt's tokens.
 
     Tokens are the runner's tokenizer (a model's ``tokenizer.json``, else
@@ -145,8 +158,9 @@ def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int | None, *, 
     ``max_tokens`` None is the context left after the prompt (vLLM's
     default; InvalidArgument naming ``prompt_field`` when none is left).
     Where the answer ends (``ticket.answer``) is :func:`agent.replica.answer.answer_limit`
-    of the prompt, the budget, ``stops`` and ``ignore_eos``, with the
-    engine's ``answer_tokens`` settings.
+    of the prompt, the budget, ``stops``, ``ignore_eos`` and the answer's
+    ``script`` (:mod:`agent.replica.model`; None: words), with the engine's
+    ``answer_tokens`` settings.
     """
     params = runner.engine.params
     encoded = runner.tokenizer.encode(prompt, block_tokens=params.kv_block_tokens)
@@ -155,9 +169,7 @@ def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int | None, *, 
         if max_tokens < 1:
             raise InvalidArgument(prompt_field, f"prompt of {encoded.count} tokens leaves no room for an answer "
                                                 f"in the context of {params.max_context_tokens} tokens")
-    answer = answer_limit(prompt, max_tokens, stops, params=params, ignore_eos=ignore_eos)
-    if answer.reason == "length":  # the whole budget: the runner's default answer
-        return runner.submit(encoded.count, max_tokens, encoded.hashes), encoded.count
+    answer = answer_limit(prompt, max_tokens, stops, params=params, ignore_eos=ignore_eos, script=script)
     return runner.submit(encoded.count, max_tokens, encoded.hashes, answer), encoded.count
 
 
@@ -550,32 +562,49 @@ class HttpFace:
 
     # -- generation -----------------------------------------------------------------------------------------------
 
-    def _admit(self, prompt: str, budget: Budget, prompt_field: str) -> tuple[Ticket, int]:
+    def _admit(self, prompt: str, budget: Budget, prompt_field: str, script: Script | None = None,
+               n: int = 1) -> tuple[list[Ticket], int]:
+        """Queue ``n`` answers to ``prompt`` (an engine request each; the later ones find the prompt cached) and
+        return their tickets and the prompt's tokens; none stays queued when one is refused."""
         if not self._loaded():
             raise Unavailable(f"model {self.model} is loading")
+        tickets: list[Ticket] = []
+        prompt_tokens = 0
         try:
-            return submit_prompt(self.runner, prompt, budget.max_tokens, stops=budget.stops,
-                                 ignore_eos=budget.ignore_eos, prompt_field=prompt_field)
-        except InvalidArgument as exc:
-            if exc.field != "max_tokens":
-                raise
-            raise InvalidArgument(budget.field, exc.reason) from None
+            for _ in range(n):
+                ticket, prompt_tokens = submit_prompt(
+                    self.runner, prompt, budget.max_tokens, stops=budget.stops, ignore_eos=budget.ignore_eos,
+                    prompt_field=prompt_field, script=script.tokens if script is not None else None)
+                tickets.append(ticket)
+        except BaseException as exc:
+            for ticket in tickets:
+                self.runner.cancel(ticket)
+            if isinstance(exc, InvalidArgument) and exc.field == "max_tokens":
+                raise InvalidArgument(budget.field, exc.reason) from None
+            raise
+        return tickets, prompt_tokens
 
-    async def _follow(self, conn: _Conn, ticket: Ticket,
-                      on_delta: Callable[[int, Finished | None], Awaitable[None]] | None = None) -> Finished:
-        """Wait for ``ticket`` to finish, calling ``on_delta`` per delta; cancels it if the client leaves."""
+    async def _follow(self, conn: _Conn, tickets: Sequence[Ticket],
+                      on_delta: Callable[[int, int, Finished | None], Awaitable[None]] | None = None
+                      ) -> list[Finished]:
+        """Wait for ``tickets`` to finish, one after the other, calling ``on_delta(choice, tokens, finished)`` per
+        delta (a later ticket's tokens wait in it, and come in one delta); cancels them if the client leaves."""
         conn.watch()
+        done: list[Finished] = []
         try:
-            while True:
-                count, finished = await conn.wait(ticket.next())
-                if on_delta is not None:
-                    await on_delta(count, finished)
-                if finished is not None:
-                    return finished
+            for i, ticket in enumerate(tickets):
+                finished: Finished | None = None
+                while finished is None:
+                    count, finished = await conn.wait(ticket.next())
+                    if on_delta is not None:
+                        await on_delta(i, count, finished)
+                done.append(finished)
+            return done
         finally:
             await conn.unwatch()
-            if ticket.finished is None:
-                self.runner.cancel(ticket)
+            for ticket in tickets:
+                if ticket.finished is None:
+                    self.runner.cancel(ticket)
 
     async def _generate(self, conn: _Conn, request: _Request) -> None:
         body = _json_body(request.body)
@@ -586,7 +615,7 @@ class HttpFace:
         budget = _budget(sampling, ("max_new_tokens",), GENERATE_DEFAULT_TOKENS, "sampling_params.")
         stream = _typed(body, "stream", bool, False)
         rid = _typed(body, "rid", str, "") or uuid.uuid4().hex
-        ticket, prompt_tokens = self._admit(prompt, budget, "text")
+        (ticket,), prompt_tokens = self._admit(prompt, budget, "text")
 
         def meta(finished: Finished | None) -> dict[str, Any]:
             info: dict[str, Any] = {"id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens,
@@ -597,17 +626,17 @@ class HttpFace:
             return info
 
         if not stream:
-            f = await self._follow(conn, ticket)
-            await conn.send_json(200, {"text": tensors.generated_text(0, ticket.emitted), "meta_info": meta(f)},
+            (f,) = await self._follow(conn, [ticket])
+            await conn.send_json(200, {"text": ticket.answer.text(0, ticket.emitted), "meta_info": meta(f)},
                                  keep_alive=request.keep_alive)
             return
 
-        async def delta(count: int, finished: Finished | None) -> None:
-            text = tensors.generated_text(0, ticket.emitted)
+        async def delta(_: int, count: int, finished: Finished | None) -> None:
+            text = ticket.answer.text(0, ticket.emitted)
             await conn.event(json.dumps({"text": text, "meta_info": meta(finished)}).encode())
 
         conn.start_events(request.keep_alive)
-        await self._follow(conn, ticket, delta)
+        await self._follow(conn, [ticket], delta)
         await conn.end_events()
 
     async def _completions(self, conn: _Conn, request: _Request) -> None:
@@ -617,37 +646,36 @@ class HttpFace:
             raise NotFound("model", model)
         prompt = _prompt(body.get("prompt"), "prompt")
         budget = _budget(body, ("max_tokens",))
-        if _typed(body, "n", int, 1) != 1:
-            raise InvalidArgument("n", "only 1 completion per request is served")
         if _typed(body, "echo", bool, False):
             raise InvalidArgument("echo", "the prompt is not echoed")
         stream = _typed(body, "stream", bool, False)
         usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
-        ticket, prompt_tokens = self._admit(prompt, budget, "prompt")
+        tickets, prompt_tokens = self._admit(prompt, budget, "prompt", simulated.response_script(body), _n(body))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model}
 
-        def choice(text: str, finished: Finished | None) -> dict[str, Any]:
-            return {"index": 0, "text": text, "logprobs": None,
-                    "finish_reason": ticket.answer.reason if finished else None}
+        def choice(i: int, text: str, finished: Finished | None) -> dict[str, Any]:
+            return {"index": i, "text": text, "logprobs": None,
+                    "finish_reason": tickets[i].answer.reason if finished else None}
 
         if not stream:
-            f = await self._follow(conn, ticket)
-            answer = {**head, "choices": [choice(tensors.generated_text(0, ticket.emitted), f)],
-                      "usage": _usage(prompt_tokens, ticket, f)}
+            done = await self._follow(conn, tickets)
+            answer = {**head, "choices": [choice(i, t.answer.text(0, t.emitted), f)
+                                          for i, (t, f) in enumerate(zip(tickets, done, strict=True))],
+                      "usage": _usage(prompt_tokens, tickets, done)}
             await conn.send_json(200, answer, keep_alive=request.keep_alive)
             return
-        sent = 0
+        sent = [0] * len(tickets)
 
-        async def delta(count: int, finished: Finished | None) -> None:
-            nonlocal sent
-            text, sent = tensors.generated_text(sent, count), sent + count
-            await conn.event(json.dumps({**head, "choices": [choice(text, finished)]}).encode())
+        async def delta(i: int, count: int, finished: Finished | None) -> None:
+            text, sent[i] = tickets[i].answer.text(sent[i], count), sent[i] + count
+            await conn.event(json.dumps({**head, "choices": [choice(i, text, finished)]}).encode())
 
         conn.start_events(request.keep_alive)
-        f = await self._follow(conn, ticket, delta)
+        done = await self._follow(conn, tickets, delta)
         if usage_too:
-            await conn.event(json.dumps({**head, "choices": [], "usage": _usage(prompt_tokens, ticket, f)}).encode())
+            usage = _usage(prompt_tokens, tickets, done)
+            await conn.event(json.dumps({**head, "choices": [], "usage": usage}).encode())
         await conn.end_events()
 
     async def _chat(self, conn: _Conn, request: _Request) -> None:
@@ -657,45 +685,44 @@ class HttpFace:
             raise NotFound("model", model)
         prompt = _chat_prompt(body.get("messages"))
         budget = _budget(body, ("max_completion_tokens", "max_tokens"))
-        if _typed(body, "n", int, 1) != 1:
-            raise InvalidArgument("n", "only 1 completion per request is served")
         stream = _typed(body, "stream", bool, False)
         usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
-        ticket, prompt_tokens = self._admit(prompt, budget, "messages")
+        script = simulated.chat_script(body)
+        tickets, prompt_tokens = self._admit(prompt, budget, "messages", script, _n(body))
         head: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
                                 "model": self.model}
 
         if not stream:
-            f = await self._follow(conn, ticket)
-            message = {"role": "assistant", "content": tensors.generated_text(0, ticket.emitted)}
+            done = await self._follow(conn, tickets)
+            answers = [choices.message(script, t.answer, t.emitted) for t in tickets]
             answer = {**head, "object": "chat.completion",
-                      "choices": [{"index": 0, "message": message, "logprobs": None,
-                                   "finish_reason": ticket.answer.reason}],
-                      "usage": _usage(prompt_tokens, ticket, f)}
+                      "choices": [{"index": i, "message": message, "logprobs": None, "finish_reason": finish}
+                                  for i, (message, finish) in enumerate(answers)],
+                      "usage": _usage(prompt_tokens, tickets, done)}
             await conn.send_json(200, answer, keep_alive=request.keep_alive)
             return
         chunk_head = {**head, "object": "chat.completion.chunk"}
         tail: dict[str, Any] = {"usage": None} if usage_too else {}  # OpenAI: null in every chunk but the last
+        streams = [choices.Deltas(script, t.answer) for t in tickets]
 
-        async def chunk(delta: dict[str, str], finish: str | None) -> None:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        async def chunk(i: int, delta: dict[str, Any], finish: str | None) -> None:
+            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
             await conn.event(json.dumps({**chunk_head, "choices": [choice], **tail}).encode())
 
-        sent = 0
-
-        async def on_delta(count: int, finished: Finished | None) -> None:
-            nonlocal sent
-            if count:
-                text, sent = tensors.generated_text(sent, count), sent + count
-                await chunk({"content": text}, None)
+        async def on_delta(i: int, count: int, finished: Finished | None) -> None:
+            delta = streams[i].feed(count) if count else None
+            if delta is not None:
+                await chunk(i, delta, None)
+            if finished is not None:
+                await chunk(i, {}, streams[i].finish_reason)
 
         conn.start_events(request.keep_alive)
-        await chunk({"role": "assistant", "content": ""}, None)
-        f = await self._follow(conn, ticket, on_delta)
-        await chunk({}, ticket.answer.reason)
+        for i, deltas in enumerate(streams):
+            await chunk(i, deltas.first(), None)
+        done = await self._follow(conn, tickets, on_delta)
         if usage_too:
             await conn.event(json.dumps({**chunk_head, "choices": [],
-                                         "usage": _usage(prompt_tokens, ticket, f)}).encode())
+                                         "usage": _usage(prompt_tokens, tickets, done)}).encode())
         await conn.end_events()
 
 
@@ -730,11 +757,18 @@ def _budget(obj: Mapping[str, Any], fields: tuple[str, ...], default: int | None
     return Budget(max_tokens, where + field, tuple(stops), _typed(obj, "ignore_eos", bool, False, where))
 
 
-def _usage(prompt_tokens: int, ticket: Ticket, f: Finished) -> dict[str, Any]:
-    """OpenAI's ``usage`` of a finished request: its prompt, the answer's words and the cached tokens."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": ticket.emitted,
-            "total_tokens": prompt_tokens + ticket.emitted,
-            "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
+def _usage(prompt_tokens: int, tickets: Sequence[Ticket], done: Sequence[Finished]) -> dict[str, Any]:
+    """OpenAI's ``usage`` of finished requests (the choices of one): the prompt once, every answer's tokens, and
+    the first's cached tokens."""
+    return choices.usage(prompt_tokens, sum(t.emitted for t in tickets), done[0].cached_tokens)
+
+
+def _n(body: Mapping[str, Any]) -> int:
+    """How many choices a body asks for: ``n``, 1 to :data:`MAX_CHOICES`."""
+    n = _typed(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise InvalidArgument("n", f"must be 1 to {MAX_CHOICES}, got {n}")
+    return n
 
 
 def _sglang_finish(ticket: Ticket) -> dict[str, Any]:

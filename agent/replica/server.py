@@ -11,7 +11,9 @@ parameters of docs/CONTRACTS.md:
   ``stream`` = false gives one final response. The answer ends where
   :func:`agent.replica.answer.answer_limit` says (a natural end unless
   ``ignore_eos``, a stop string, or ``max_tokens``), and
-  ``ferry_finish_reason`` says why (``stop`` or ``length``). Several requests may share a
+  ``ferry_finish_reason`` says why (``stop`` or ``length``). What the text
+  is, words, JSON for ``guided_json`` or a ``<tool_call>`` block for a
+  prompt offering tools, is :mod:`agent.replica.model`'s. Several requests may share a
   stream (at most ``max_stream_requests`` in flight). An admission error
   ends the stream with its status, as a unary call would.
 - Errors: unknown model or version -> NOT_FOUND; malformed tensor ->
@@ -44,7 +46,7 @@ from tritonclient.grpc import service_pb2_grpc
 
 from agent.httptext import serve_text
 from agent.replica import metrics as replica_metrics
-from agent.replica import tensors
+from agent.replica import model, tensors
 from agent.replica.answer import Limit, answer_limit
 from agent.replica.engine import Engine, EngineParams, Finished
 from agent.replica.httpface import HttpFace, submit_prompt
@@ -175,7 +177,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         assert f is not None
         return tensors.text_response(
             model=self.model, version=self.version, request_id=request.id,
-            text=tensors.generated_text(0, ticket.emitted),
+            text=ticket.answer.text(0, ticket.emitted),
             parameters={**_summary(f), "ferry_completion_tokens": ticket.emitted,
                         "ferry_finish_reason": ticket.answer.reason},
         )
@@ -214,7 +216,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                     params.update(_summary(finished))
                     params["ferry_finish_reason"] = ticket.answer.reason
                 response = tensors.text_response(model=self.model, version=self.version, request_id=request_id,
-                                                 text=tensors.generated_text(sent, count), parameters=params)
+                                                 text=ticket.answer.text(sent, count), parameters=params)
                 sent += count
                 async with lock:
                     await context.write(pb.ModelStreamInferResponse(infer_response=response))
@@ -232,8 +234,11 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 raise Unavailable(f"model {self.model}/{self.version} is loading "
                                   f"({self.ready_at - self._clock():.1f} s left)")
             parsed = tensors.parse_request(request)
+            guided = parsed.sampling.get("guided_json")
+            script = model.kserve_script(parsed.prompt, guided if isinstance(guided, tuple) else None)
             ticket, _ = submit_prompt(self.runner, parsed.prompt, parsed.max_tokens, stops=_stops(parsed),
-                                      ignore_eos=parsed.ignore_eos, prompt_field="text_input")
+                                      ignore_eos=parsed.ignore_eos, prompt_field="text_input",
+                                      script=script.tokens if script is not None else None)
             return ticket, parsed
         except FerryError as exc:
             await context.abort(status_for(exc), str(exc))

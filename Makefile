@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry-proto's files; the package installed last owns them
+	$(PY) -m pip install -q --force-reinstall --no-deps "$$(grep -o 'opentelemetry-proto==[0-9.]*' pyproject.toml)"
 	touch $(STAMP)
 
 venv: $(STAMP)

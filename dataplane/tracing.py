@@ -242,6 +242,7 @@ class Tracer:
 
     def __init__(self, settings: TraceSettings, *, counter: Any, rng: random.Random | None = None,
                  clock: Callable[[], int] = time.time_ns) -> None:
+        check_messages()
         self.settings = settings
         self._bits = (rng or random.Random()).getrandbits
         self.now = clock
@@ -280,6 +281,16 @@ def _attributes(target: Any, values: Mapping[str, Attribute]) -> None:
             kv.value.double_value = value
         else:
             kv.value.string_value = str(value)[:MAX_NAME]
+
+
+def check_messages() -> None:
+    """Raise ConfigError when the installed OTLP messages lack ``ScopeSpans``: ``xds-protos`` ships an old copy
+    of the same ``opentelemetry/proto`` files, and whichever package pip installs last owns them
+    (``make venv`` reinstalls ``opentelemetry-proto`` last)."""
+    if "scope_spans" not in trace_pb2.ResourceSpans.DESCRIPTOR.fields_by_name:
+        raise ConfigError("proxy.trace_endpoint", "the installed OTLP messages are an old copy (xds-protos "
+                          "overwrote opentelemetry-proto's files): pip install --force-reinstall --no-deps "
+                          "opentelemetry-proto==1.45.2")
 
 
 def encode(traces: Iterable[RequestTrace],

@@ -63,6 +63,11 @@ class Limit:
         """Tokens ``start`` to ``start + count - 1`` of the answer, joined."""
         return _text(self.script, start, count)
 
+    def tokens(self, start: int, count: int) -> list[str]:
+        """Tokens ``start`` to ``start + count - 1`` of the answer, each as it is written (they join into
+        :meth:`text`)."""
+        return [_text(self.script, i, 1) for i in range(start, start + count)]
+
 
 def _text(script: tuple[str, ...] | None, start: int, count: int) -> str:
     return tensors.generated_text(start, count) if script is None else "".join(script[start:start + count])

@@ -119,7 +119,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from agent.replica import choices
+from agent.replica import choices, logprobs
 from agent.replica import model as simulated
 from agent.replica.answer import answer_limit
 from agent.replica.engine import Finished
@@ -137,6 +137,7 @@ GENERATE_DEFAULT_TOKENS = 128  # SGLang's default max_new_tokens
 MAX_STOPS = 16  # stop strings per request (as many as the KServe face's stop_words tensor takes)
 MAX_STOP_CHARS = 256
 MAX_CHOICES = 16  # n, the choices of one OpenAI request
+MAX_COMPLETION_LOGPROBS = 5  # /v1/completions logprobs: alternatives per token, as OpenAI bounds it
 EOS_TOKEN_ID = 2  # what SGLang's finish_reason names as matched at a natural end (Llama's </s>)
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
@@ -650,26 +651,35 @@ class HttpFace:
             raise InvalidArgument("echo", "the prompt is not echoed")
         stream = _typed(body, "stream", bool, False)
         usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
+        top = _typed(body, "logprobs", int, -1)  # log probabilities with this many alternatives (absent: none)
+        if top > MAX_COMPLETION_LOGPROBS:
+            raise InvalidArgument("logprobs", f"must be 0 to {MAX_COMPLETION_LOGPROBS}, got {top}")
         tickets, prompt_tokens = self._admit(prompt, budget, "prompt", simulated.response_script(body), _n(body))
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model}
+        sent = [0] * len(tickets)
+        offsets = [0] * len(tickets)
 
-        def choice(i: int, text: str, finished: Finished | None) -> dict[str, Any]:
-            return {"index": i, "text": text, "logprobs": None,
-                    "finish_reason": tickets[i].answer.reason if finished else None}
+        def choice(i: int, count: int, finished: Finished | None) -> dict[str, Any]:
+            """Choice ``i``'s next ``count`` tokens (its whole answer, for a unary one)."""
+            answer = tickets[i].answer
+            text = answer.text(sent[i], count)
+            found = (logprobs.completion(answer.tokens(sent[i], count), sent[i], top, offsets[i])
+                     if top >= 0 and count else None)
+            sent[i], offsets[i] = sent[i] + count, offsets[i] + len(text)
+            return {"index": i, "text": text, "logprobs": found,
+                    "finish_reason": answer.reason if finished else None}
 
         if not stream:
             done = await self._follow(conn, tickets)
-            answer = {**head, "choices": [choice(i, t.answer.text(0, t.emitted), f)
+            answer = {**head, "choices": [choice(i, t.emitted, f)
                                           for i, (t, f) in enumerate(zip(tickets, done, strict=True))],
                       "usage": _usage(prompt_tokens, tickets, done)}
             await conn.send_json(200, answer, keep_alive=request.keep_alive)
             return
-        sent = [0] * len(tickets)
 
         async def delta(i: int, count: int, finished: Finished | None) -> None:
-            text, sent[i] = tickets[i].answer.text(sent[i], count), sent[i] + count
-            await conn.event(json.dumps({**head, "choices": [choice(i, text, finished)]}).encode())
+            await conn.event(json.dumps({**head, "choices": [choice(i, count, finished)]}).encode())
 
         conn.start_events(request.keep_alive)
         done = await self._follow(conn, tickets, delta)
@@ -688,7 +698,16 @@ class HttpFace:
         stream = _typed(body, "stream", bool, False)
         usage_too = _typed(_typed(body, "stream_options", dict, {}), "include_usage", bool, False, "stream_options.")
         script = simulated.chat_script(body)
+        asked = _typed(body, "logprobs", bool, False)
+        top = _typed(body, "top_logprobs", int, 0)
+        if not 0 <= top <= logprobs.MAX_TOP or (top and not asked):
+            raise InvalidArgument("top_logprobs", f"0 to {logprobs.MAX_TOP}, with logprobs: true")
         tickets, prompt_tokens = self._admit(prompt, budget, "messages", script, _n(body))
+
+        def chat_logprobs(i: int, start: int, count: int) -> dict[str, Any] | None:
+            """Choice ``i``'s tokens ``start``.. ``start + count - 1``, when log probabilities are asked."""
+            return logprobs.chat(tickets[i].answer.tokens(start, count), start, top) if asked and count else None
+
         head: dict[str, Any] = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
                                 "model": self.model}
 
@@ -696,7 +715,8 @@ class HttpFace:
             done = await self._follow(conn, tickets)
             answers = [choices.message(script, t.answer, t.emitted) for t in tickets]
             answer = {**head, "object": "chat.completion",
-                      "choices": [{"index": i, "message": message, "logprobs": None, "finish_reason": finish}
+                      "choices": [{"index": i, "message": message, "finish_reason": finish,
+                                   "logprobs": chat_logprobs(i, 0, tickets[i].emitted)}
                                   for i, (message, finish) in enumerate(answers)],
                       "usage": _usage(prompt_tokens, tickets, done)}
             await conn.send_json(200, answer, keep_alive=request.keep_alive)
@@ -705,14 +725,17 @@ class HttpFace:
         tail: dict[str, Any] = {"usage": None} if usage_too else {}  # OpenAI: null in every chunk but the last
         streams = [choices.Deltas(script, t.answer) for t in tickets]
 
-        async def chunk(i: int, delta: dict[str, Any], finish: str | None) -> None:
-            choice = {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+        sent = [0] * len(tickets)
+
+        async def chunk(i: int, delta: dict[str, Any], finish: str | None, found: dict[str, Any] | None = None) -> None:
+            choice = {"index": i, "delta": delta, "logprobs": found, "finish_reason": finish}
             await conn.event(json.dumps({**chunk_head, "choices": [choice], **tail}).encode())
 
         async def on_delta(i: int, count: int, finished: Finished | None) -> None:
             delta = streams[i].feed(count) if count else None
             if delta is not None:
-                await chunk(i, delta, None)
+                await chunk(i, delta, None, chat_logprobs(i, sent[i], count))
+            sent[i] += count
             if finished is not None:
                 await chunk(i, {}, streams[i].finish_reason)
 

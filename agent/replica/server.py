@@ -45,8 +45,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from agent.httptext import serve_text
+from agent.replica import logprobs, model, tensors
 from agent.replica import metrics as replica_metrics
-from agent.replica import model, tensors
 from agent.replica.answer import Limit, answer_limit
 from agent.replica.engine import Engine, EngineParams, Finished
 from agent.replica.httpface import HttpFace, submit_prompt
@@ -58,6 +58,16 @@ from ferry.tokens import WHITESPACE, Tokenizer
 
 SERVICE = "inference.GRPCInferenceService"
 PLATFORM = "ferry_simulated_llm"
+
+
+def _logprob_outputs(parsed: tensors.LlmRequest, ticket: Ticket, start: int,
+                     count: int) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    """The log-probability outputs of tokens ``start``.. of the answer, when the request asked for them
+    (``return_log_probs``, with ``top_logprobs`` alternatives): :mod:`agent.replica.logprobs`."""
+    if not parsed.sampling.get("logprobs") or not count:
+        return []
+    top = parsed.sampling.get("top_logprobs", 0)
+    return logprobs.outputs(ticket.answer.tokens(start, count), start, top if isinstance(top, int) else 0)
 
 
 def _summary(f: Finished) -> dict[str, bool | int | float]:
@@ -166,7 +176,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
     # -- inference -------------------------------------------------------------------------------------------------
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        ticket, _ = await self._admit(request, context)
+        ticket, parsed = await self._admit(request, context)
         try:
             while ticket.finished is None:
                 await ticket.next()
@@ -180,6 +190,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
             text=ticket.answer.text(0, ticket.emitted),
             parameters={**_summary(f), "ferry_completion_tokens": ticket.emitted,
                         "ferry_finish_reason": ticket.answer.reason},
+            extra=_logprob_outputs(parsed, ticket, 0, ticket.emitted),
         )
 
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
@@ -192,7 +203,8 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                                         f"more than {self.max_stream_requests} requests in flight on one stream")
                 ticket, parsed = await self._admit(request, context)
                 incremental = parsed.stream is not False
-                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, context, lock))
+                task = asyncio.create_task(self._stream_one(request.id, incremental, ticket, context, lock,
+                                                            parsed))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks:
@@ -202,7 +214,7 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 task.cancel()
 
     async def _stream_one(self, request_id: str, incremental: bool, ticket: Ticket, context: Any,
-                          lock: asyncio.Lock) -> None:
+                          lock: asyncio.Lock, parsed: tensors.LlmRequest) -> None:
         sent = 0
         try:
             while True:
@@ -216,7 +228,8 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                     params.update(_summary(finished))
                     params["ferry_finish_reason"] = ticket.answer.reason
                 response = tensors.text_response(model=self.model, version=self.version, request_id=request_id,
-                                                 text=ticket.answer.text(sent, count), parameters=params)
+                                                 text=ticket.answer.text(sent, count), parameters=params,
+                                                 extra=_logprob_outputs(parsed, ticket, sent, count))
                 sent += count
                 async with lock:
                     await context.write(pb.ModelStreamInferResponse(infer_response=response))

@@ -178,13 +178,20 @@ def generated_text(start: int, count: int) -> str:
 
 
 def text_response(*, model: str, version: str, request_id: str, text: str,
-                  parameters: Mapping[str, bool | int | float | str]) -> service_pb2.ModelInferResponse:
-    """A response with ``text_output`` = ``text`` and the given response parameters."""
+                  parameters: Mapping[str, bool | int | float | str],
+                  extra: Sequence[tuple[str, str, tuple[int, ...], bytes]] = ()) -> service_pb2.ModelInferResponse:
+    """A response with ``text_output`` = ``text``, the ``extra`` outputs (name, datatype, shape, raw contents:
+    the log probabilities) and the given response parameters."""
     response = service_pb2.ModelInferResponse(model_name=model, model_version=version, id=request_id)
     out = response.outputs.add()
     out.name, out.datatype = OUTPUT, "BYTES"
     out.shape.extend([1, 1])
     response.raw_output_contents.append(encode_bytes(text.encode("utf-8")))
+    for name, datatype, shape, raw in extra:
+        more = response.outputs.add()
+        more.name, more.datatype = name, datatype
+        more.shape.extend(shape)
+        response.raw_output_contents.append(raw)
     for key, value in parameters.items():
         if isinstance(value, bool):
             response.parameters[key].bool_param = value

@@ -19,7 +19,7 @@ import tritonclient.grpc.aio as triton
 from tritonclient.grpc import InferInput
 from tritonclient.utils import InferenceServerException
 
-from agent.replica import model, tensors
+from agent.replica import logprobs, model, tensors
 from agent.replica.answer import Limit, answer_limit
 from agent.replica.server import SimulatedReplica
 from dataplane.api import tools as hermes
@@ -352,3 +352,42 @@ async def test_bad_model_fields_are_refused_naming_them(replica, path: str, body
     response = await call(replica.http_port, "POST", path, full)
     assert response.status == 400, response.body
     assert response.json()["error"]["param"] == param
+
+
+def test_the_models_log_probabilities_are_deterministic_and_ordered() -> None:
+    assert logprobs.logprob(" river", 3) == logprobs.logprob(" river", 3)
+    assert -4.01 <= logprobs.logprob(" river", 3) <= -0.01
+    found = logprobs.alternatives(" river", 3, 3)
+    assert found[0] == (" river", logprobs.logprob(" river", 3)) and len(found) == 3
+    assert [v for _, v in found] == sorted((v for _, v in found), reverse=True)
+    assert logprobs.alternatives(" river", 3, 0) == []
+
+
+async def test_kserve_answers_log_probabilities_when_asked(grpc_client) -> None:
+    asked = InferInput("return_log_probs", [1, 1], "BOOL")
+    asked.set_data_from_numpy(np.array([[True]]))
+    top = InferInput("top_logprobs", [1, 1], "INT32")
+    top.set_data_from_numpy(np.array([[2]], dtype=np.int32))
+    result = await grpc_client.infer("chat", [*llm_inputs("hello river", 4), asked, top])
+    tokens = [t.decode() for t in result.as_numpy("output_tokens").reshape(-1)]
+    assert "".join(tokens) == text_of(result)
+    values = result.as_numpy("output_log_probs").reshape(-1)
+    assert list(values) == pytest.approx([logprobs.logprob(t, i) for i, t in enumerate(tokens)], abs=1e-6)
+    tops = [json.loads(t) for t in result.as_numpy("top_logprobs").reshape(-1)]
+    assert all(len(t) == 2 and next(iter(t)) == tokens[i] for i, t in enumerate(tops))
+    plain = await grpc_client.infer("chat", llm_inputs("hello river", 4))
+    assert plain.as_numpy("output_log_probs") is None  # not asked: not sent
+
+
+async def test_the_openai_face_answers_log_probabilities_in_openais_shape(sdk) -> None:
+    answer = await sdk.chat.completions.create(model="chat", messages=ASK, max_tokens=4, logprobs=True,
+                                               top_logprobs=2)
+    content = answer.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == answer.choices[0].message.content
+    assert all(len(t.top_logprobs) == 2 for t in content)
+    chunks = [c async for c in await sdk.completions.create(model="chat", prompt="the river", max_tokens=4,
+                                                            logprobs=1, stream=True)]
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert "".join(tokens) == "".join(c.choices[0].text for c in chunks if c.choices)
+    with pytest.raises(openai.BadRequestError):
+        await sdk.chat.completions.create(model="chat", messages=ASK, top_logprobs=2)

@@ -45,7 +45,7 @@ async def test_replica_blocks_are_the_proxys_blocks(tokenizers: Tokenizers) -> N
     runner = EngineRunner(Engine(EngineParams()), tokenizer=t)
     seen: list[tuple[int, tuple[int, ...]]] = []
 
-    def submit(prompt_tokens: int, max_tokens: int, hashes: tuple[int, ...]) -> Any:
+    def submit(prompt_tokens: int, max_tokens: int, hashes: tuple[int, ...], *answer: Any) -> Any:
         seen.append((prompt_tokens, hashes))
         return None
 

@@ -471,7 +471,7 @@ async def test_a_refused_first_endpoint_falls_to_the_next(fresh: Any) -> None:
 @pytest.mark.timeout(90)
 async def test_a_queued_request_waits_in_the_picker_and_is_refused_at_its_deadline(fresh: Any) -> None:
     up = fresh(["--replicas", "2", "--replicas-per-node", "2", "--models", SMALL],
-               {"replica": {"max_running": 1, "decode_base_seconds": 0.01},
+               {"replica": {"max_running": 1, "decode_base_seconds": 0.01, "answer_tokens": 0},  # holds run 3000
                 "proxy": {"queue_timeouts": [20.0, 20.0, 60.0]}})
     hold = {"x-ferry-timeout": "20"}
     async with aiohttp.ClientSession() as session:

@@ -182,7 +182,8 @@ class EnvoySettings:
       ``picker_ejection_ms`` (5000): gRPC health checks of the pickers
       (service ``envoy.service.ext_proc.v3.ExternalProcessor``) and outlier
       ejection after that many failures in a row, for that long at first.
-    - ``drain_time_s`` (5): how long a graceful drain lasts.
+    - ``drain_time_s`` (5): how long a graceful drain lasts at most (it ends sooner once no request is in
+      flight: :meth:`dataplane.envoy.process.EnvoyProcess.stop`).
     """
 
     port: int = 8480

@@ -25,7 +25,8 @@ serves no TLS).
 
 On SIGTERM or SIGINT it drains: ``POST /drain_listeners?graceful`` (new
 connections refused once ``[envoy] drain_time_s`` passed, streams in flight
-go on), waits ``drain_time_s``, then stops Envoy. Exit status: 0 after a
+go on), waits at most ``drain_time_s`` (less once nothing is in flight:
+:meth:`EnvoyProcess.stop`), then stops Envoy. Exit status: 0 after a
 clean stop, 1 when Envoy exits by itself, 2 on a config or flag error.
 """
 

@@ -112,14 +112,16 @@ class EnvoyProcess:
 
         ``drain_seconds`` (0: none): first ``POST /drain_listeners?graceful``
         (new connections refused once the drain time passes, streams in flight
-        go on) and wait this long. Then SIGTERM, and SIGKILL when it has not
-        exited within ``kill_after`` seconds (5).
+        go on) and wait this long, or until no request has been in flight for
+        :data:`IDLE_CHECKS` looks :data:`IDLE_POLL_SECONDS` apart (the listener's
+        ``downstream_rq_active``: nothing left to drain). Then SIGTERM, and
+        SIGKILL when it has not exited within ``kill_after`` seconds (5).
         """
         if self.process.returncode is None and drain_seconds > 0:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
                 await self.admin("POST", "/drain_listeners?graceful")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.process.wait(), drain_seconds)
+                await asyncio.wait_for(self._drained(), drain_seconds)
         if self.process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.send_signal(signal.SIGTERM)
@@ -130,6 +132,34 @@ class EnvoyProcess:
                     self.process.kill()
                 await self.process.wait()
         return self.process.returncode if self.process.returncode is not None else -1
+
+    async def _drained(self) -> None:
+        """Return once Envoy exited, or no request was in flight for :data:`IDLE_CHECKS` looks in a row."""
+        idle = 0
+        while self.process.returncode is None and idle < IDLE_CHECKS:
+            idle = idle + 1 if await _active(self) == 0 else 0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.process.wait(), IDLE_POLL_SECONDS)
+
+
+IDLE_POLL_SECONDS = 0.1  # how often a drain looks at the requests in flight
+IDLE_CHECKS = 3  # looks in a row with none in flight before a drain ends early
+ACTIVE_STAT = "http.ferry.downstream_rq_active"  # the listener's requests in flight (its stat_prefix is ferry)
+
+
+async def _active(envoy: EnvoyProcess) -> int | None:
+    """The listener's requests in flight (None when the admin does not answer)."""
+    try:
+        status, body = await envoy.admin("GET", f"/stats?filter=^{ACTIVE_STAT}$", limit_seconds=1.0)
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return None
+    if status != 200:
+        return None
+    for line in body.splitlines():
+        name, _, value = line.partition(": ")
+        if name == ACTIVE_STAT and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 def _admin_port_from(path: Path) -> int:

@@ -718,6 +718,22 @@ async def test_tls_listener_and_graceful_stop(tmp_path: Path, replicas: list[Rep
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(60)
+async def test_a_drain_lasts_while_a_stream_runs_and_ends_once_nothing_is_in_flight(
+        tmp_path: Path, replicas: list[Replica], client: aiohttp.ClientSession) -> None:
+    a = replicas[0]
+    async with serve_picker(StubPicker(a.address)) as (address, _server), \
+            running_envoy(tmp_path, [address], [a.address]) as envoy:
+        async with client.get(_url(envoy, "/sse")) as response:  # 5 events 20 ms apart: in flight while draining
+            stopping = asyncio.ensure_future(envoy.stop(drain_seconds=20.0))
+            body = await response.text()
+        assert body.count("data:") == 6  # whole, [DONE] included
+        start = time.monotonic()
+        assert await stopping == 0
+        assert time.monotonic() - start < 10.0, "the drain went on with nothing in flight"
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(30)
 async def test_sse_stream_arrives_whole(tmp_path: Path, replicas: list[Replica],
                                         client: aiohttp.ClientSession) -> None:

@@ -308,6 +308,10 @@ class Router:
         self.failover.note_request()
         self._metrics.inflight.set(self._admission.count)
 
+    def rate_limit_headers(self, state: RequestState) -> dict[str, str]:
+        """The tenant's ``x-ratelimit-*`` headers (:meth:`TenantLimits.headers`); none before it is known."""
+        return {} if state.tenant is None else self.tenant_limits.headers(state.tenant, self._clock())
+
     def _room(self, valid: ValidRequest, pool: Pool) -> ValidRequest:
         """``valid`` with ``max_tokens`` set to what the context leaves after the prompt: the smallest context of
         the pool's replicas (every one can take it; the largest when the smallest leaves none), at most

@@ -311,7 +311,7 @@ class HttpFront:
             for one, message in zip(states, messages, strict=True):
                 await self._router.encode(one, metadata, message)  # a large prompt's tokens, off the loop
                 self._router.begin(one, metadata, message, timeout)
-            headers.update(self._limits(state))
+            headers.update(self._router.rate_limit_headers(state))
             echo = prompts if parsed.echo else []
             if parsed.stream:
                 return await self._stream(request, states, parsed, chat, created, headers, echo)
@@ -331,7 +331,8 @@ class HttpFront:
             status, body, retry = openai.error_of(error)
             for one in states:
                 self._servicer.failed(one, error, status_for(error).name)
-            return self._error(request_id, status, body, {**_retry_header(retry), **self._limits(state)})
+            return self._error(request_id, status, body,
+                               {**_retry_header(retry), **self._router.rate_limit_headers(state)})
         except asyncio.CancelledError:
             for one in states:
                 self._servicer.count(one, "CANCELLED")
@@ -340,9 +341,6 @@ class HttpFront:
             for one in states:
                 self._router.end(one)
 
-    def _limits(self, state: RequestState) -> dict[str, str]:
-        """The tenant's ``x-ratelimit-*`` headers (:meth:`TenantLimits.headers`); none before it is known."""
-        return {} if state.tenant is None else self._router.tenant_limits.headers(state.tenant, self._clock())
 
     async def _answer(self, state: RequestState) -> inference_pb2.InferResponse:
         await self._router.infer(state)

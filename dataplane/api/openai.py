@@ -171,26 +171,12 @@ def _sampling(data: schema.Sampling) -> dict[str, Any]:
         if not SEED_RANGE[0] <= data.seed <= SEED_RANGE[1]:
             raise errors.InvalidArgument("seed", f"must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}")
         out["seed"] = data.seed % (1 << 64)
-    response_format = getattr(data, "response_format", None)
-    if response_format is not None and response_format.type != "text":  # structured output: the model's guide
-        spec = response_format.json_schema
-        if response_format.type == "json_schema" and (spec is None or spec.schema_ is None):
-            raise errors.InvalidArgument("response_format.json_schema.schema", "required with type json_schema")
-        out["guided_json"] = (JSON_OBJECT if response_format.type == "json_object" or spec is None
-                              else json.dumps(spec.schema_, separators=(",", ":")))
-    logprobs = getattr(data, "logprobs", None)
-    top = getattr(data, "top_logprobs", None)
-    if isinstance(data, schema.ChatRequest):  # chat: a flag, and top_logprobs alternatives
-        if top and not logprobs:
-            raise errors.InvalidArgument("top_logprobs", "needs logprobs: true")
-        if logprobs:
-            out["logprobs"] = True
-            if top:
-                out["top_logprobs"] = top
-    elif logprobs is not None:  # completions: the number of alternatives (0: the chosen token's only)
-        out["logprobs"] = True
-        if logprobs:
-            out["top_logprobs"] = logprobs
+    if isinstance(data, schema.ChatRequest):  # read by type: pydantic's attribute fallback is slow
+        out.update(_chat_sampling(data))
+    elif isinstance(data, schema.CompletionRequest) and data.logprobs is not None:
+        out["logprobs"] = True  # completions: the number of alternatives (0: the chosen token's only)
+        if data.logprobs:
+            out["top_logprobs"] = data.logprobs
     if data.stop is not None:
         items = [data.stop] if isinstance(data.stop, str) else data.stop
         for i, text in enumerate(items):
@@ -199,6 +185,25 @@ def _sampling(data: schema.Sampling) -> dict[str, Any]:
                                              f"must be 1 to {MAX_STOP_BYTES} bytes")
         if items:
             out["stop"] = tuple(items)
+    return out
+
+
+def _chat_sampling(data: schema.ChatRequest) -> dict[str, Any]:
+    """A chat's structured output (``guided_json``) and log probabilities (a flag, and ``top_logprobs``)."""
+    out: dict[str, Any] = {}
+    response_format = data.response_format
+    if response_format is not None and response_format.type != "text":  # structured output: the model's guide
+        spec = response_format.json_schema
+        if response_format.type == "json_schema" and (spec is None or spec.schema_ is None):
+            raise errors.InvalidArgument("response_format.json_schema.schema", "required with type json_schema")
+        out["guided_json"] = (JSON_OBJECT if response_format.type == "json_object" or spec is None
+                              else json.dumps(spec.schema_, separators=(",", ":")))
+    if data.top_logprobs and not data.logprobs:
+        raise errors.InvalidArgument("top_logprobs", "needs logprobs: true")
+    if data.logprobs:
+        out["logprobs"] = True
+        if data.top_logprobs:
+            out["top_logprobs"] = data.top_logprobs
     return out
 
 

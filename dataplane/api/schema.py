@@ -435,8 +435,10 @@ def _errors(refs: dict[str, str]) -> dict[str, Any]:
     return {code: {"description": text, "content": _json(refs["ErrorBody"])} for code, text in ERRORS.items()}
 
 
+@functools.cache
 def openapi(version: str = "1") -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the HTTP API (requests, answers, errors, the bearer key), from the models above."""
+    """The OpenAPI 3.1 document of the HTTP API (requests, answers, errors, the bearer key), from the models
+    above; made once per process (callers do not change it)."""
     models: list[tuple[type[BaseModel], Literal["validation", "serialization"]]] = [
         (CompletionRequest, "validation"), (ChatRequest, "validation"), (Completion, "validation"),
         (ChatCompletion, "validation"), (ChatCompletionChunk, "validation"), (Model, "validation"),

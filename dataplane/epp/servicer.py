@@ -253,11 +253,8 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             "x-envoy-upstream-rq-timeout-ms": str(remaining_ms),  # the forwarder holds the request's deadline
             # traced: the replica's parent is the attempt's span (the caller's traceparent replaced)
             **(dict(state.trace.headers()) if state.trace is not None else {})},
-            answer_headers=self._limits(state))
+            answer_headers=self._router.rate_limit_headers(state))
 
-    def _limits(self, state: RequestState) -> dict[str, str]:
-        """The tenant's ``x-ratelimit-*`` headers (:meth:`TenantLimits.headers`); none before it is known."""
-        return {} if state.tenant is None else self._router.tenant_limits.headers(state.tenant, self._clock())
 
     def _address(self, flow: Flow, replica: Any) -> str:
         return str(replica.http_address if flow.wire == bodies.OPENAI else replica.address)
@@ -298,7 +295,7 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         speaks_grpc = flow.headers.get("content-type", "").startswith("application/grpc")
         return protocol.immediate(code, body, retry_after=retry, request_id=state.request_id,
                                   grpc_code=grpc_code.value[0] if speaks_grpc else None,
-                                  headers=None if speaks_grpc else self._limits(state))
+                                  headers=None if speaks_grpc else self._router.rate_limit_headers(state))
 
     def _on_response(self, flow: Flow, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         headers = protocol.headers_of(message.response_headers)

@@ -56,18 +56,25 @@ def _mooncake(path: Path) -> list[TraceRequest]:
                 raw.append((d["timestamp"] / 1000.0, int(d["input_length"]), int(d["output_length"]),
                             tuple(int(h) for h in d["hash_ids"])))
     raw.sort(key=lambda r: r[0])
-    stamps = sorted({r[0] for r in raw})
-    step = {t: (stamps[i + 1] - t if i + 1 < len(stamps) else 1.0) for i, t in enumerate(stamps)}
+    offsets = spread([r[0] for r in raw])
+    return [TraceRequest(at, inp, outp, ids) for at, (_, inp, outp, ids) in zip(offsets, raw, strict=True)]
+
+
+def spread(stamps: list[float]) -> list[float]:
+    """Offsets from the first of ``stamps`` (seconds, sorted), the requests that share a stamp spread evenly over
+    the step up to the next distinct stamp (1 s after the last one); deterministic."""
+    distinct = sorted(set(stamps))
+    step = {t: (distinct[i + 1] - t if i + 1 < len(distinct) else 1.0) for i, t in enumerate(distinct)}
     counts: dict[float, int] = {}
-    for r in raw:
-        counts[r[0]] = counts.get(r[0], 0) + 1
+    for t in stamps:
+        counts[t] = counts.get(t, 0) + 1
     seen: dict[float, int] = {}
-    start = raw[0][0] if raw else 0.0
+    start = stamps[0] if stamps else 0.0
     out = []
-    for t, inp, outp, ids in raw:
+    for t in stamps:
         k = seen.get(t, 0)
         seen[t] = k + 1
-        out.append(TraceRequest(t - start + step[t] * k / counts[t], inp, outp, ids))
+        out.append(t - start + step[t] * k / counts[t])
     return out
 
 

@@ -34,6 +34,10 @@ Events, in time order (ties in the order they were scheduled):
   ``apply``, as the proxy's table listener). Between ticks a proxy
   routes on that table, its age growing, plus whatever it counts itself.
 
+With ``busy_bin_seconds``, each step's duration is also summed into bins of
+virtual time (all replicas together): the fleet's busy time per window.
+A request that names its ``proxy`` (recorded traffic) arrives there.
+
 Network and proxy processing take no virtual time. Deterministic for a seed:
 one ``random.Random(seed)`` draws the phases and seeds each proxy's own.
 
@@ -70,6 +74,8 @@ class FleetConfig:
     engine: EngineParams = dataclasses.field(default_factory=EngineParams)
     engines: Mapping[int, EngineParams] = dataclasses.field(default_factory=dict)  # per replica, instead of engine
     load_factor: float = DEFAULT_LOAD_FACTOR  # the table's ring parameter
+    table: TableParams | None = None  # the proxies' table parameters whole (instead of load_factor)
+    busy_bin_seconds: float = 0.0  # > 0: engine busy time summed over replicas per bin of this width (RunResult.busy)
     seed: int = 1
 
 
@@ -96,6 +102,7 @@ class RunResult:
     loads: Sequence[EngineLoad]           # each replica's counters at the end
     mean_outstanding: Sequence[float]     # each replica's queued + running, averaged over telemetry samples
     makespan: float                       # virtual time of the last event
+    busy: Sequence[float] = ()            # engine-busy seconds over all replicas per bin (FleetConfig.busy_bin_seconds)
 
 
 def _route(i: int, load: EngineLoad, sampled: float, tick: float, context: int) -> tables_pb2.ReplicaRoute:
@@ -121,7 +128,8 @@ class Fleet:
         self.ids = [f"r{i:03d}" for i in range(config.replicas)]
         self.index = {rid: i for i, rid in enumerate(self.ids)}
         self.policies = [policy(p, random.Random(rng.getrandbits(64))) for p in range(config.proxies)]
-        self.proxy_of = [rng.randrange(config.proxies) for _ in requests]
+        drawn = [rng.randrange(config.proxies) for _ in requests]  # drawn for all: the seed's sequence stays
+        self.proxy_of = [r.proxy % config.proxies if r.proxy >= 0 else p for r, p in zip(requests, drawn, strict=True)]
         self.phases = [rng.uniform(0.0, config.telemetry_seconds) for _ in range(config.replicas)]
         self.served = [Served() for _ in requests]
         self.samples: list[tuple[float, EngineLoad]] = [(0.0, e.load()) for e in self.engines]
@@ -132,6 +140,7 @@ class Fleet:
         self.version = 0
         self._heap: list[tuple[float, int, int, int]] = []
         self._seq = 0
+        self.busy: list[float] = []
         self.now = 0.0
         self.pending = len(requests)
 
@@ -144,11 +153,11 @@ class Fleet:
         snapshot = tables_pb2.TableSnapshot(version=self.version, nonce=str(self.version), region="sim",
                                             computed_at=self.now)
         route = snapshot.models.add(model=MODEL, default_version="v1")
-        context = self.config.engine.max_context_tokens
-        route.replicas.extend(_route(i, load, at, self.now, context) for i, (at, load) in enumerate(self.samples))
+        route.replicas.extend(_route(i, load, at, self.now, self.engines[i].params.max_context_tokens)
+                              for i, (at, load) in enumerate(self.samples))
         previous = self.tables[0] if self.tables else None
         table = build_table(snapshot, region="sim", applied_at=self.now, previous=previous,
-                            params=TableParams(load_factor=self.config.load_factor))
+                            params=self.config.table or TableParams(load_factor=self.config.load_factor))
         self.tables = [table] * self.config.proxies
         for policy in self.policies:
             policy.apply(table)
@@ -164,6 +173,19 @@ class Fleet:
         self.stepping[i] = duration is not None
         if duration is not None:
             self._push(self.now + duration, _STEP, i)
+            if self.config.busy_bin_seconds > 0:
+                self._count_busy(self.now, self.now + duration)
+
+    def _count_busy(self, start: float, end: float) -> None:
+        """Add the step [start, end) to the busy bins it overlaps (a step spans a bin boundary now and then)."""
+        width = self.config.busy_bin_seconds
+        while start < end:
+            k = int(start // width)
+            if k >= len(self.busy):
+                self.busy.extend([0.0] * (k + 1 - len(self.busy)))
+            edge = min(end, (k + 1) * width)
+            self.busy[k] += edge - start
+            start = edge
 
     def _arrive(self, n: int) -> None:
         """Admission at the request's proxy: the requests it lets start now, those it refuses, a wait's limit."""
@@ -268,4 +290,4 @@ class Fleet:
                 self._tick()
                 self._push(self.now + cfg.refresh_seconds, _TICK, 0)
         mean = [s / c if c else 0.0 for s, c in zip(self.outstanding, self.sample_count, strict=True)]
-        return RunResult(self.requests, self.served, [e.load() for e in self.engines], mean, self.now)
+        return RunResult(self.requests, self.served, [e.load() for e in self.engines], mean, self.now, self.busy)

@@ -18,7 +18,9 @@ stale as the refresh makes it) and what it sent itself.
   refused, as the proxy refuses it. Admission is the proxy's tier queues
   (:class:`dataplane.admission.queues.TierQueues`, sized from every table as
   :class:`dataplane.admission.gate.Admission` sizes them; their avoid set goes
-  into the decision); every simulated request is interactive.
+  into the decision); a request's tier is its ``tier`` (interactive unless
+  the workload says otherwise: recorded traffic does), which picks its queue,
+  queue timeout and whether it is retried. No preemption of lower tiers.
 - ``round_robin``: each proxy cycles over the replicas from its own offset.
 - ``random``: uniform.
 - ``least_loaded``: fewest queued + running in the pushed telemetry, ties at
@@ -170,7 +172,7 @@ class Ferry:
         queues = self.queues
         if queues is None or queues.capacity <= 0:
             return [req.index], []
-        ticket = Ticket(tenant=req.tenant, plan="enterprise", tier=TIERS[0], cost=req.prompt_tokens + req.max_tokens,
+        ticket = Ticket(tenant=req.tenant, plan="enterprise", tier=req.tier, cost=req.prompt_tokens + req.max_tokens,
                         deadline=now + self.settings.server.default_deadline_seconds)
         try:
             evicted = queues.offer(ticket, now)
@@ -196,7 +198,7 @@ class Ferry:
         return self._dispatch(now)
 
     def wait_limit(self, req: SimRequest) -> float | None:
-        return self.settings.queues.queue_timeouts[0] if self.queues is not None else None
+        return self.settings.queues.queue_timeouts[TIERS.index(req.tier)] if self.queues is not None else None
 
     def expire(self, req: SimRequest, now: float) -> bool:
         ticket = self._tickets.get(req.index)
@@ -218,7 +220,7 @@ class Ferry:
         nodes = frozenset(pool.replicas[pool.index[r]].node for r in tried if r in pool.index)
         ticket = self._tickets.get(req.index)
         avoid = self.queues.avoid(ticket, self.picker.local) if ticket is not None and self.queues else frozenset()
-        ask = Ask(routing=routing, tier=TIERS[0], model=MODEL, tried=frozenset(tried), tried_nodes=nodes, avoid=avoid)
+        ask = Ask(routing=routing, tier=req.tier, model=MODEL, tried=frozenset(tried), tried_nodes=nodes, avoid=avoid)
         decision = self.picker.decide(self.picker.view_of(table), ask, now)
         if decision.replica is None:
             self._forget(req.index)
@@ -248,7 +250,7 @@ class Ferry:
         self.picker.done(attempt)
         self.picker.failed(attempt, now=now)
         error = ReplicaFailed(replica_id, "queue full", output_started=False, retryable=True)
-        if retry_reason(error, tier=TIERS[0], attempts=self._tries.get(req.index, 0),
+        if retry_reason(error, tier=req.tier, attempts=self._tries.get(req.index, 0),
                         max_attempts=self.settings.retries.max_attempts,
                         retry_tiers=self.settings.retries.retry_tiers) is not None \
                 and (not charged(error) or self.picker.budget.try_spend(now)):

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from ferry.config import TIERS
 from ferry.tokens import BLOCK_TOKENS, blocks_for
 from tools import trace as tracefile
 
@@ -55,6 +56,8 @@ class SimRequest:
     max_tokens: int             # the engine generates exactly this many
     hash_ids: tuple[int, ...]   # chained 512-token block ids of the prompt
     tenant: str = TENANT
+    tier: str = TIERS[0]        # the admission tier (Ferry's policy: its queue, queue timeout and retries)
+    proxy: int = -1             # the proxy it arrives at (recorded traffic); -1: drawn at random
 
 
 @dataclasses.dataclass(slots=True)

@@ -33,6 +33,10 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
 - ``cache [--model M] [--by-tenant]``: the duplicate rate the proxies measure and
   the GPU-seconds a response cache saves, cache on/off (:mod:`ferry.cli.ctl.cache`);
+- ``what-if --traffic FILE --config FILE``, ``tune --traffic FILE``: recorded
+  traffic replayed through the fleet simulator, a config against the
+  baseline, or a search for a better one (:mod:`ferry.cli.ctl.whatif`,
+  :mod:`ferry.cli.ctl.tune`; local: no control plane, see :data:`LOCAL`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -76,6 +80,8 @@ from ferry.cli.ctl import rollout as ctlrollout
 from ferry.cli.ctl import scale as ctlscale
 from ferry.cli.ctl import tenants as ctltenants
 from ferry.cli.ctl import top as ctltop
+from ferry.cli.ctl import tune as ctltune
+from ferry.cli.ctl import whatif as ctlwhatif
 from ferry.cli.ctl.errors import UsageError
 from ferry.cli.ctl.views import (
     change_row,
@@ -174,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     ctlscale.add_arguments(add("scale", ctlscale.HELP))
     ctlboard.add_arguments(add("board", ctlboard.HELP))
     ctlcache.add_arguments(add)  # cache
+    ctlwhatif.add_arguments(add("what-if", ctlwhatif.HELP))
+    ctltune.add_arguments(add("tune", ctltune.HELP))
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -422,6 +430,9 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
+# Commands that run here, on files, without the Admin API: checked before any control plane is looked for.
+LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {"what-if": ctlwhatif.run, "tune": ctltune.run}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -429,6 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "completion":
         print(completion.SHELLS[args.shell](parser), end="")
         return 0
+    if args.command in LOCAL:
+        try:
+            return LOCAL[args.command](args)
+        except UsageError as exc:
+            print(f"ferryctl: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     address = ""
     try:
         args.addresses = _addresses(args)

@@ -33,6 +33,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
 - ``cache [--model M] [--by-tenant]``: the duplicate rate the proxies measure and
   the GPU-seconds a response cache saves, cache on/off (:mod:`ferry.cli.ctl.cache`);
+- ``traffic export --since 1h [--model M] [-o FILE]``: the proxies' recorded traffic
+  as a Mooncake-layout trace (:mod:`ferry.cli.ctl.traffic`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -76,6 +78,7 @@ from ferry.cli.ctl import rollout as ctlrollout
 from ferry.cli.ctl import scale as ctlscale
 from ferry.cli.ctl import tenants as ctltenants
 from ferry.cli.ctl import top as ctltop
+from ferry.cli.ctl import traffic as ctltraffic
 from ferry.cli.ctl.errors import UsageError
 from ferry.cli.ctl.views import (
     change_row,
@@ -174,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlscale.add_arguments(add("scale", ctlscale.HELP))
     ctlboard.add_arguments(add("board", ctlboard.HELP))
     ctlcache.add_arguments(add)  # cache
+    ctltraffic.add_arguments(add)  # traffic export
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -420,6 +424,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
+    "traffic": lambda stub, args: ctltraffic.run(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
 

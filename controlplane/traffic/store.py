@@ -72,11 +72,15 @@ class Chunk:
 
 
 class Reader(Protocol):
+    """Reads a span of the store a chunk at a time (one call at a time, in a worker thread)."""
+
     def next_chunk(self) -> Chunk | None:
         """The next chunk; None when the span is read."""
 
 
 class TrafficStore(Protocol):
+    """What the traffic service needs of a store: append, read a span, close."""
+
     def append(self, rows: Sequence[tables_pb2.TrafficRow], dropped: int, source: str) -> None:
         """Keep ``rows`` (and a count of ``dropped`` rows ``source`` could not send)."""
 
@@ -89,6 +93,8 @@ class TrafficStore(Protocol):
 
 @dataclasses.dataclass(slots=True)
 class _Segment:
+    """One segment file: its path, first and last write (unix seconds) and size."""
+
     path: Path
     first: float  # unix seconds of its first write
     last: float  # of its last write
@@ -260,6 +266,8 @@ class MemoryStore:
 
 
 class _ListReader:
+    """Reads a snapshot of the memory ring, a chunk at a time; the drops with the first chunk."""
+
     def __init__(self, rows: list[tables_pb2.TrafficRow], dropped: int) -> None:
         self._rows = rows
         self._dropped = dropped

@@ -34,13 +34,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dataplane.record.row import Sampler, row_of
+from dataplane.record.row import Finished, Sampler, row_of
 from ferry.metrics import name
 from ferry.v1 import tables_pb2
 
 if TYPE_CHECKING:
     from dataplane.config import RecordSettings
-    from dataplane.router import RequestState
 
 
 class Recorder:
@@ -71,7 +70,7 @@ class Recorder:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def record(self, state: RequestState, status: str, elapsed: float) -> None:
+    def record(self, state: Finished, status: str, elapsed: float) -> None:
         """A request ended with ``status`` after ``elapsed`` seconds: its row kept when it is sampled."""
         sampler = self.sampler
         if not sampler.every and (sampler.never or not sampler.sampled(state.request_id)):

@@ -33,12 +33,36 @@ from __future__ import annotations
 import functools
 import hashlib
 import zlib
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from dataplane.api.validate import ValidRequest
+from dataplane.forward.kserve import Outcome
+from ferry.config import TenantConfig
 from ferry.v1 import tables_pb2
 
-if TYPE_CHECKING:
-    from dataplane.router import RequestState
+
+class Finished(Protocol):
+    """What a row is made of: the fields of :class:`dataplane.router.RequestState` it reads."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def model_label(self) -> str: ...
+    @property
+    def tier_label(self) -> str: ...
+    @property
+    def tenant(self) -> TenantConfig | None: ...
+    @property
+    def request(self) -> ValidRequest | None: ...
+    @property
+    def outcome(self) -> Outcome: ...
+    @property
+    def replica_id(self) -> str: ...
+    @property
+    def branch(self) -> str: ...
+    @property
+    def streamed(self) -> bool: ...
+
 
 TENANT_LABEL = b"ferry-tenant\x00"
 TENANT_HEX = 16
@@ -77,7 +101,7 @@ def _count(value: int) -> int:
     return value if 0 <= value <= MAX_TOKENS else (0 if value < 0 else MAX_TOKENS)
 
 
-def row_of(state: RequestState, status: str, elapsed: float, arrival: float) -> tables_pb2.TrafficRow:
+def row_of(state: Finished, status: str, elapsed: float, arrival: float) -> tables_pb2.TrafficRow:
     """The row of a request that ended with gRPC status ``status`` after ``elapsed`` seconds, having arrived
     at ``arrival`` (unix seconds)."""
     valid, outcome, tenant = state.request, state.outcome, state.tenant

@@ -59,7 +59,7 @@ class TrafficService:
         self._leading = leading
         self._outbox: collections.deque[tables_pb2.TrafficRow] = collections.deque()
         self._outbox_dropped = 0  # rows dropped (by proxies, or the outbox) not yet told to the leader
-        reg = {"registry": registry} if registry is not None else {}
+        reg = {"registry": registry}  # None: counted, not registered (tests)
         self._rows = Counter(name("controlplane_traffic_rows"), "Recorded traffic rows (controlplane.traffic): "
                              "stored here, relayed to the leader, refused as malformed, dropped (the relay's "
                              "outbox full).", ["how"], **reg)

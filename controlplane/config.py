@@ -83,6 +83,16 @@ class ControlPlaneSettings:
     store_tls_key: str = ""
     store_user: str = ""
     store_password_file: str = ""
+    # Recorded traffic (controlplane.traffic): the proxies' sampled rows, kept by the leader.
+    traffic_dir: str = ""  # JSON Lines segment files here; empty: a ring of traffic_memory_rows rows in memory
+    traffic_segment_bytes: int = 16 * 1024 * 1024  # a new segment once the current one holds this many bytes
+    traffic_segment_seconds: float = 3600.0  # ... or is this old
+    traffic_max_bytes: int = 1024 * 1024 * 1024  # the oldest segments deleted beyond this many bytes in all
+    traffic_max_age_seconds: float = 7 * 86400.0  # segments (and rows in memory) older than this deleted
+    traffic_memory_rows: int = 100_000  # the in-memory ring's bound (no traffic_dir)
+    traffic_relay_rows: int = 4096  # rows per follower report to the leader
+    traffic_relay_max_rows: int = 100_000  # rows waiting at a follower for the leader; beyond, dropped, counted
+    traffic_export_max_rows: int = 1_000_000  # rows one ExportTraffic answers at most
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -91,7 +101,8 @@ class ControlPlaneSettings:
             raise ConfigError("controlplane.tier_reserved", "must be 3 shares in [0, 1] (interactive, standard, batch)")
         positive_floats = (
             "tick_seconds", "grace_seconds", "telemetry_interval_seconds", "forget_after_seconds",
-            "first_message_seconds", "store_timeout_seconds", "leader_lease_seconds",
+            "first_message_seconds", "store_timeout_seconds", "leader_lease_seconds", "traffic_segment_seconds",
+            "traffic_max_age_seconds",
         )
         for key in positive_floats:
             if not getattr(self, key) > 0:
@@ -102,6 +113,8 @@ class ControlPlaneSettings:
             "max_agents", "max_replicas_per_node", "max_watchers", "max_proxies", "command_queue_size",
             "max_name_bytes", "max_region_bytes", "max_version_bytes", "max_followers", "table_history",
             "max_pending_allocations", "max_alloc_replicas", "max_alloc_gpus", "max_tenants",
+            "traffic_segment_bytes", "traffic_max_bytes", "traffic_memory_rows", "traffic_relay_rows",
+            "traffic_relay_max_rows", "traffic_export_max_rows",
         )
         for key in positive_ints:
             if getattr(self, key) <= 0:

@@ -59,6 +59,7 @@ from controlplane.tables.service import TableService
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watchers
 from controlplane.tenants.service import TenantService
+from controlplane.traffic.service import TrafficService
 from ferry.config import ModelConfig, TenantConfig
 from ferry.errors import Unavailable
 from ferry.tasks import TaskGroup
@@ -99,6 +100,8 @@ class Controller:
         self.agents = Agents(control_plane_id=s.id, max_streams=s.max_agents, queue_size=s.command_queue_size)
         self.watchers = Watchers(max_watchers=s.max_watchers, max_proxies=s.max_proxies, clock=clock)
         self.proxy_usage = ProxyUsage(clock=clock, max_proxies=s.max_proxies)  # controlplane.tables.usage
+        self.traffic = TrafficService(s, leading=lambda: self.peers.leading, wall=wall,  # controlplane.traffic
+                                      registry=metrics.registry)
         self.tables = TableVersions(initial_version(wall()), history=s.table_history)
         spill = SpillPlanner(s.region_rtt_ms, budget_ms=s.spill_budget_ms, headroom=s.spill_headroom,
                              service_ms=s.spill_service_ms)  # region spill weights (controlplane.regions.planner)
@@ -113,12 +116,12 @@ class Controller:
         self.peers = PeerService(
             s, store, fleet=self.fleet, tables=self.tables, watchers=self.watchers, proxy_usage=self.proxy_usage,
             metrics=metrics, clock=clock, wall=wall, notify=self.notify, elect=elect,
-            admin_metadata=admin_metadata, tls=tls,
+            admin_metadata=admin_metadata, tls=tls, traffic=self.traffic,
         )
         self.table_service = TableService(
             s, catalog=catalog, tables=self.tables, watchers=self.watchers, proxy_usage=self.proxy_usage,
             spill=spill, intent=self.intent, peers=self.peers, metrics=metrics, clock=clock, wall=wall,
-            before_pass=self._before_pass,
+            before_pass=self._before_pass, traffic=self.traffic,
         )
         self.writer = IntentWriter(store, self.intent, self.table_service, timeout=s.store_timeout_seconds)
         self.fleet_service = FleetService(
@@ -197,6 +200,7 @@ class Controller:
         self.table_service.stop()
         await self._tasks.stop()
         await self.peers.stop()
+        self.traffic.close()
 
     async def _store_loop(self) -> None:
         """Write members (and, leading, table heads) when they change and at every tick."""

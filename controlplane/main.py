@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="file holding the Admin API token (else env FERRY_ADMIN_TOKEN, else the config's hash)")
     parser.add_argument("--join-token-file", default=None,
                         help="file holding the agents' join token (else env FERRY_JOIN_TOKEN, else the config's hash)")
+    parser.add_argument("--traffic-dir", default=None,
+                        help="keep the recorded traffic here (default: controlplane.traffic_dir; empty: in memory)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default %(default)s)")
     logs.add_argument(parser)
     tls.add_arguments(parser)
@@ -138,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         scaling = config.section(ScalingSettings, "scaling")  # the scaling plan's targets (controlplane.scaling)
         if args.id is not None:
             settings = dataclasses.replace(settings, id=args.id)
+        if args.traffic_dir is not None:  # the recorded traffic's segments (controlplane.traffic)
+            settings = dataclasses.replace(settings, traffic_dir=args.traffic_dir)
         check_store_url(args.store)
         if args.store not in MEMORY:
             settings.store_access()  # the store_* keys' files and password, refused here naming the key

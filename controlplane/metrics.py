@@ -80,6 +80,7 @@ class Metrics:
     """Every metric of one control plane, registered in ``registry``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry  # for the collectors of a concern of its own (controlplane.traffic)
         self.members = Gauge(name("controlplane_members"), "Live nodes in the fleet.", registry=registry)
         self.spill_weight = Gauge(name("controlplane_spill_weight"),
                                   "Share of a region's interactive traffic spilled to another (regions.planner).",

@@ -42,6 +42,7 @@ from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
 from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer, add_tables_servicer
 from controlplane.api.tenants import TenantRpcs
+from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
@@ -123,7 +124,7 @@ class ControlPlane:
             fleet_rpcs=FleetRpcs(c.fleet_service, c.table_service, c.allocation_service),
             usage_rpcs=UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
             tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
-            scale=c.scaling_service.scale,
+            scale=c.scaling_service.scale, traffic_rpcs=TrafficRpcs(c.traffic, c.peers, wall=self._wall),
         )
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),

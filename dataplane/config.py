@@ -25,6 +25,9 @@ belongs to the narrow frozen part of the component that reads it, and
   per request (:mod:`dataplane.epp`): fallbacks (2) and the body buffered.
 - ``tracing`` (:class:`TraceSettings`): request traces exported over OTLP
   (:mod:`dataplane.tracing`), off unless ``trace_endpoint`` is set.
+- ``record`` (:class:`RecordSettings`): the traffic recorder
+  (:mod:`dataplane.record`): ``record_rate`` (1.0) of the requests, at most
+  ``record_max_rows`` (20,000) waiting, ``record_report_rows`` (2,000) per usage report.
 
 Read with :func:`load`, or ``ProxySettings.from_section(mapping)`` (each key
 routed to the part with a field of its name, values coerced as
@@ -432,6 +435,20 @@ class PickerSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RecordSettings:
+    """The traffic recorder (:mod:`dataplane.record`): which requests are recorded, and its bounds."""
+
+    record_rate: float = 1.0  # share of requests recorded (by a hash of the request id; 0: none, 1: all)
+    record_max_rows: int = 20_000  # rows waiting for a report; a further sampled request is dropped, counted
+    record_report_rows: int = 2_000  # rows per usage report (the rest wait for the next)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.record_rate <= 1:  # also rejects NaN
+            raise ConfigError("proxy.record_rate", "must be 0..1")
+        _positive({"record_max_rows": self.record_max_rows, "record_report_rows": self.record_report_rows})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TraceSettings:
     """Request traces (:mod:`dataplane.tracing`): W3C ``traceparent`` in, OTLP over gRPC out; off unless
     ``trace_endpoint`` is set (then nothing is read, allocated or sent per request)."""
@@ -531,6 +548,7 @@ class ProxySettings:
     cache: CacheSettings = dataclasses.field(default_factory=CacheSettings)
     picker: PickerSettings = dataclasses.field(default_factory=PickerSettings)
     tracing: TraceSettings = dataclasses.field(default_factory=TraceSettings)
+    record: RecordSettings = dataclasses.field(default_factory=RecordSettings)
 
     def __post_init__(self) -> None:
         if not self.region:

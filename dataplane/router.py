@@ -68,6 +68,7 @@ from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
 from dataplane.pick.picker import Attempt, Picker, Routing
 from dataplane.pick.pool import UNLIMITED, Pool
+from dataplane.record.recorder import Recorder
 from dataplane.table.local import Replica, Table, TableHolder
 from dataplane.tracing import Attribute, RequestTrace, Tracer
 from dataplane.usage import UsageWindow
@@ -120,6 +121,8 @@ class RequestState:
     exclude: frozenset[str] = frozenset()  # replicas it may not go to (handed off: no endpoint for its wire, or
     # outside the gateway's subset hint); the decision takes them as tried
     trace: RequestTrace | None = None  # its spans, when traced (dataplane.tracing: None whenever tracing is off)
+    branch: str = ""  # the decision branch of the attempt sent last (dataplane.pick.p2c.Branch; the recorder's)
+    streamed: bool = False  # the client asked for a stream (set by its front door; the recorder's)
 
 
 @dataclasses.dataclass(slots=True)
@@ -179,6 +182,7 @@ class Router:
                                  simulate_region_rtt=settings.regions.simulate_region_rtt)
         self.tenant_limits = TenantLimits()
         self.usage = UsageWindow(start=clock(), max_rows=settings.watch.usage_max_rows)  # reported on the table watch
+        self.recorder = Recorder.from_settings(settings.record, registry=metrics.registry)  # dataplane.record
         self.idempotency: Idempotency[inference_pb2.InferResponse] = Idempotency(
             clock=clock, max_entries=settings.idempotency.idempotency_entries,
             ttl=settings.idempotency.idempotency_ttl_seconds)
@@ -482,6 +486,7 @@ class Router:
         replica = decision.replica
         assert replica is not None
         state.region, state.rtt_ms = decision.region, decision.rtt_ms
+        state.branch = decision.branch.value
         state.attempts += 1
         state.replica_id = replica.replica_id
         state.version = replica.version  # the default may span versions when the table names none
@@ -553,7 +558,7 @@ class Router:
             self._metrics.retries.labels(state.model_label, "unreached").inc()
         assert state.routing is not None
         state.attempts += 1
-        state.replica_id = replica_id
+        state.replica_id, state.branch = replica_id, Branch.FALLBACK.value
         state.forwarded_at = now
         handoff.attempt = self.picker.sent(replica_id, state.routing, Branch.FALLBACK, now, streamed=True,
                                            queued=moved.queued)

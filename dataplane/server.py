@@ -184,6 +184,7 @@ class Proxy:
                   for tier in TIERS}
         report = self.router.usage.report(self._clock(), depths)
         report.cache.extend(self.router.cache.samples())  # -- response cache: the duplicate measurement
+        self.router.recorder.fill(report)  # the traffic recorder's rows (dataplane.record)
         return report
 
     async def start(self, listen: str = "127.0.0.1:0", *, picker: bool = False) -> int:

@@ -136,7 +136,15 @@ def _wrap(handler: grpc.RpcMethodHandler, auth: AdminAuth, refused: Callable[[],
             async for item in relay(inner_ss(requests, context)):
                 yield item
         return grpc.stream_stream_rpc_method_handler(stream_stream, request_deserializer=deser, response_serializer=ser)
-    raise TypeError("the Admin service has only unary-unary and stream-stream methods")
+    if handler.unary_stream:  # ExportTraffic (controlplane.api.traffic)
+        inner_us = handler.unary_stream
+
+        async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await check(context)
+            async for item in relay(inner_us(request, context)):
+                yield item
+        return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=deser, response_serializer=ser)
+    raise TypeError("the Admin service has no client-streaming method")
 
 
 class AdminAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

@@ -35,6 +35,7 @@ from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
 from controlplane.api.tenants import TenantRpcs
+from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
 from controlplane.cluster.service import PeerService
 from controlplane.cluster.statusservice import StatusService
@@ -236,7 +237,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         tenant_rpcs: TenantRpcs,
         rollout_rpcs: RolloutRpcs,
         scale: Callable[[admin_pb2.GetScaleRequest], admin_pb2.GetScaleResponse] | None = None,
+        traffic_rpcs: TrafficRpcs | None = None,
     ) -> None:
+        self._traffic_rpcs = traffic_rpcs  # ExportTraffic (controlplane.api.traffic)
         self._fleet = fleet
         self._tables = tables
         self._peers = peers
@@ -382,3 +385,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 raise Unavailable("no scaling plan on this control plane")
             return self._scale(request)
         return await answer(context, call)
+
+    async def ExportTraffic(self, request: admin_pb2.ExportTrafficRequest, context: Any) -> None:
+        """The recorded traffic, in batches (controlplane.api.traffic)."""
+        if self._traffic_rpcs is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no traffic store on this control plane")
+            return
+        await self._traffic_rpcs.ExportTraffic(request, context)

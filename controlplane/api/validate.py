@@ -118,6 +118,8 @@ def check_report(report: admin_pb2.FollowerReport, settings: ControlPlaneSetting
             raise InvalidArgument(f"report.members[{i}].loads", f"more than {settings.max_replicas_per_node} replicas")
     for i, region in enumerate(report.regions):
         check_name(region, f"report.regions[{i}]", settings.max_region_bytes)
+    if len(report.traffic) > settings.traffic_relay_rows:  # controlplane.traffic
+        raise InvalidArgument("report.traffic", f"more than {settings.traffic_relay_rows} rows")
 
 
 def check_subscribe(sub: tables_pb2.Subscribe, settings: ControlPlaneSettings) -> None:

@@ -43,6 +43,7 @@ from controlplane.store.base import Store
 from controlplane.tables.compute import Published, TableVersions, initial_version
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watchers
+from controlplane.traffic.service import TrafficService
 from ferry.errors import InvalidArgument, Overloaded, Unavailable
 from ferry.logs import event
 from ferry.tls import TLSConfig
@@ -75,7 +76,9 @@ class PeerService:
         elect: bool = False,
         admin_metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
+        traffic: TrafficService | None = None,
     ) -> None:
+        self._traffic = traffic  # recorded rows: relayed by a follower, stored by the leader (controlplane.traffic)
         self.settings = settings
         self._store = store
         self._fleet = fleet
@@ -204,9 +207,12 @@ class PeerService:
                                    loads=list(m.loads.values()))
             for m in self._fleet.members() if is_live(m, now, grace)
         ]
-        return admin_pb2.FollowerReport(control_plane_id=self.settings.id, members=members,
-                                        regions=sorted(self._watchers.regions()),
-                                        proxy_usage=self._proxy_usage.relay())  # controlplane.tables.usage
+        report = admin_pb2.FollowerReport(control_plane_id=self.settings.id, members=members,
+                                          regions=sorted(self._watchers.regions()),
+                                          proxy_usage=self._proxy_usage.relay())  # controlplane.tables.usage
+        if self._traffic is not None:
+            self._traffic.relay(report)  # recorded rows, each once (controlplane.traffic)
+        return report
 
     # -- leader
 
@@ -243,6 +249,8 @@ class PeerService:
         self.cluster.remote.report(session.cp_id, report)
         for reason in self._proxy_usage.absorb(report.proxy_usage):  # its proxies' usage
             self._metrics.reject(reason)
+        if self._traffic is not None:
+            self._traffic.absorb(session.cp_id, report.traffic, report.traffic_dropped)  # controlplane.traffic
         self._notify()
 
     def follow_close(self, session: FollowerSession) -> None:

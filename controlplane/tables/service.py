@@ -68,6 +68,7 @@ from controlplane.tables.quotas import attach_quotas
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watcher, Watchers
 from controlplane.tenants.records import attach_tenants
+from controlplane.traffic.service import TrafficService
 from ferry.config import TIERS, ModelConfig
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.logs import event
@@ -101,7 +102,9 @@ class TableService:
         clock: Callable[[], float],
         wall: Callable[[], float],
         before_pass: Callable[[], None] = lambda: None,
+        traffic: TrafficService | None = None,
     ) -> None:
+        self.traffic = traffic  # the proxies' recorded rows, taken off their reports (controlplane.traffic)
         self.settings = settings
         self._catalog = tuple(catalog)
         self.versions = tables
@@ -330,6 +333,8 @@ class TableService:
 
     def proxy_report(self, watcher: Watcher, report: tables_pb2.Report) -> None:
         """A proxy's usage report: kept as its last (tables.usage); a malformed one is ignored and counted."""
+        if self.traffic is not None:  # its recorded rows, taken off first (controlplane.traffic)
+            self.traffic.take(watcher.status.proxy_id, watcher.region, report)
         ignored = self.proxy_usage.put(watcher.status.proxy_id, watcher.region, report, stream=watcher)
         if ignored is not None:
             self._metrics.reject(ignored)

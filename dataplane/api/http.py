@@ -309,6 +309,7 @@ class HttpFront:
             states += [RequestState(request_id=f"{request_id}-{i}", started=state.started)
                        for i in range(1, len(messages))]
             for one, message in zip(states, messages, strict=True):
+                one.streamed = parsed.stream  # the traffic recorder's (dataplane.record)
                 await self._router.encode(one, metadata, message)  # a large prompt's tokens, off the loop
                 self._router.begin(one, metadata, message, timeout)
             headers.update(self._router.rate_limit_headers(state))

@@ -181,6 +181,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         before the next piece is read (see Slow readers in the module docstring)."""
         metadata = context.invocation_metadata() or ()
         state, refused = await self._start(context, metadata, "ferry.v1.Inference/InferStream")
+        state.streamed = True
         first: float | None = None
         async with self._guard(state, context):
             if refused is not None:
@@ -251,6 +252,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self._router.usage.record(state.model_label, state.tier_label, status, elapsed,  # the watch's report
                                   spilled=state.spilled is not None,
                                   guard_seconds=state.guard.seconds if state.guard is not None else 0.0)
+        self._router.recorder.record(state, status, elapsed)  # the traffic recorder (dataplane.record)
         if state.trace is not None:  # every request is counted once, whatever its front door: its trace ends here
             self._router.finish_trace(state, status)
         return elapsed

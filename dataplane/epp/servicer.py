@@ -216,7 +216,7 @@ class PickerServicer(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             body = bytes(flow.body)
             routed = (bodies.openai_request(headers.get(":path", ""), body, headers, tenant, self._templates)
                       if flow.wire == bodies.OPENAI else bodies.kserve_request(body, headers))
-            flow.stream = routed.stream
+            flow.stream = flow.state.streamed = routed.stream
             self._requests.ignored(routed.ignored)
             await self._router.encode(state, metadata, routed.request)  # a large prompt's tokens, off the loop
             flow.begun = True

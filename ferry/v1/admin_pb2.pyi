@@ -174,16 +174,20 @@ class GetStatusResponse(_message.Message):
     def __init__(self, control_plane_id: _Optional[str] = ..., role: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., term: _Optional[int] = ..., control_planes: _Optional[_Iterable[_Union[ControlPlaneView, _Mapping]]] = ..., store: _Optional[_Union[StoreView, _Mapping]] = ..., regions: _Optional[_Iterable[_Union[RegionTable, _Mapping]]] = ..., proxies: _Optional[_Iterable[_Union[ProxyView, _Mapping]]] = ..., members: _Optional[int] = ..., drains: _Optional[int] = ..., allocations: _Optional[int] = ..., agents: _Optional[int] = ...) -> None: ...
 
 class FollowerReport(_message.Message):
-    __slots__ = ("control_plane_id", "members", "regions", "proxy_usage")
+    __slots__ = ("control_plane_id", "members", "regions", "proxy_usage", "traffic", "traffic_dropped")
     CONTROL_PLANE_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     PROXY_USAGE_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_DROPPED_FIELD_NUMBER: _ClassVar[int]
     control_plane_id: str
     members: _containers.RepeatedCompositeFieldContainer[MemberReport]
     regions: _containers.RepeatedScalarFieldContainer[str]
     proxy_usage: _containers.RepeatedCompositeFieldContainer[ProxyUsageReport]
-    def __init__(self, control_plane_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., regions: _Optional[_Iterable[str]] = ..., proxy_usage: _Optional[_Iterable[_Union[ProxyUsageReport, _Mapping]]] = ...) -> None: ...
+    traffic: _containers.RepeatedCompositeFieldContainer[_tables_pb2.TrafficRow]
+    traffic_dropped: int
+    def __init__(self, control_plane_id: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberReport, _Mapping]]] = ..., regions: _Optional[_Iterable[str]] = ..., proxy_usage: _Optional[_Iterable[_Union[ProxyUsageReport, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[_tables_pb2.TrafficRow, _Mapping]]] = ..., traffic_dropped: _Optional[int] = ...) -> None: ...
 
 class ProxyUsageReport(_message.Message):
     __slots__ = ("proxy_id", "region", "age_seconds", "report")
@@ -792,3 +796,23 @@ class GetCacheResponse(_message.Message):
     rows: _containers.RepeatedCompositeFieldContainer[CacheView]
     sampled_at: float
     def __init__(self, rows: _Optional[_Iterable[_Union[CacheView, _Mapping]]] = ..., sampled_at: _Optional[float] = ...) -> None: ...
+
+class ExportTrafficRequest(_message.Message):
+    __slots__ = ("since_seconds", "model", "max_rows")
+    SINCE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    since_seconds: float
+    model: str
+    max_rows: int
+    def __init__(self, since_seconds: _Optional[float] = ..., model: _Optional[str] = ..., max_rows: _Optional[int] = ...) -> None: ...
+
+class ExportTrafficBatch(_message.Message):
+    __slots__ = ("rows", "dropped", "truncated")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[_tables_pb2.TrafficRow]
+    dropped: int
+    truncated: bool
+    def __init__(self, rows: _Optional[_Iterable[_Union[_tables_pb2.TrafficRow, _Mapping]]] = ..., dropped: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...

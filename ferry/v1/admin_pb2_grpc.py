@@ -155,6 +155,11 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.GetCacheResponse.FromString,
                 _registered_method=True)
+        self.ExportTraffic = channel.unary_stream(
+                '/ferry.v1.Admin/ExportTraffic',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficBatch.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -334,6 +339,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportTraffic(self, request, context):
+        """The recorded traffic (controlplane.traffic): rows of the proxies' traffic recorders that arrived within
+        since_seconds, oldest first, in batches. The leader keeps them: a follower answers FAILED_PRECONDITION
+        naming the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -456,6 +470,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.GetCache,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.GetCacheRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.GetCacheResponse.SerializeToString,
+            ),
+            'ExportTraffic': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportTraffic,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1107,6 +1126,33 @@ class Admin:
             '/ferry.v1.Admin/GetCache',
             ferry_dot_v1_dot_admin__pb2.GetCacheRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.GetCacheResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportTraffic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ferry.v1.Admin/ExportTraffic',
+            ferry_dot_v1_dot_admin__pb2.ExportTrafficRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.ExportTrafficBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,14 +18,56 @@ class WatchRequest(_message.Message):
     def __init__(self, subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("window_seconds", "usage", "cache")
+    __slots__ = ("window_seconds", "usage", "cache", "traffic", "traffic_dropped")
     WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_DROPPED_FIELD_NUMBER: _ClassVar[int]
     window_seconds: float
     usage: _containers.RepeatedCompositeFieldContainer[UsageSample]
     cache: _containers.RepeatedCompositeFieldContainer[CacheSample]
-    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ..., cache: _Optional[_Iterable[_Union[CacheSample, _Mapping]]] = ...) -> None: ...
+    traffic: _containers.RepeatedCompositeFieldContainer[TrafficRow]
+    traffic_dropped: int
+    def __init__(self, window_seconds: _Optional[float] = ..., usage: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ..., cache: _Optional[_Iterable[_Union[CacheSample, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[TrafficRow, _Mapping]]] = ..., traffic_dropped: _Optional[int] = ...) -> None: ...
+
+class TrafficRow(_message.Message):
+    __slots__ = ("arrival", "model", "tier", "tenant", "prompt_tokens", "completion_tokens", "cached_tokens", "max_tokens", "hash_ids", "ttft_seconds", "e2e_seconds", "replica_id", "branch", "outcome", "streamed", "proxy_id", "region")
+    ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HASH_IDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    E2E_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    arrival: float
+    model: str
+    tier: str
+    tenant: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    max_tokens: int
+    hash_ids: _containers.RepeatedScalarFieldContainer[int]
+    ttft_seconds: float
+    e2e_seconds: float
+    replica_id: str
+    branch: str
+    outcome: str
+    streamed: bool
+    proxy_id: str
+    region: str
+    def __init__(self, arrival: _Optional[float] = ..., model: _Optional[str] = ..., tier: _Optional[str] = ..., tenant: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., hash_ids: _Optional[_Iterable[int]] = ..., ttft_seconds: _Optional[float] = ..., e2e_seconds: _Optional[float] = ..., replica_id: _Optional[str] = ..., branch: _Optional[str] = ..., outcome: _Optional[str] = ..., streamed: _Optional[bool] = ..., proxy_id: _Optional[str] = ..., region: _Optional[str] = ...) -> None: ...
 
 class CacheSample(_message.Message):
     __slots__ = ("model", "tenant", "deterministic", "duplicates", "duplicate_seconds", "window_seconds", "hits", "enabled")

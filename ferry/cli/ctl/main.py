@@ -37,6 +37,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   traffic replayed through the fleet simulator, a config against the
   baseline, or a search for a better one (:mod:`ferry.cli.ctl.whatif`,
   :mod:`ferry.cli.ctl.tune`; local: no control plane, see :data:`LOCAL`);
+- ``traffic export --since 1h [--model M] [-o FILE]``: the proxies' recorded traffic
+  as a Mooncake-layout trace (:mod:`ferry.cli.ctl.traffic`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -80,6 +82,7 @@ from ferry.cli.ctl import rollout as ctlrollout
 from ferry.cli.ctl import scale as ctlscale
 from ferry.cli.ctl import tenants as ctltenants
 from ferry.cli.ctl import top as ctltop
+from ferry.cli.ctl import traffic as ctltraffic
 from ferry.cli.ctl import tune as ctltune
 from ferry.cli.ctl import whatif as ctlwhatif
 from ferry.cli.ctl.errors import UsageError
@@ -182,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlcache.add_arguments(add)  # cache
     ctlwhatif.add_arguments(add("what-if", ctlwhatif.HELP))
     ctltune.add_arguments(add("tune", ctltune.HELP))
+    ctltraffic.add_arguments(add)  # traffic export
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -428,6 +432,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
+    "traffic": lambda stub, args: ctltraffic.run(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
 # Commands that run here, on files, without the Admin API: checked before any control plane is looked for.

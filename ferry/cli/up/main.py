@@ -226,7 +226,7 @@ class Fleet:
         for i in range(count):
             name = "controlplane" if count == 1 else f"controlplane-{i + 1}"
             extra = [] if self.store == "memory://" else ["--store", self.store, "--id", name]
-            extra += ["--admin-token-file", str(token_path)]
+            extra += ["--admin-token-file", str(token_path), "--traffic-dir", str(self.workdir / "traffic" / name)]
             self.control_planes.append(self._spawn(name, ["controlplane", "--listen", "127.0.0.1:0", *cfg, *extra]))
         addresses = [cp.wait_ready(args.timeout)["grpc"] for cp in self.control_planes]
         self.control_plane = self.control_planes[0]

@@ -1,0 +1,81 @@
+"""The traffic recorder end to end: ``ferry up`` (real processes), requests, ``ferryctl traffic export``.
+
+Every request is recorded (``record_rate`` 1.0, the default); the rows ride on
+the proxy's usage reports to the control plane, which keeps them in segment
+files under the run's workdir; the export is a Mooncake-layout trace that
+``tools.trace.load`` reads, with the same block hash for requests that share
+a prefix, times for every row, and no text of any prompt or answer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ferry.cli.ctl.traffic import KEYS
+from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from tests.e2e.harness import wait_for
+from tests.e2e.test_usage_views import ENV, start_up
+from tools.trace import load
+
+SHARED = " ".join(f"shared{i}" for i in range(600))  # more than one 512-word block, the same for the first four
+PROMPTS = [f"{SHARED} tail{i} question{i}" for i in range(4)] + [f"alone{i} " * 50 for i in range(4)]
+
+
+def export(up: dict[str, Any], out: Path) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], "traffic",
+                             "export", "--since", "10m", "-o", str(out)],
+                            capture_output=True, text=True, timeout=60, env=ENV)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_recorded_requests_export_as_a_trace(tmp_path: Path) -> None:
+    child, up = start_up(tmp_path, "--replicas", "2", "--pickers", "0")
+    try:
+        metadata = (("x-api-key", up["api_keys"]["paid-1"]),)
+        with grpc.insecure_channel(up["data_plane"]) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            for i, prompt in enumerate(PROMPTS):
+                request = inference_pb2.InferRequest(model="chat-small", prompt=prompt, max_tokens=3,
+                                                     tier=common_pb2.TIER_STANDARD)
+                if i % 2:
+                    list(stub.InferStream(request, metadata=metadata, timeout=20))
+                else:
+                    stub.Infer(request, metadata=metadata, timeout=20)
+        out = tmp_path / "traffic.jsonl"
+
+        def exported() -> list[dict[str, Any]] | None:
+            export(up, out)
+            rows = [json.loads(line) for line in out.read_text().splitlines()]
+            return rows if len(rows) >= len(PROMPTS) else None
+
+        rows = wait_for(exported, 20, "every request's row in the export", interval=0.5)
+        stderr = export(up, out).stderr
+    finally:
+        child.stop()
+    assert len(rows) == len(PROMPTS)
+    assert all(list(row) == list(KEYS) for row in rows)
+    assert all(r["model"] == "chat-small" and r["tier"] == "standard" and r["outcome"] == "OK" for r in rows)
+    assert all(r["proxy"] == "proxy-1" and r["region"] == "local" and r["replica"] and r["branch"] for r in rows)
+    assert all(r["ttft_ms"] > 0 and r["e2e_ms"] >= r["ttft_ms"] and r["output_length"] > 0 for r in rows)
+    assert len({r["tenant"] for r in rows}) == 1 and len(rows[0]["tenant"]) == 16
+    assert sorted(r["streamed"] for r in rows) == [False] * 4 + [True] * 4
+    assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows) and rows[0]["timestamp"] == 0
+    shared = [r for r in rows if r["input_length"] > 600]
+    alone = [r for r in rows if r["input_length"] <= 600]
+    assert len(shared) == 4 and len(alone) == 4
+    assert len({r["hash_ids"][0] for r in shared}) == 1  # the shared first block hashes alike
+    assert len({tuple(r["hash_ids"]) for r in shared}) == 4 and all(len(r["hash_ids"]) == 2 for r in shared)
+    assert len({r["hash_ids"][0] for r in alone}) == 4
+    text = out.read_text()
+    assert "shared0" not in text and "alone" not in text and "question" not in text and "acme" not in text
+    trace = load(out)
+    assert len(trace) == len(PROMPTS) and {t.input_tokens for t in trace} == {r["input_length"] for r in rows}
+    assert f"exported {len(PROMPTS)} rows from 1 proxies" in stderr and "0 rows dropped" in stderr
+    assert list((tmp_path / "fleet" / "traffic" / "controlplane").glob("traffic-*.jsonl"))

@@ -231,8 +231,16 @@ class Router:
         if not self.tokens.offloads(tokenizer, size) or size > self._limits.max_prompt_bytes:
             return
         self._auth.authenticate(metadata)
-        blocks = 0 if request.prefix_key else self._settings.pick.prefix_depths[-1]
+        blocks = 0 if request.prefix_key else self._blocks(state)
         state.encoded = await self.tokens.encode(tokenizer, request.prompt, blocks=blocks)
+
+    def _blocks(self, state: RequestState) -> int:
+        """How many leading blocks of the prompt to hash: the decision's deepest prefix depth, or every block
+        (up to ``record_max_blocks``) of a request the recorder keeps, so a replay sees its whole prefix."""
+        depth = self._settings.pick.prefix_depths[-1]
+        if self.recorder.sampler.sampled(state.request_id):
+            return max(depth, self._settings.record.record_max_blocks)
+        return depth
 
     async def _recount(self, model: str, outcome: Outcome) -> None:
         """A completion the replica gave no token count for: counted with the model's tokenizer file, if any
@@ -253,7 +261,7 @@ class Router:
         remaining = self._settings.server.default_deadline_seconds if time_remaining is None else time_remaining
         state.deadline = state.started + remaining
         state.tenant = self._auth.authenticate(metadata)
-        valid = validate_request(request, self._limits, self._settings.pick.prefix_depths[-1],
+        valid = validate_request(request, self._limits, self._blocks(state),
                                  tokenizer=self.tokens.tokenizer(request.model), encoded=state.encoded)
         state.request, state.tier_label = valid, valid.tier
         check_tier(valid.tier, state.tenant)

@@ -44,13 +44,15 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
-def chain_hashes(tokens: list[str], block_tokens: int = BLOCK_TOKENS) -> list[int]:
-    """Chained 64-bit hashes of consecutive blocks of ``tokens`` (last block may be partial)."""
+def chain_hashes(tokens: list[str], block_tokens: int = BLOCK_TOKENS, blocks: int | None = None) -> list[int]:
+    """Chained 64-bit hashes of consecutive blocks of ``tokens`` (last block may be partial), of the first
+    ``blocks`` blocks only when given (no copy of the tokens: each block is sliced once)."""
     if block_tokens <= 0:
         raise ValueError("block_tokens must be positive")
     hashes: list[int] = []
     prev = b""
-    for start in range(0, len(tokens), block_tokens):
+    end = len(tokens) if blocks is None else min(len(tokens), blocks * block_tokens)
+    for start in range(0, end, block_tokens):
         h = hashlib.blake2b(prev, digest_size=8)
         h.update(" ".join(tokens[start:start + block_tokens]).encode())
         prev = h.digest()
@@ -153,8 +155,7 @@ class Tokenizer:
         """The count of ``text`` and the chained hashes of its first ``blocks`` blocks (None: all; 0: none)."""
         if self.hf is None:
             words = text.split()
-            lead = words if blocks is None else words[:blocks * block_tokens]
-            return Encoded(len(words), tuple(chain_hashes(lead, block_tokens)) if lead else ())
+            return Encoded(len(words), tuple(chain_hashes(words, block_tokens, blocks)) if blocks != 0 else ())
         ids = self.ids(text)
         head = ids if blocks is None else ids[:blocks * block_tokens]
         return Encoded(len(ids), tuple(chain_ids(head, block_tokens)) if head else ())

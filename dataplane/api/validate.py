@@ -75,7 +75,8 @@ class ValidRequest:
     max_tokens: int
     prefix_key: str
     idempotency_key: str
-    prefix_hashes: tuple[int, ...] = ()  # chained hashes of the leading blocks (none with a prefix_key)
+    prefix_hashes: tuple[int, ...] = ()  # chained hashes of the leading blocks (none with a prefix_key): the
+    # decision reads its depths' of them; a request the recorder keeps has every block's (dataplane.record)
     sampling: tuple[tuple[str, sampling.SamplingValue], ...] = ()  # the sampling parameters given, in field order
 
 

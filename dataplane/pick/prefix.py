@@ -61,6 +61,8 @@ DEPTHS = (1, 2, 4, 8, 16)
 
 def leading_hashes(words: Sequence[str], depth: int, block_tokens: int = BLOCK_TOKENS) -> list[int]:
     """Chained hashes of the first ``depth`` blocks of a prompt's words (the last one may be partial)."""
+    if isinstance(words, list):
+        return chain_hashes(words, block_tokens, depth)
     return chain_hashes(list(words[:depth * block_tokens]), block_tokens)
 
 

@@ -16,9 +16,10 @@ from a reader of the export, not from an operator who has the tenant list.)
 **The row** (:func:`row_of`): arrival in unix seconds (the wall clock at the
 end less the request's duration), model, tier, tenant hash, prompt, output
 and cached tokens, ``max_tokens`` as admitted, the prompt's chained 512-token
-block hashes the decision computed (``ValidRequest.prefix_hashes``: the
-leading blocks up to the deepest prefix depth, 16 by default, none when the
-client gave a ``prefix_key``), the time to the first token (absent when not
+block hashes (``ValidRequest.prefix_hashes``: for a recorded request every
+block of the prompt, up to ``record_max_blocks``, 4,096, where the decision
+alone hashes only its deepest prefix depth, 16 blocks; none when the client
+gave a ``prefix_key``), the time to the first token (absent when not
 known: a failure, or the picker, which never sees a token), the time to the
 end, the replica that served last and the branch of its decision, the status
 counted, whether the client asked for a stream. The proxy's id and region

@@ -24,7 +24,8 @@ from tests.e2e.test_usage_views import ENV, start_up
 from tools.trace import load
 
 SHARED = " ".join(f"shared{i}" for i in range(600))  # more than one 512-word block, the same for the first four
-PROMPTS = [f"{SHARED} tail{i} question{i}" for i in range(4)] + [f"alone{i} " * 50 for i in range(4)]
+LONG = " ".join(f"long{i}" for i in range(17 * 512 + 10))  # 18 blocks: past the decision's 16, all recorded
+PROMPTS = [f"{SHARED} tail{i} question{i}" for i in range(4)] + [f"alone{i} " * 50 for i in range(4)] + [LONG]
 
 
 def export(up: dict[str, Any], out: Path) -> subprocess.CompletedProcess[str]:
@@ -65,16 +66,19 @@ def test_recorded_requests_export_as_a_trace(tmp_path: Path) -> None:
     assert all(r["proxy"] == "proxy-1" and r["region"] == "local" and r["replica"] and r["branch"] for r in rows)
     assert all(r["ttft_ms"] > 0 and r["e2e_ms"] >= r["ttft_ms"] and r["output_length"] > 0 for r in rows)
     assert len({r["tenant"] for r in rows}) == 1 and len(rows[0]["tenant"]) == 16
-    assert sorted(r["streamed"] for r in rows) == [False] * 4 + [True] * 4
+    assert sorted(r["streamed"] for r in rows) == [False] * 5 + [True] * 4
     assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows) and rows[0]["timestamp"] == 0
-    shared = [r for r in rows if r["input_length"] > 600]
+    long = [r for r in rows if r["input_length"] > 8192]
+    assert len(long) == 1 and len(long[0]["hash_ids"]) == 18  # every block, not the decision's first 16
+    shared = [r for r in rows if 600 < r["input_length"] <= 8192]
     alone = [r for r in rows if r["input_length"] <= 600]
     assert len(shared) == 4 and len(alone) == 4
     assert len({r["hash_ids"][0] for r in shared}) == 1  # the shared first block hashes alike
     assert len({tuple(r["hash_ids"]) for r in shared}) == 4 and all(len(r["hash_ids"]) == 2 for r in shared)
     assert len({r["hash_ids"][0] for r in alone}) == 4
     text = out.read_text()
-    assert "shared0" not in text and "alone" not in text and "question" not in text and "acme" not in text
+    assert "shared0" not in text and "alone" not in text and "long1" not in text
+    assert "question" not in text and "acme" not in text
     trace = load(out)
     assert len(trace) == len(PROMPTS) and {t.input_tokens for t in trace} == {r["input_length"] for r in rows}
     assert f"exported {len(PROMPTS)} rows from 1 proxies" in stderr and "0 rows dropped" in stderr

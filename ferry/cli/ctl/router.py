@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a window is bad when the canary's TTFT p99 exceeds R x the baseline's (1.25)")
     parser.add_argument("--guard-errors", type=float, metavar="PP", default=0.0,
                         help="... or its error rate the baseline's + PP percentage points (0.5)")
-    parser.add_argument("--min-requests", type=int, default=0, help="requests per group for a window to count (20)")
+    parser.add_argument("--min-requests", type=int, default=0, help="requests per group for a window to count (200)")
     parser.add_argument("--window-seconds", type=float, default=0.0, help="one comparison window (5)")
     parser.add_argument("--min-seconds", type=float, default=0.0, help="no promotion before (60)")
     parser.add_argument("--max-seconds", type=float, default=0.0, help="undecided by then: rolled back (600)")

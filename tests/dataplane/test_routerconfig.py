@@ -8,7 +8,7 @@ import random
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dataplane.config import _owners
+from dataplane.config import ProxySettings, _owners
 from dataplane.pick.p2c import Branch
 from dataplane.pick.picker import Picker
 from dataplane.routerconfig import RouterConfigs, overlay, settings_for
@@ -19,11 +19,10 @@ from ferry.routerconfig import LIVE_KEYS, digest
 from ferry.v1 import tables_pb2
 from tests.dataplane.conftest import TENANTS
 from tests.dataplane.fakes import route, snapshot
-from dataplane.config import ProxySettings
 
 
 def test_every_live_key_is_a_proxy_key() -> None:
-    assert LIVE_KEYS <= set(_owners())
+    assert set(_owners()) >= LIVE_KEYS
 
 
 def test_a_text_over_the_file() -> None:

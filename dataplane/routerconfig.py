@@ -71,7 +71,7 @@ class RouterConfigs:
         self._apply = apply
         self._on_version = on_version
         self.version = 0
-        self.refused: tuple[int, str] = (0, "")  # the last version refused and why
+        self.refused: tuple[int, str] | None = None  # the last version refused and why
 
     def assigned(self, snapshot: tables_pb2.TableSnapshot, proxy_id: str) -> int:
         """The version ``snapshot`` assigns ``proxy_id``."""
@@ -85,7 +85,7 @@ class RouterConfigs:
         wanted = self.assigned(snapshot, proxy_id)
         if wanted == self.version:
             return self.version, 0, ""
-        if wanted == self.refused[0]:
+        if self.refused is not None and wanted == self.refused[0]:
             return self.version, wanted, self.refused[1]
         try:
             settings = self._settings(snapshot, wanted)

@@ -89,6 +89,18 @@ class _Applied:
         self.calls: list[ProxySettings] = []
 
 
+def test_back_to_the_file_after_a_version() -> None:
+    applied = _Applied()
+    configs = RouterConfigs(ProxySettings(), applied.calls.append)
+    text = "[proxy]\nwalk_limit = 3\n"
+    table = tables_pb2.TableSnapshot(version=1)
+    table.router_configs.add(version=1, text=text, digest=digest(text))
+    table.router_assignments.add(proxy_id="p1", version=1)
+    assert configs.follow(table, "p1") == (1, 0, "")
+    bare = tables_pb2.TableSnapshot(version=2)  # rolled back: no assignment, default 0
+    assert configs.follow(bare, "p1") == (0, 0, "") and applied.calls[-1] == ProxySettings()
+
+
 def test_follow_applies_the_assigned_version_and_remembers_a_refusal() -> None:
     applied = _Applied()
     versions: list[int] = []

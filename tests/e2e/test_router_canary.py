@@ -15,6 +15,7 @@ def test_a_bad_config_is_rolled_back_and_a_good_one_promoted(tmp_path: Path) -> 
     figures = run(tmp_path, seconds=25.0, workers=3, max_requests=20_000)
     assert figures["bad"]["state"] == "rolled_back", figures
     assert "harm" in figures["bad"]["reason"], figures
+    assert figures["bad"]["seconds_to_every_proxy_on_default"] is not None, figures  # the canary proxy reverted
     assert figures["good"]["state"] == "promoted", figures
     assert figures["failed"] == 0, figures
     assert set(figures["good"]["proxies"].values()) == {figures["good"]["candidate_version"]}, figures

@@ -123,6 +123,7 @@ def phase(admin: Any, text: str, guard: admin_pb2.RouterGuard, seconds: float) -
         now = admin.GetRouter(admin_pb2.GetRouterRequest(), timeout=5)
         return all(p.applied_version == now.default_version for p in now.proxies if p.connected)
     settled = _wait(restored, 10)
+    after = admin.GetRouter(admin_pb2.GetRouterRequest(), timeout=5)
     return {"candidate_version": rollout.candidate_version, "baseline_version": rollout.baseline_version,
             "state": rollout.state, "reason": rollout.reason, "seconds_to_decision": round(took, 2),
             "seconds_to_every_proxy_on_default": round(time.monotonic() - started, 2) if settled else None,
@@ -133,7 +134,7 @@ def phase(admin: Any, text: str, guard: admin_pb2.RouterGuard, seconds: float) -
                        "ttft_p99_seconds": rollout.canary.ttft_p99_seconds},
             "baseline": {"requests": rollout.baseline.requests, "errors": rollout.baseline.errors,
                          "ttft_p99_seconds": rollout.baseline.ttft_p99_seconds},
-            "proxies": {p.proxy_id: p.applied_version for p in reply.proxies}}
+            "proxies": {p.proxy_id: p.applied_version for p in after.proxies}}  # once all ran the default
 
 
 def bad_config(admin: Any) -> str:

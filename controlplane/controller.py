@@ -13,6 +13,8 @@ that holds its state (see each module):
   cordons, node, replica and model views;
 - :class:`controlplane.scaling.service.ScalingService`: the scaling plan (replicas
   needed now and for the next ramp, standby to keep), on the leader;
+- :class:`controlplane.routerconfig.service.RouterService`: router config
+  rollouts, their tables' part and the guard's tick on the leader;
 - :class:`controlplane.tenants.service.TenantService`,
   :class:`controlplane.rollout.service.RolloutService`,
   :class:`controlplane.allocation.service.AllocationService`,
@@ -50,6 +52,7 @@ from controlplane.fleet.view import FleetView, is_live
 from controlplane.metrics import Metrics
 from controlplane.regions.planner import SpillPlanner
 from controlplane.rollout.service import RolloutService
+from controlplane.routerconfig.service import RouterService
 from controlplane.scaling.service import ScalingService, ScalingSettings
 from controlplane.store.base import Store
 from controlplane.store.intent import IntentCache
@@ -144,6 +147,10 @@ class Controller:
             scaling or ScalingSettings(), store=store, members=self.peers.members, figures=self.proxy_usage.figures,
             leading=lambda: self.peers.leading, cordoned=lambda: self.intent.cordons, metrics=metrics, clock=clock,
             wall=wall, grace_seconds=s.grace_seconds, max_region_bytes=s.max_region_bytes)
+        self.router_service = RouterService(  # router config rollouts (controlplane.routerconfig)
+            intent=self.intent, writer=self.writer, watchers=self.watchers, usage=self.proxy_usage, peers=self.peers,
+            tables=self.tables, clock=clock, wall=wall, notify=self.notify)
+        self.table_service.attach_router = self.router_service.attach
         self._tasks = TaskGroup(logger=log)
 
     # -- wiring
@@ -188,6 +195,7 @@ class Controller:
         self._tasks.start(self._store_loop(), name="controlplane-store")
         self._tasks.start(self.allocation_service.run(), name="controlplane-alloc")
         self._tasks.start(self.scaling_service.run(), name="controlplane-scaling")
+        self._tasks.start(self.router_service.run(), name="controlplane-router")
 
     async def join(self, address: str) -> None:
         """Take part in the election as ``address`` (when started with ``elect=True``)."""

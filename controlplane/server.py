@@ -40,6 +40,7 @@ from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
+from controlplane.api.router import RouterRpcs
 from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer, add_tables_servicer
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.traffic import TrafficRpcs
@@ -125,6 +126,7 @@ class ControlPlane:
             usage_rpcs=UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
             tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
             scale=c.scaling_service.scale, traffic_rpcs=TrafficRpcs(c.traffic, c.peers, wall=self._wall),
+            router_rpcs=RouterRpcs(c.router_service),
         )
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),

@@ -205,6 +205,25 @@ class Router:
         self.cold.table_applied(table)
         self.cache.apply_table(table)  # -- response cache: answers of versions gone are dropped
 
+    def reconfigure(self, settings: ProxySettings) -> None:
+        """Run ``settings``' live keys from the next decision on (a router config, :mod:`ferry.routerconfig`).
+
+        Called between requests on the event loop, it drops nothing: the picker swaps its parameters and keeps
+        its state (:meth:`dataplane.pick.picker.Picker.reconfigure`: in-flight attempts, loads, placements,
+        the outlier detector, the retry budget's counts), the tier queues keep every ticket
+        (:meth:`dataplane.admission.gate.Admission.reconfigure`), the retry policy reads the new attempts and
+        tiers, the ring's load factor applies from the next table. Requests in flight finish under the view
+        they decided with. ``settings`` must differ from the running ones in live keys only.
+        """
+        self._settings = settings
+        queues = settings.queues
+        self.picker.reconfigure(settings.pick, regions=settings.regions, capacity_share=queues.admission_capacity_share,
+                                outliers=settings.outliers, retries=settings.retries)
+        self.failover.reconfigure(settings.retries)
+        self._holder.params = settings.table.table_params()
+        if queues.admission:
+            self.admission.reconfigure(queues.queue_params(), queues.admission_capacity_share, self._holder.table)
+
     @property
     def table(self) -> Table | None:
         """The table applied last (None before the first)."""

@@ -61,6 +61,7 @@ from dataplane.guard.hooks import Guards
 from dataplane.memory import MIB, MemoryTrim
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
+from dataplane.routerconfig import RouterConfigs
 from dataplane.table.local import Table, TableHolder
 from dataplane.table.tenants import TenantSet
 from dataplane.table.watch import TableWatcher
@@ -142,6 +143,8 @@ class Proxy:
         self.picker: PickerServicer | None = None  # the endpoint picker, when start(picker=True)
         self.http_port = 0
         self.watcher: TableWatcher | None = None
+        # The router config the table assigns this proxy, swapped in live (dataplane.routerconfig).
+        self.router_configs = RouterConfigs(self.settings, self.router.reconfigure, on_version=self.router.usage.router)
         if self.control_planes:
             watch = self.settings.watch
             self.watcher = TableWatcher(
@@ -156,6 +159,7 @@ class Proxy:
                 tls=tls,
                 usage=self._usage_report,
                 usage_seconds=watch.usage_report_seconds,
+                router=lambda snapshot: self.router_configs.follow(snapshot, self.settings.proxy_id),
             )
         # The tenants served: the config file's, or the set the table carries (dataplane.table.tenants).
         self.tenants = TenantSet(tenants, self.authenticator, self.router.tenant_limits)

@@ -18,7 +18,13 @@ a new window. Per (model, tier):
   they end; ``queued``: the tier queue's depth when the report is made
   (given by the caller, so rows with a queue and no request are reported);
   ``guard_seconds``: the guardrail hooks' time summed over the requests
-  that ended (:mod:`dataplane.guard.hooks`).
+  that ended (:mod:`dataplane.guard.hooks`);
+- ``ttft_p50_seconds``, ``ttft_p99_seconds`` over ``ttft_samples``: the time to
+  first token of the requests answered OK (:meth:`UsageWindow.first_token`,
+  from ``Requests.succeed``), another :class:`LatencySketch`;
+- ``router_version``: the router config version in force when the report is
+  made (:meth:`UsageWindow.router`), ``router_mixed`` when it changed during
+  the window (the control plane's router guard skips such a window).
 
 Requests whose model was never resolved (``dataplane.metrics.UNKNOWN``:
 refused before the table named it) belong to no model and are not counted.
@@ -117,6 +123,7 @@ class Counts:
     spilled: int = 0
     guard_seconds: float = 0.0  # guardrail hook time of the requests that ended
     latency: LatencySketch = dataclasses.field(default_factory=LatencySketch)
+    ttft: LatencySketch = dataclasses.field(default_factory=LatencySketch)  # time to first token, answered OK
 
 
 class UsageWindow:
@@ -129,6 +136,20 @@ class UsageWindow:
         self.dropped = 0  # requests not counted because the window had max_rows rows (cumulative)
         self._since = start
         self._rows: dict[tuple[str, str], Counts] = {}
+        self._router = 0  # the router config version in force (dataplane.routerconfig)
+        self._mixed = False  # it changed during this window
+
+    def router(self, version: int) -> None:
+        """The router config ``version`` runs from now on: this window mixes two configs."""
+        if version != self._router:
+            self._router = version
+            self._mixed = True
+
+    def first_token(self, model: str, tier: str, seconds: float) -> None:
+        """The time to first token of a request answered OK, counted (:meth:`record`) before."""
+        row = self._rows.get((model, tier))
+        if row is not None:
+            row.ttft.add(seconds)
 
     def record(self, model: str, tier: str, status: str, seconds: float, *, spilled: bool = False,
                guard_seconds: float = 0.0) -> None:
@@ -167,7 +188,10 @@ class UsageWindow:
                 spilled=row.spilled, p99_seconds=row.latency.quantile(0.99), p50_seconds=row.latency.quantile(0.5),
                 offered_per_second=(row.requests + row.shed) / window,
                 queued=min(depths.get((model, tier), 0), 2**32 - 1), guard_seconds=row.guard_seconds,
+                ttft_p50_seconds=row.ttft.quantile(0.5), ttft_p99_seconds=row.ttft.quantile(0.99),
+                ttft_samples=row.ttft.count, router_version=self._router, router_mixed=self._mixed,
             ))
         self._rows = {}
+        self._mixed = False
         self._since = now
         return tables_pb2.Report(window_seconds=window, usage=samples)

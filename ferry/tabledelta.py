@@ -16,7 +16,8 @@ added entry goes to its place in key order):
    models and spill routes alike);
 3. spill routes (own fields, models as in 1), tenants (whole, by name), and
    the ring, tier quotas and ``tenants_managed`` when the delta says they
-   changed.
+   changed; the router part (``router_configs``, ``router_assignments``,
+   ``router_default``) whole when ``router_changed``, else the base's.
 
 The proxy applies it before validating the table (``dataplane.table.local``),
 the control plane computes it (``controlplane.tables.delta``), the tests and
@@ -46,6 +47,7 @@ from ferry.v1 import tables_pb2
 
 MODEL_FIELDS = tuple(f.name for f in tables_pb2.ModelRoute.DESCRIPTOR.fields if f.name not in ("model", "replicas"))
 SPILL_FIELDS = tuple(f.name for f in tables_pb2.SpillRoute.DESCRIPTOR.fields if f.name not in ("region", "models"))
+ROUTER_FIELDS = ("router_configs", "router_assignments", "router_default")  # a table's and a delta's router part
 
 M = TypeVar("M")
 
@@ -242,4 +244,10 @@ def apply_delta(base: tables_pb2.TableSnapshot, update: tables_pb2.TableSnapshot
     out.tier_quotas.extend(delta.tier_quotas if delta.tier_quotas_changed else base.tier_quotas)
     out.tenants.extend(_merge(base.tenants, delta.tenants, delta.removed_tenants, lambda t: t.name, "tenant"))
     out.tenants_managed = delta.tenants_managed if delta.HasField("tenants_managed") else base.tenants_managed
+    copy_fields(delta if delta.router_changed else base, out, ROUTER_FIELDS)
     return out
+
+
+def router_part(table: tables_pb2.TableSnapshot | tables_pb2.TableDelta) -> tuple[Any, ...]:
+    """The router configs, assignments and default of a table (or a delta), comparable with ``==``."""
+    return (list(table.router_configs), list(table.router_assignments), table.router_default)

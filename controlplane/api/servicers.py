@@ -34,6 +34,7 @@ import grpc
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
+from controlplane.api.router import RouterRpcs
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
@@ -238,8 +239,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         rollout_rpcs: RolloutRpcs,
         scale: Callable[[admin_pb2.GetScaleRequest], admin_pb2.GetScaleResponse] | None = None,
         traffic_rpcs: TrafficRpcs | None = None,
+        router_rpcs: RouterRpcs | None = None,
     ) -> None:
         self._traffic_rpcs = traffic_rpcs  # ExportTraffic (controlplane.api.traffic)
+        self._router_rpcs = router_rpcs  # router config rollouts (controlplane.api.router)
         self._fleet = fleet
         self._tables = tables
         self._peers = peers
@@ -392,3 +395,18 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no traffic store on this control plane")
             return
         await self._traffic_rpcs.ExportTraffic(request, context)
+    # -- routed: router config rollouts (controlplane.api.router)
+
+    async def RouterRollout(self, request: admin_pb2.RouterRolloutRequest,
+                            context: Any) -> admin_pb2.RouterRolloutResponse:
+        assert self._router_rpcs is not None
+        return await self._router_rpcs.RouterRollout(request, context)
+
+    async def GetRouter(self, request: admin_pb2.GetRouterRequest, context: Any) -> admin_pb2.GetRouterResponse:
+        assert self._router_rpcs is not None
+        return await self._router_rpcs.GetRouter(request, context)
+
+    async def RouterDecide(self, request: admin_pb2.RouterDecideRequest,
+                           context: Any) -> admin_pb2.RouterDecideResponse:
+        assert self._router_rpcs is not None
+        return await self._router_rpcs.RouterDecide(request, context)

@@ -39,14 +39,14 @@ from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from ferry.tabledelta import MODEL_FIELDS, SPILL_FIELDS, copy_fields
+from ferry.tabledelta import MODEL_FIELDS, ROUTER_FIELDS, SPILL_FIELDS, copy_fields, router_part
 from ferry.v1 import tables_pb2
 
 ROUTE_FIELDS = tuple(f.name for f in tables_pb2.ReplicaRoute.DESCRIPTOR.fields
                      if f.name not in ("replica_id", "load", "telemetry_age_seconds"))
 # The top-level fields of a table this module carries (a test checks that the proto has no other).
 TABLE_FIELDS = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill", "tenants",
-                "tenants_managed", "delta")
+                "tenants_managed", "delta", *ROUTER_FIELDS)
 
 M = TypeVar("M")
 
@@ -218,4 +218,7 @@ def table_delta(old: tables_pb2.TableSnapshot, new: tables_pb2.TableSnapshot) ->
         delta.tier_quotas.extend(new.tier_quotas)
     if old.tenants_managed != new.tenants_managed:
         delta.tenants_managed = new.tenants_managed
+    if router_part(old) != router_part(new):  # the router configs (small): whole when any of them moved
+        delta.router_changed = True
+        copy_fields(new, delta, ROUTER_FIELDS)
     return out

@@ -122,6 +122,8 @@ class TableService:
         self._dirty = asyncio.Event()
         self._changed = asyncio.Event()  # pulsed whenever a table is published or adopted here
         self.stopping = False
+        # the router configs each region's proxies run (controlplane.routerconfig.service.RouterService.attach)
+        self.attach_router: Callable[[dict[str, tables_pb2.TableSnapshot]], None] | None = None
 
     def notify(self) -> None:
         """Something changed: recompute after the debounce."""
@@ -185,6 +187,8 @@ class TableService:
         weights = self.spill.attach(tables, self.proxy_usage.figures() if leading else None)  # sized by usage
         attach_tenants(tables, intent.tenants)  # the store's tenant set (controlplane.tenants.records)
         attach_cache(tables, merge_cache(self.proxy_usage.entries()) if leading else {})  # tables.cachestats
+        if self.attach_router is not None:
+            self.attach_router(tables)
         for source, target in self.spill.rtt:  # configured pairs only: a bounded label set
             self._metrics.spill_weight.labels(source=source, target=target).set(weights.get((source, target), 0.0))
         before = set(self.versions.regions())

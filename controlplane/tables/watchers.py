@@ -20,7 +20,8 @@ stale nonces); the rest are ignored and counted by the caller.
 
 :class:`ProxyStatus` is kept per proxy id beyond its stream, for
 ``Admin.GetTable``: the version it applied, the reason of its last rejection,
-connected or not, when it last acked (before its first ack: when it subscribed). Lag is the region's version minus the
+connected or not, when it last acked (before its first ack: when it subscribed), and the router config
+version it runs or refused (:mod:`controlplane.routerconfig`). Lag is the region's version minus the
 applied one (versions of a region grow by one per change); before its first
 ack, the versions of the region since the first one sent to it.
 
@@ -60,6 +61,9 @@ class ProxyStatus:
     first_sent_version: int = 0
     last_error: str = ""
     last_ack_at: float | None = None
+    router_version: int = 0  # the router config version it runs (Ack.router_version; controlplane.routerconfig)
+    router_refused: int = 0  # a router config version it refused, and why (Ack.router_refused, router_error)
+    router_error: str = ""
 
     def lag(self, region_version: int) -> int:
         """Versions the proxy is behind ``region_version``."""
@@ -223,6 +227,8 @@ class Watchers:
         status.last_ack_at = status.last_seen = self._clock()
         if ack.applied:
             status.applied_version = ack.version
+            status.router_version, status.router_refused = ack.router_version, ack.router_refused
+            status.router_error = ack.router_error[:MAX_ERROR_CHARS]
         else:
             status.last_error = (ack.error or "rejected without a reason")[:MAX_ERROR_CHARS]
             if ack.resync:

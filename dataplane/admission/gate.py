@@ -209,6 +209,23 @@ class Admission:
             self.metrics.interactive_replicas.labels(model).set(len(queues.placement.kept))
             self._pump(model)
 
+    def reconfigure(self, params: QueueParams, capacity_share: float, table: Table | None) -> None:
+        """New bounds, timeouts, headroom, tenant ceiling and capacity share (a router config), every queue kept.
+
+        What sizes a structure stays as it was (the DRR quantum, the shards and kept replicas); the reserved
+        shares stay the table's. Each model's capacity is sized again from ``table``; waiting tickets keep
+        their place and are dispatched by the new capacity.
+        """
+        self.params = dataclasses.replace(
+            params, reserved=self.params.reserved, quantum=self.params.quantum,
+            shard_max_share=self.params.shard_max_share, shard_hold_seconds=self.params.shard_hold_seconds,
+            interactive_replica_share=self.params.interactive_replica_share)
+        self.capacity_share = capacity_share
+        for queues in self.models.values():
+            queues.params = self.params
+        if table is not None:
+            self.apply(table)
+
     def active(self, model: str) -> bool:
         """Whether requests of ``model`` go through the queues (its capacity is known)."""
         queues = self.models.get(model)

@@ -274,6 +274,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         outcome = state.outcome
         _, ttft, tpot, prompt, generation, cached = self._timing(state.model_label, state.tier_label)
         ttft.observe(outcome.ttft_seconds)
+        self._router.usage.first_token(state.model_label, state.tier_label, outcome.ttft_seconds)  # router guard
         prompt.inc(outcome.prompt_tokens)
         generation.inc(outcome.completion_tokens)
         cached.inc(outcome.cached_tokens)

@@ -85,6 +85,13 @@ class RetryBudget:
         self._request_sum = 0
         self._retry_sum = 0
 
+    def retune(self, *, ratio: float, min_per_second: float) -> None:
+        """New ``ratio`` and ``min_per_second`` (a router config); the window and its counts stay."""
+        if not ratio >= 0 or not min_per_second >= 0:
+            raise ConfigError("proxy.retry_budget_ratio", "ratio and min_per_second must be >= 0")
+        self.ratio = ratio
+        self.min_retries = min_per_second * self._slot_seconds * len(self._requests)
+
     def _advance(self, now: float) -> int:
         slot = int(now // self._slot_seconds)
         if self._slot < 0:

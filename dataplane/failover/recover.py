@@ -82,6 +82,10 @@ class Failover:
         self._clock = clock
         self.budget = budget
 
+    def reconfigure(self, settings: RetrySettings) -> None:
+        """New retry settings (a router config): ``max_continuations`` from the next stream cut."""
+        self._settings = settings
+
     def note_request(self) -> None:
         """A request was admitted (the budget's denominator)."""
         self.budget.note_request(self._clock())

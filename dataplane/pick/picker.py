@@ -194,6 +194,29 @@ class Picker:
                    budget=(retries or RetrySettings()).budget(),
                    unreachable=Unreachable((outliers or OutlierSettings()).unreachable_params()))
 
+    def reconfigure(self, pick: PickSettings, *, regions: RegionSettings, capacity_share: float,
+                    outliers: OutlierSettings, retries: RetrySettings) -> None:
+        """Swap the live parameters (a router config, :mod:`ferry.routerconfig`) and keep every state.
+
+        The decision's parameters (walk limit, spill step, capacity share, telemetry ages), the detour and
+        placement factors, the outlier detector's and the unreachable set's parameters, the retry budget's
+        ratio and floor change; the in-flight load, placements, hot keys, reuse, outlier health and ejections,
+        refused replicas and the budget's counts stay. Requests already deciding keep the view they began
+        with; the next ones read the new one. Sizes (``placements``, ``hot_keys``, depths) are not live.
+        """
+        self.params = dataclasses.replace(
+            self.params, walk_limit=pick.walk_limit, spill_queue_ms=regions.spill_queue_ms,
+            spill_headroom=regions.spill_headroom, capacity_share=capacity_share,
+            score=dataclasses.replace(self.params.score, fresh_seconds=pick.telemetry_fresh_seconds,
+                                      stale_seconds=pick.telemetry_stale_seconds))
+        self.detour_factor = pick.detour_factor
+        self.place_factor = pick.place_factor
+        self.outliers.params = outliers.params()
+        self.unreachable.params = outliers.unreachable_params()
+        self.budget.retune(ratio=retries.retry_budget_ratio, min_per_second=retries.retry_budget_min_per_second)
+        if self.view is not None:
+            self.view = make_view(self.view.table, self.params)
+
     def apply_table(self, table: Table) -> View:
         """A table was applied: its frozen view; the in-flight counts its loads include; departed replicas forgotten."""
         self.local.mark()

@@ -425,6 +425,16 @@ class TableHolder:
         """Seconds since the current table was applied (inf when none)."""
         return self._clock() - self._table.applied_at if self._table else math.inf
 
+    @property
+    def params(self) -> TableParams:
+        """The bounds and ring defaults tables are built with."""
+        return self._params
+
+    @params.setter
+    def params(self, params: TableParams) -> None:
+        """New ring defaults (a router config's ``load_factor``): from the next table applied."""
+        self._params = params
+
     def on_applied(self, listener: Callable[[Table], None]) -> None:
         """Call ``listener(table)`` after every successful apply."""
         self._listeners.append(listener)

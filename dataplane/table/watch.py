@@ -13,6 +13,10 @@ ceiling, default 0.1 s doubling to 5 s), reset once a snapshot arrives. Meanwhil
 the proxy keeps serving on its last table; a warning is logged once per
 outage when the table is older than ``table_stale_warn_seconds``.
 
+With ``router`` given, each applied table is handed to it
+(:meth:`dataplane.routerconfig.RouterConfigs.follow`) and the ack carries
+the router config version the proxy runs, or the one it refused and why.
+
 With ``usage`` given, a task beside the reader sends the proxy's usage report
 (:mod:`dataplane.usage`) on the same stream every ``usage_seconds``; writes
 are serialised by a lock.
@@ -60,7 +64,9 @@ class TableWatcher:
         tls: TLSConfig | None = None,
         usage: Callable[[], tables_pb2.Report] | None = None,
         usage_seconds: float = 1.0,
+        router: Callable[[tables_pb2.TableSnapshot], tuple[int, int, str]] | None = None,
     ) -> None:
+        self._router = router  # dataplane.routerconfig: the router config the table assigns, run and acked
         self._tls = tls  # mutual TLS to the control planes (None: plain text)
         self._usage = usage if usage_seconds > 0 else None  # dataplane.usage: a report every usage_seconds
         self._usage_seconds = usage_seconds
@@ -165,4 +171,7 @@ class TableWatcher:
             return tables_pb2.Ack(version=snapshot.version, nonce=snapshot.nonce, applied=False,
                                   error=rejected.reason, resync=rejected.resync)
         self._metrics.table_version.set(table.version)
-        return tables_pb2.Ack(version=table.version, nonce=table.nonce, applied=True)
+        ack = tables_pb2.Ack(version=table.version, nonce=table.nonce, applied=True)
+        if self._router is not None and self._holder.snapshot is not None:
+            ack.router_version, ack.router_refused, ack.router_error = self._router(self._holder.snapshot)
+        return ack

@@ -816,3 +816,157 @@ class ExportTrafficBatch(_message.Message):
     dropped: int
     truncated: bool
     def __init__(self, rows: _Optional[_Iterable[_Union[_tables_pb2.TrafficRow, _Mapping]]] = ..., dropped: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class RouterGuard(_message.Message):
+    __slots__ = ("ttft_p99_ratio", "error_increase_pp", "min_requests", "min_seconds", "max_seconds", "window_seconds")
+    TTFT_P99_RATIO_FIELD_NUMBER: _ClassVar[int]
+    ERROR_INCREASE_PP_FIELD_NUMBER: _ClassVar[int]
+    MIN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ttft_p99_ratio: float
+    error_increase_pp: float
+    min_requests: int
+    min_seconds: float
+    max_seconds: float
+    window_seconds: float
+    def __init__(self, ttft_p99_ratio: _Optional[float] = ..., error_increase_pp: _Optional[float] = ..., min_requests: _Optional[int] = ..., min_seconds: _Optional[float] = ..., max_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ...) -> None: ...
+
+class RouterRolloutRequest(_message.Message):
+    __slots__ = ("text", "canary_percent", "guard")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CANARY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    canary_percent: float
+    guard: RouterGuard
+    def __init__(self, text: _Optional[str] = ..., canary_percent: _Optional[float] = ..., guard: _Optional[_Union[RouterGuard, _Mapping]] = ...) -> None: ...
+
+class RouterRolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: RouterRolloutView
+    def __init__(self, rollout: _Optional[_Union[RouterRolloutView, _Mapping]] = ...) -> None: ...
+
+class GetRouterRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class RouterConfigView(_message.Message):
+    __slots__ = ("version", "digest", "created_at", "text")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    digest: str
+    created_at: float
+    text: str
+    def __init__(self, version: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ..., text: _Optional[str] = ...) -> None: ...
+
+class RouterGroupFigures(_message.Message):
+    __slots__ = ("requests", "errors", "ttft_p99_seconds", "ttft_p50_seconds")
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    requests: int
+    errors: int
+    ttft_p99_seconds: float
+    ttft_p50_seconds: float
+    def __init__(self, requests: _Optional[int] = ..., errors: _Optional[int] = ..., ttft_p99_seconds: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ...) -> None: ...
+
+class RouterRolloutView(_message.Message):
+    __slots__ = ("id", "baseline_version", "candidate_version", "canary_percent", "guard", "state", "reason", "started_at", "updated_at", "decided_at", "llr", "rollback_at", "promote_at", "windows", "bad_windows", "canary", "baseline")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    LLR_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_AT_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_AT_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    BAD_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    baseline_version: int
+    candidate_version: int
+    canary_percent: float
+    guard: RouterGuard
+    state: str
+    reason: str
+    started_at: float
+    updated_at: float
+    decided_at: float
+    llr: float
+    rollback_at: float
+    promote_at: float
+    windows: int
+    bad_windows: int
+    canary: RouterGroupFigures
+    baseline: RouterGroupFigures
+    def __init__(self, id: _Optional[int] = ..., baseline_version: _Optional[int] = ..., candidate_version: _Optional[int] = ..., canary_percent: _Optional[float] = ..., guard: _Optional[_Union[RouterGuard, _Mapping]] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., started_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., decided_at: _Optional[float] = ..., llr: _Optional[float] = ..., rollback_at: _Optional[float] = ..., promote_at: _Optional[float] = ..., windows: _Optional[int] = ..., bad_windows: _Optional[int] = ..., canary: _Optional[_Union[RouterGroupFigures, _Mapping]] = ..., baseline: _Optional[_Union[RouterGroupFigures, _Mapping]] = ...) -> None: ...
+
+class RouterProxyView(_message.Message):
+    __slots__ = ("proxy_id", "region", "connected", "assigned_version", "applied_version", "error", "canary")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    region: str
+    connected: bool
+    assigned_version: int
+    applied_version: int
+    error: str
+    canary: bool
+    def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., connected: _Optional[bool] = ..., assigned_version: _Optional[int] = ..., applied_version: _Optional[int] = ..., error: _Optional[str] = ..., canary: _Optional[bool] = ...) -> None: ...
+
+class GetRouterResponse(_message.Message):
+    __slots__ = ("default_version", "configs", "rollout", "proxies", "config")
+    DEFAULT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    PROXIES_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    default_version: int
+    configs: _containers.RepeatedCompositeFieldContainer[RouterConfigView]
+    rollout: RouterRolloutView
+    proxies: _containers.RepeatedCompositeFieldContainer[RouterProxyView]
+    config: RouterConfigView
+    def __init__(self, default_version: _Optional[int] = ..., configs: _Optional[_Iterable[_Union[RouterConfigView, _Mapping]]] = ..., rollout: _Optional[_Union[RouterRolloutView, _Mapping]] = ..., proxies: _Optional[_Iterable[_Union[RouterProxyView, _Mapping]]] = ..., config: _Optional[_Union[RouterConfigView, _Mapping]] = ...) -> None: ...
+
+class RouterDecideRequest(_message.Message):
+    __slots__ = ("action", "reason")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ACTION_UNSPECIFIED: _ClassVar[RouterDecideRequest.Action]
+        ACTION_PROMOTE: _ClassVar[RouterDecideRequest.Action]
+        ACTION_ROLLBACK: _ClassVar[RouterDecideRequest.Action]
+    ACTION_UNSPECIFIED: RouterDecideRequest.Action
+    ACTION_PROMOTE: RouterDecideRequest.Action
+    ACTION_ROLLBACK: RouterDecideRequest.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    action: RouterDecideRequest.Action
+    reason: str
+    def __init__(self, action: _Optional[_Union[RouterDecideRequest.Action, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RouterDecideResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: RouterRolloutView
+    def __init__(self, rollout: _Optional[_Union[RouterRolloutView, _Mapping]] = ...) -> None: ...

@@ -160,6 +160,21 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficBatch.FromString,
                 _registered_method=True)
+        self.RouterRollout = channel.unary_unary(
+                '/ferry.v1.Admin/RouterRollout',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.RouterRolloutRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.RouterRolloutResponse.FromString,
+                _registered_method=True)
+        self.GetRouter = channel.unary_unary(
+                '/ferry.v1.Admin/GetRouter',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetRouterRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetRouterResponse.FromString,
+                _registered_method=True)
+        self.RouterDecide = channel.unary_unary(
+                '/ferry.v1.Admin/RouterDecide',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.RouterDecideRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.RouterDecideResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -348,6 +363,27 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RouterRollout(self, request, context):
+        """Router config rollouts (controlplane.routerconfig): store a candidate [proxy] config and canary it on a
+        share of each region's proxies under a guard; the state, per-proxy versions and live figures; a manual
+        promote or rollback.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRouter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RouterDecide(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -475,6 +511,21 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ExportTraffic,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.ExportTrafficBatch.SerializeToString,
+            ),
+            'RouterRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.RouterRollout,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.RouterRolloutRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.RouterRolloutResponse.SerializeToString,
+            ),
+            'GetRouter': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRouter,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetRouterRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetRouterResponse.SerializeToString,
+            ),
+            'RouterDecide': grpc.unary_unary_rpc_method_handler(
+                    servicer.RouterDecide,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.RouterDecideRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.RouterDecideResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1153,6 +1204,87 @@ class Admin:
             '/ferry.v1.Admin/ExportTraffic',
             ferry_dot_v1_dot_admin__pb2.ExportTrafficRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.ExportTrafficBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouterRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/RouterRollout',
+            ferry_dot_v1_dot_admin__pb2.RouterRolloutRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.RouterRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRouter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetRouter',
+            ferry_dot_v1_dot_admin__pb2.GetRouterRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetRouterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RouterDecide(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/RouterDecide',
+            ferry_dot_v1_dot_admin__pb2.RouterDecideRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.RouterDecideResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -90,7 +90,7 @@ class CacheSample(_message.Message):
     def __init__(self, model: _Optional[str] = ..., tenant: _Optional[str] = ..., deterministic: _Optional[int] = ..., duplicates: _Optional[int] = ..., duplicate_seconds: _Optional[float] = ..., window_seconds: _Optional[float] = ..., hits: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...
 
 class UsageSample(_message.Message):
-    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued", "guard_seconds")
+    __slots__ = ("model", "tier", "requests", "errors", "shed", "spilled", "p99_seconds", "p50_seconds", "offered_per_second", "queued", "guard_seconds", "ttft_p50_seconds", "ttft_p99_seconds", "ttft_samples", "router_version", "router_mixed")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,11 @@ class UsageSample(_message.Message):
     OFFERED_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     GUARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P50_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_P99_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_MIXED_FIELD_NUMBER: _ClassVar[int]
     model: str
     tier: str
     requests: int
@@ -113,7 +118,12 @@ class UsageSample(_message.Message):
     offered_per_second: float
     queued: int
     guard_seconds: float
-    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ..., guard_seconds: _Optional[float] = ...) -> None: ...
+    ttft_p50_seconds: float
+    ttft_p99_seconds: float
+    ttft_samples: int
+    router_version: int
+    router_mixed: bool
+    def __init__(self, model: _Optional[str] = ..., tier: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., spilled: _Optional[int] = ..., p99_seconds: _Optional[float] = ..., p50_seconds: _Optional[float] = ..., offered_per_second: _Optional[float] = ..., queued: _Optional[int] = ..., guard_seconds: _Optional[float] = ..., ttft_p50_seconds: _Optional[float] = ..., ttft_p99_seconds: _Optional[float] = ..., ttft_samples: _Optional[int] = ..., router_version: _Optional[int] = ..., router_mixed: _Optional[bool] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("proxy_id", "region", "have_version", "deltas")
@@ -128,21 +138,27 @@ class Subscribe(_message.Message):
     def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., have_version: _Optional[int] = ..., deltas: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("version", "nonce", "applied", "error", "resync")
+    __slots__ = ("version", "nonce", "applied", "error", "resync", "router_version", "router_refused", "router_error")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     RESYNC_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ERROR_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: str
     applied: bool
     error: str
     resync: bool
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ..., resync: _Optional[bool] = ...) -> None: ...
+    router_version: int
+    router_refused: int
+    router_error: str
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., applied: _Optional[bool] = ..., error: _Optional[str] = ..., resync: _Optional[bool] = ..., router_version: _Optional[int] = ..., router_refused: _Optional[int] = ..., router_error: _Optional[str] = ...) -> None: ...
 
 class TableSnapshot(_message.Message):
-    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill", "tenants", "tenants_managed", "delta")
+    __slots__ = ("version", "nonce", "region", "computed_at", "models", "ring", "tier_quotas", "spill", "tenants", "tenants_managed", "delta", "router_configs", "router_assignments", "router_default")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +170,9 @@ class TableSnapshot(_message.Message):
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_MANAGED_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     version: int
     nonce: str
     region: str
@@ -165,10 +184,13 @@ class TableSnapshot(_message.Message):
     tenants: _containers.RepeatedCompositeFieldContainer[TenantRoute]
     tenants_managed: bool
     delta: TableDelta
-    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., tenants_managed: _Optional[bool] = ..., delta: _Optional[_Union[TableDelta, _Mapping]] = ...) -> None: ...
+    router_configs: _containers.RepeatedCompositeFieldContainer[RouterConfigText]
+    router_assignments: _containers.RepeatedCompositeFieldContainer[RouterAssignment]
+    router_default: int
+    def __init__(self, version: _Optional[int] = ..., nonce: _Optional[str] = ..., region: _Optional[str] = ..., computed_at: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelRoute, _Mapping]]] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillRoute, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., tenants_managed: _Optional[bool] = ..., delta: _Optional[_Union[TableDelta, _Mapping]] = ..., router_configs: _Optional[_Iterable[_Union[RouterConfigText, _Mapping]]] = ..., router_assignments: _Optional[_Iterable[_Union[RouterAssignment, _Mapping]]] = ..., router_default: _Optional[int] = ...) -> None: ...
 
 class TableDelta(_message.Message):
-    __slots__ = ("base_version", "models", "removed_models", "ring_changed", "ring", "tier_quotas_changed", "tier_quotas", "spill", "removed_spill", "tenants", "removed_tenants", "tenants_managed", "ages")
+    __slots__ = ("base_version", "models", "removed_models", "ring_changed", "ring", "tier_quotas_changed", "tier_quotas", "spill", "removed_spill", "tenants", "removed_tenants", "tenants_managed", "ages", "router_changed", "router_configs", "router_assignments", "router_default")
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     REMOVED_MODELS_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +204,10 @@ class TableDelta(_message.Message):
     REMOVED_TENANTS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_MANAGED_FIELD_NUMBER: _ClassVar[int]
     AGES_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     base_version: int
     models: _containers.RepeatedCompositeFieldContainer[ModelDelta]
     removed_models: _containers.RepeatedScalarFieldContainer[str]
@@ -195,7 +221,11 @@ class TableDelta(_message.Message):
     removed_tenants: _containers.RepeatedScalarFieldContainer[str]
     tenants_managed: bool
     ages: _containers.RepeatedCompositeFieldContainer[NodeAge]
-    def __init__(self, base_version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelDelta, _Mapping]]] = ..., removed_models: _Optional[_Iterable[str]] = ..., ring_changed: _Optional[bool] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas_changed: _Optional[bool] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillDelta, _Mapping]]] = ..., removed_spill: _Optional[_Iterable[str]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., removed_tenants: _Optional[_Iterable[str]] = ..., tenants_managed: _Optional[bool] = ..., ages: _Optional[_Iterable[_Union[NodeAge, _Mapping]]] = ...) -> None: ...
+    router_changed: bool
+    router_configs: _containers.RepeatedCompositeFieldContainer[RouterConfigText]
+    router_assignments: _containers.RepeatedCompositeFieldContainer[RouterAssignment]
+    router_default: int
+    def __init__(self, base_version: _Optional[int] = ..., models: _Optional[_Iterable[_Union[ModelDelta, _Mapping]]] = ..., removed_models: _Optional[_Iterable[str]] = ..., ring_changed: _Optional[bool] = ..., ring: _Optional[_Union[RingParams, _Mapping]] = ..., tier_quotas_changed: _Optional[bool] = ..., tier_quotas: _Optional[_Iterable[_Union[TierQuota, _Mapping]]] = ..., spill: _Optional[_Iterable[_Union[SpillDelta, _Mapping]]] = ..., removed_spill: _Optional[_Iterable[str]] = ..., tenants: _Optional[_Iterable[_Union[TenantRoute, _Mapping]]] = ..., removed_tenants: _Optional[_Iterable[str]] = ..., tenants_managed: _Optional[bool] = ..., ages: _Optional[_Iterable[_Union[NodeAge, _Mapping]]] = ..., router_changed: _Optional[bool] = ..., router_configs: _Optional[_Iterable[_Union[RouterConfigText, _Mapping]]] = ..., router_assignments: _Optional[_Iterable[_Union[RouterAssignment, _Mapping]]] = ..., router_default: _Optional[int] = ...) -> None: ...
 
 class ModelDelta(_message.Message):
     __slots__ = ("model", "route", "replicas", "removed_replicas", "loads")
@@ -362,3 +392,21 @@ class TenantRoute(_message.Message):
     tokens_per_second: float
     max_concurrency: int
     def __init__(self, name: _Optional[str] = ..., api_key_sha256: _Optional[str] = ..., plan: _Optional[str] = ..., tiers: _Optional[_Iterable[str]] = ..., requests_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., max_concurrency: _Optional[int] = ...) -> None: ...
+
+class RouterConfigText(_message.Message):
+    __slots__ = ("version", "text", "digest")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    text: str
+    digest: str
+    def __init__(self, version: _Optional[int] = ..., text: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class RouterAssignment(_message.Message):
+    __slots__ = ("proxy_id", "version")
+    PROXY_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    proxy_id: str
+    version: int
+    def __init__(self, proxy_id: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...

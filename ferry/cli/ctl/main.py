@@ -23,6 +23,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   spill with the proxies' rates (:mod:`ferry.cli.ctl.flow`);
 - ``rollout MODEL --version V --canary P | --promote | --rollback``, ``rollout``:
   a model's version rollout (:mod:`ferry.cli.ctl.rollout`);
+- ``router [rollout FILE --canary P | promote | rollback | show [VERSION]]``:
+  router config rollouts under a guard (:mod:`ferry.cli.ctl.router`);
 - ``tenants [list]``, ``tenants add NAME --plan P --tiers a,b --rps N --tps N
   --concurrency N (--api-key K | --api-key-sha256 H | --generate-key)``,
   ``tenants set NAME …``, ``tenants remove NAME``: the tenants kept in the
@@ -79,6 +81,7 @@ from ferry.cli.ctl import cache as ctlcache
 from ferry.cli.ctl import completion
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
+from ferry.cli.ctl import router as ctlrouter
 from ferry.cli.ctl import scale as ctlscale
 from ferry.cli.ctl import tenants as ctltenants
 from ferry.cli.ctl import top as ctltop
@@ -186,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlwhatif.add_arguments(add("what-if", ctlwhatif.HELP))
     ctltune.add_arguments(add("tune", ctltune.HELP))
     ctltraffic.add_arguments(add)  # traffic export
+    ctlrouter.add_arguments(add("router", ctlrouter.HELP))
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -429,7 +433,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "replicas": cmd_replicas, "nodes": cmd_nodes, "models": cmd_models, "table": cmd_table, "drain": cmd_drain,
     "undrain": cmd_drain, "cordon": cmd_cordon, "uncordon": cmd_cordon, "alloc": cmd_alloc, "status": cmd_status,
     "top": cmd_top, "tiers": cmd_flow, "spill": cmd_flow, "cache": cmd_cache,
-    "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
+    "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run, "router": ctlrouter.cmd_router,
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
     "traffic": lambda stub, args: ctltraffic.run(stub, args, functools.partial(_at, args), TIMEOUT),

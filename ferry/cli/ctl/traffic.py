@@ -88,9 +88,11 @@ def summary(lines: list[dict[str, Any]], dropped: int, truncated: bool) -> str:
     return f"exported {span}; {dropped} rows dropped within the span (recorders' or relays' buffers full){cut}"
 
 
-def export(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float) -> None:
-    """Ask the leader for the rows and write the trace."""
-    request = admin_pb2.ExportTrafficRequest(since_seconds=args.since, model=args.model, max_rows=args.max_rows)
+def fetch(stub: Any, connect: Connect, timeout: float, *, since: float, model: str = "",
+          max_rows: int = 0) -> tuple[list[dict[str, Any]], int, bool]:
+    """The leader's rows of the last ``since`` seconds as trace lines (:func:`trace_lines`), the rows dropped
+    within the span, and whether ``max_rows`` cut the answer (``ferryctl traffic export``, what-if, tune)."""
+    request = admin_pb2.ExportTrafficRequest(since_seconds=since, model=model, max_rows=max_rows)
     rows: list[tables_pb2.TrafficRow] = []
     dropped, truncated = 0, False
     with leader(stub, connect, timeout) as target:
@@ -98,7 +100,13 @@ def export(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float
             rows.extend(batch.rows)
             dropped += batch.dropped
             truncated = truncated or batch.truncated
-    lines = trace_lines(rows)
+    return trace_lines(rows), dropped, truncated
+
+
+def export(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float) -> None:
+    """Ask the leader for the rows and write the trace."""
+    lines, dropped, truncated = fetch(stub, connect, timeout, since=args.since, model=args.model,
+                                      max_rows=args.max_rows)
     with contextlib.ExitStack() as stack:
         out: IO[str] = stack.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
         for line in lines:

@@ -33,6 +33,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
 - ``cache [--model M] [--by-tenant]``: the duplicate rate the proxies measure and
   the GPU-seconds a response cache saves, cache on/off (:mod:`ferry.cli.ctl.cache`);
+- ``engines [--model M]``: per model and replica kind, the engine's step
+  parameters fitted from telemetry with their errors (:mod:`ferry.cli.ctl.engines`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -71,6 +73,7 @@ from ferry import clienttls
 from ferry.cli.ctl import board as ctlboard
 from ferry.cli.ctl import cache as ctlcache
 from ferry.cli.ctl import completion
+from ferry.cli.ctl import engines as ctlengines
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
 from ferry.cli.ctl import scale as ctlscale
@@ -174,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctlscale.add_arguments(add("scale", ctlscale.HELP))
     ctlboard.add_arguments(add("board", ctlboard.HELP))
     ctlcache.add_arguments(add)  # cache
+    ctlengines.add_arguments(add)  # engines
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -420,6 +424,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run,
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
+    "engines": lambda stub, args: ctlengines.cmd_engines(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
 

@@ -10,7 +10,11 @@ on whole milliseconds of ``epoll``; about 0.75 ms late per step on average on th
 would run slower than its parameters say. So steps run back to back on the
 model's clock: a step of a busy replica starts when the previous one was due
 to end, and sleeps until its own end is due (less, or not at all, after a
-late wake), so lateness does not add up over a busy period. A lag over
+late wake), so lateness does not add up over a busy period; and each sleep
+is aimed early by the timer's mean lateness, learnt as it goes (an integral
+step of ``AIM_WEIGHT`` toward each wake-up's lateness, at most
+``MAX_AIM_SECONDS``), so a wake-up lands on the model's clock on average
+and the last step of a busy period ends on time, on average, too. A lag over
 ``CATCH_UP_SECONDS`` (the host stalled) is not caught up: the next step
 starts now and the lag is counted (``RunnerStats.lag_dropped_seconds``).
 The wall time each step really took, as the loop saw it (from the previous
@@ -51,6 +55,8 @@ from ferry.errors import InvalidArgument, Overloaded
 from ferry.tokens import WHITESPACE, Tokenizer
 
 CATCH_UP_SECONDS = 0.05  # a step's lateness up to this is taken off the next steps' sleeps; beyond, dropped
+AIM_WEIGHT = 0.05  # how fast the wake-ups' aim follows the timer's lateness
+MAX_AIM_SECONDS = 0.002  # a wake-up is aimed at most this much before a step's end
 
 
 @dataclasses.dataclass
@@ -115,6 +121,7 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._recent: deque[tuple[float, float]] = deque(maxlen=4096)  # (end, duration) of recent steps
         self.slowdown = 1.0  # steps take this many times longer (fault injection: SIGUSR1 on ``ferry node``)
+        self._aim = 0.0  # seconds a wake-up is aimed before a step's end: the timer's mean lateness, learnt
 
     def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: tuple[int, ...],
                answer: Limit | None = None) -> Ticket:
@@ -165,7 +172,14 @@ class EngineRunner:
                 self.stats.lag_dropped_seconds += started - begin
                 begin = started
             due = begin + duration
-            await asyncio.sleep(max(0.0, due - started))
+            wait = due - started - self._aim
+            if wait > 0:
+                await asyncio.sleep(wait)
+                # aim the next wake-ups off by the timer's mean lateness (an integral step toward it), bounded
+                late = self._clock() - due
+                self._aim = min(MAX_AIM_SECONDS, max(0.0, self._aim + AIM_WEIGHT * late))
+            else:
+                await asyncio.sleep(0)  # behind the model's clock: catch up, letting the consumers run
             now = self._clock()
             self.stats.step_seconds += now - ended
             ended = now

@@ -11,10 +11,12 @@ would run slower than its parameters say. So steps run back to back on the
 model's clock: a step of a busy replica starts when the previous one was due
 to end, and sleeps until its own end is due (less, or not at all, after a
 late wake), so lateness does not add up over a busy period; and each sleep
-is aimed early by the timer's mean lateness, learnt as it goes (an integral
-step of ``AIM_WEIGHT`` toward each wake-up's lateness, at most
-``MAX_AIM_SECONDS``), so a wake-up lands on the model's clock on average
-and the last step of a busy period ends on time, on average, too. A lag over
+is aimed early by the timer's median lateness, learnt as it goes (a step
+of ``AIM_STEP`` toward it at each wake-up, at most ``MAX_AIM_SECONDS``; the
+median, not the mean, because a host busy elsewhere makes some wake-ups very
+late, and aiming early by those would end the quiet steps early), so a
+wake-up lands on the model's clock as often early as late, and the last step
+of a busy period, which nothing catches up, too. A lag over
 ``CATCH_UP_SECONDS`` (the host stalled) is not caught up: the next step
 starts now and the lag is counted (``RunnerStats.lag_dropped_seconds``).
 The wall time each step really took, as the loop saw it (from the previous
@@ -55,7 +57,7 @@ from ferry.errors import InvalidArgument, Overloaded
 from ferry.tokens import WHITESPACE, Tokenizer
 
 CATCH_UP_SECONDS = 0.05  # a step's lateness up to this is taken off the next steps' sleeps; beyond, dropped
-AIM_WEIGHT = 0.05  # how fast the wake-ups' aim follows the timer's lateness
+AIM_STEP = 10e-6  # how far the wake-ups' aim moves toward the timer's median lateness at each wake-up
 MAX_AIM_SECONDS = 0.002  # a wake-up is aimed at most this much before a step's end
 
 
@@ -175,9 +177,10 @@ class EngineRunner:
             wait = due - started - self._aim
             if wait > 0:
                 await asyncio.sleep(wait)
-                # aim the next wake-ups off by the timer's mean lateness (an integral step toward it), bounded
+                # the aim follows the median lateness of a wake-up (a host busy elsewhere makes some very late:
+                # the median is the timer's own), one step per wake-up, bounded
                 late = self._clock() - due
-                self._aim = min(MAX_AIM_SECONDS, max(0.0, self._aim + AIM_WEIGHT * late))
+                self._aim = min(MAX_AIM_SECONDS, max(0.0, self._aim + (AIM_STEP if late > 0 else -AIM_STEP)))
             else:
                 await asyncio.sleep(0)  # behind the model's clock: catch up, letting the consumers run
             now = self._clock()

@@ -231,7 +231,8 @@ class Agent:
                 seen = Observed(reachable=result.reachable, ready=bool(load and load.ready),
                                 queued=load.queued if load else 0, running=load.running if load else 0)
                 before = tracked.status.state
-                tracked.status, tracked.load = observe(tracked.status, seen), load
+                tracked.status = observe(tracked.status, seen)
+                tracked.observe(load)  # its load, and its step counters' delta (agent.stepcounters)
                 changed |= tracked.status.state is not before
                 if load and load.kv_block_tokens and not tracked.spec.kv_block_tokens:
                     self.inventory.upsert(dataclasses.replace(tracked.spec, kv_block_tokens=load.kv_block_tokens))

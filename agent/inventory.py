@@ -5,6 +5,9 @@
   by ``max_replicas``. It records which replicas were added, changed or
   removed since the last ``Register`` or ``Telemetry``, so telemetry carries
   ``changed`` and ``removed`` exactly once, and builds both messages.
+- each load carries the engine's step-counter deltas since the last
+  message (:mod:`agent.stepcounters`), sent once: the telemetry that carries
+  them clears them.
 - :func:`merge_discovered` reconciles the replicas of a discovered endpoint
   with what it lists now.
 
@@ -17,6 +20,7 @@ import dataclasses
 import re
 from collections.abc import Iterable
 
+from agent import stepcounters
 from agent.states import ReplicaStatus, State
 from agent.triton import ModelEntry, ModelLoad
 from ferry import sampling
@@ -71,6 +75,14 @@ class Tracked:
     spec: ReplicaSpec
     status: ReplicaStatus = dataclasses.field(default_factory=ReplicaStatus)
     load: ModelLoad | None = None
+    steps_last: stepcounters.Counts | None = None  # the last reading of its step counters
+    steps_pending: stepcounters.Counts | None = None  # their deltas since the last telemetry message
+
+    def observe(self, load: ModelLoad | None) -> None:
+        """Take a poll's load, and its step counters' delta into the pending sample."""
+        self.load = load
+        now = load.steps.counts if load is not None and load.steps is not None else None
+        self.steps_last, self.steps_pending = stepcounters.advance(self.steps_last, self.steps_pending, now)
 
 
 class Inventory:
@@ -122,6 +134,8 @@ class Inventory:
         """The next Telemetry message: every replica's load, plus what changed since the last message."""
         self._seq += 1
         loads = [_load(rid, t) for rid, t in self.replicas.items()]
+        for tracked in self.replicas.values():
+            tracked.steps_pending = None  # sent (or, for a dead replica, dropped) once
         changed = [self.replicas[rid].spec.info(self.replicas[rid].status.state) for rid in sorted(self._changed)]
         removed = sorted(self._removed)
         self._changed.clear()
@@ -135,11 +149,17 @@ def _load(replica_id: str, tracked: Tracked) -> common_pb2.ReplicaLoad:
     load = tracked.load
     if load is None or tracked.status.state is State.DEAD:
         return common_pb2.ReplicaLoad(replica_id=replica_id, state=state)
+    engine = stepcounters.sample(
+        tracked.steps_pending, kv_blocks_total=load.kv_blocks_total,
+        kv_block_tokens=load.kv_block_tokens or tracked.spec.kv_block_tokens,
+        max_running=load.max_running or tracked.spec.max_concurrency,
+        max_step_tokens=load.steps.max_step_tokens if load.steps is not None else None)
     return common_pb2.ReplicaLoad(
         replica_id=replica_id, state=state, queued=load.queued, running=load.running,
         kv_blocks_free=load.kv_blocks_free, kv_blocks_total=load.kv_blocks_total,
         gpu_utilization=load.gpu_utilization, requests_total=load.requests_total,
-        prefix_hit_blocks=load.prefix_hit_blocks, prefix_lookup_blocks=load.prefix_lookup_blocks)
+        prefix_hit_blocks=load.prefix_hit_blocks, prefix_lookup_blocks=load.prefix_lookup_blocks,
+        engine=engine)
 
 
 def discovered_id(node: str, name: str, version: str) -> str:

@@ -37,6 +37,9 @@ when they carry the model's):
   ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=free|max|tokens_per}``),
   summed over every model label.
 
+Every engine: its step counters (:mod:`agent.stepcounters`) when it exports
+them (a ferry simulated replica does, under any of the three names).
+
 A KV use fraction becomes blocks: ``kv_blocks_total`` is the engine's block
 count when it exports one, else ``KV_FRACTION_BLOCKS`` (1000) nominal blocks,
 and ``kv_blocks_free`` = round((1 - use) x total).
@@ -56,6 +59,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from agent import stepcounters
 from agent.httptext import HttpError
 from agent.triton import EndpointLoad, ModelEntry, ModelKey, ModelLoad
 
@@ -137,7 +141,12 @@ def load_from_metrics(text: str, engine: str, model: str, *, ready: bool) -> Mod
         kv_blocks_free=round((1.0 - use) * total),
         kv_block_tokens=block_tokens,
         requests_total=int(samples.total(names.completed) or 0),
+        steps=_steps(samples),
     )
+
+
+def _steps(samples: _Samples) -> stepcounters.Reading | None:
+    return stepcounters.read(lambda name: samples.total((name,)))
 
 
 def _trtllm(samples: _Samples, *, ready: bool) -> ModelLoad:
@@ -151,6 +160,8 @@ def _trtllm(samples: _Samples, *, ready: bool) -> ModelLoad:
         kv_blocks_total=int(samples.total(blocks, kv_cache_block_type="max") or 0),
         kv_block_tokens=int(samples.total(blocks, kv_cache_block_type="tokens_per") or 0),
         requests_total=int(samples.total(("nv_inference_request_success",)) or 0),
+        max_running=int(samples.total(request, request_type="max") or 0),
+        steps=_steps(samples),
     )
 
 

@@ -24,7 +24,9 @@ the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
   ``free`` / ``max`` / ``tokens_per``; completed =
   ``nv_inference_request_success``; GPU utilization = mean of
   ``nv_gpu_utilization``; prefix blocks from the optional ``ferry_replica_*``
-  counters. TensorRT-LLM metrics are labelled with the engine's model (for
+  counters; batch slots ``max_running`` from TensorRT-LLM's ``max`` requests;
+  the engine's step counters (:mod:`agent.stepcounters`) when it exports
+  them. TensorRT-LLM metrics are labelled with the engine's model (for
   example ``tensorrt_llm`` behind an ``ensemble``): when none carry the
   model's own name and the endpoint has exactly one engine, that one is used.
   Without a metrics URL, or when the scrape fails, ModelStatistics gives the
@@ -49,6 +51,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
+from agent import stepcounters
 from agent.httptext import HttpError, get_text
 from agent.promtext import Samples, parse
 from ferry.grpcutil import channel_options
@@ -63,6 +66,7 @@ METRICS_READ = frozenset({
     "nv_inference_pending_request_count", "nv_trt_llm_request_metrics", "ferry_batch_running_requests",
     "ferry_batch_max_concurrency", "nv_trt_llm_kv_cache_block_metrics", "nv_inference_request_success",
     "ferry_replica_prefix_hit_blocks_total", "ferry_replica_prefix_lookup_blocks_total", "nv_gpu_utilization",
+    *stepcounters.NAMES,
 })
 
 
@@ -97,6 +101,8 @@ class ModelLoad:
     prefix_lookup_blocks: int = 0
     gpu_utilization: float = 0.0
     max_concurrency: int = 0  # batch slots the endpoint reports now (0: not reported)
+    max_running: int = 0  # the engine's batch slots as its metrics state them (0: not stated)
+    steps: stepcounters.Reading | None = None  # the engine's step counters (None: not exported)
     source: str = "metrics"  # metrics | statistics | none
 
 
@@ -235,6 +241,8 @@ def from_metrics(samples: Samples, model: str, version: str, *, ready: bool) -> 
         prefix_hit_blocks=int(value("ferry_replica_prefix_hit_blocks_total", labels)),
         prefix_lookup_blocks=int(value("ferry_replica_prefix_lookup_blocks_total", labels)),
         gpu_utilization=min(1.0, max(0.0, samples.mean("nv_gpu_utilization") or 0.0)),
+        max_running=int(value("nv_trt_llm_request_metrics", trt, request_type="max")),
+        steps=stepcounters.read(lambda name: samples.get(name, **labels)),
     )
 
 

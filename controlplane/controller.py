@@ -45,6 +45,7 @@ from controlplane.allocation.service import AllocationService
 from controlplane.cluster.service import PeerService
 from controlplane.cluster.statusservice import StatusService
 from controlplane.config import ControlPlaneSettings
+from controlplane.engines.service import EngineService
 from controlplane.fleet.agents import Agents
 from controlplane.fleet.members import MemberLeases
 from controlplane.fleet.service import FleetService
@@ -113,13 +114,16 @@ class Controller:
                                   grace_seconds=s.grace_seconds, timeout=s.store_timeout_seconds,
                                   on_placed=metrics.placed)
         self._clock = clock
+        # the engines' step samples and their fits (controlplane.engines): relayed while following
+        self.engines = EngineService(clock=clock, wall=wall, relaying=lambda: not self.peers.leading,
+                                     members=lambda: self.peers.members(), grace_seconds=s.grace_seconds)
         leases = MemberLeases(store, clock=clock, ttl_seconds=s.grace_seconds, control_plane=s.id,
                               dead=self._seen_dead)
         # -- services
         self.peers = PeerService(
             s, store, fleet=self.fleet, tables=self.tables, watchers=self.watchers, proxy_usage=self.proxy_usage,
             metrics=metrics, clock=clock, wall=wall, notify=self.notify, elect=elect,
-            admin_metadata=admin_metadata, tls=tls, traffic=self.traffic,
+            admin_metadata=admin_metadata, tls=tls, traffic=self.traffic, engines=self.engines,
         )
         self.table_service = TableService(
             s, catalog=catalog, tables=self.tables, watchers=self.watchers, proxy_usage=self.proxy_usage,

@@ -37,6 +37,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
+from controlplane.api.engines import EngineRpcs
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
@@ -127,10 +128,12 @@ class ControlPlane:
             tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
             scale=c.scaling_service.scale, traffic_rpcs=TrafficRpcs(c.traffic, c.peers, wall=self._wall),
             router_rpcs=RouterRpcs(c.router_service),
+            engine_rpcs=EngineRpcs(c.engines, leading=lambda: c.peers.leading,
+                                   max_name_bytes=self.settings.max_name_bytes),
         )
         services = [
-            (fleet_pb2_grpc.add_FleetServicer_to_server, FleetServicer(c.fleet_service, c.metrics, self.admission),
-             SERVICE_NAMES[0]),
+            (fleet_pb2_grpc.add_FleetServicer_to_server,
+             FleetServicer(c.fleet_service, c.metrics, self.admission, engines=c.engines), SERVICE_NAMES[0]),
             (add_tables_servicer, TablesServicer(c.table_service, c.metrics),
              SERVICE_NAMES[1]),
             (admin_pb2_grpc.add_AdminServicer_to_server, admin, SERVICE_NAMES[2]),

@@ -37,6 +37,13 @@ Model (iteration-level scheduling, as continuous-batching engines such as Tensor
 - **End of step** (:meth:`Engine.finish_step`): the tokens of the step are
   delivered (one per request), first tokens flagged, requests that reached
   their length finish and free their blocks.
+- **Counters** (:class:`EngineLoad`): besides steps and modelled busy time,
+  the four quantities the step time is linear in, summed over finished steps:
+  steps that prefilled, tokens prefilled, steps that decoded, requests decoding
+  (so busy time = prefill_base x prefill steps + per_token x tokens prefilled +
+  decode_base x decode steps + per_request x requests decoding, exactly),
+  from which the control plane fits the four step parameters back
+  (``controlplane.engines``).
 - **Length**: a request generates :attr:`EngineRequest.output_tokens` tokens,
   the length of its answer as the replica's faces settle it beforehand (a
   natural end drawn from the prompt, a stop string, or ``max_tokens``:
@@ -179,6 +186,12 @@ class EngineLoad:
     busy_seconds: float
     prefix_hit_blocks: int
     prefix_lookup_blocks: int
+    # What the step-time model is linear in, summed over finished steps (docs/engine.md, "Counters"):
+    prefill_steps: int = 0  # steps that prefilled (charged prefill_base_seconds)
+    prefill_tokens: int = 0  # uncached prompt tokens prefilled (charged prefill_seconds_per_token each)
+    decode_steps: int = 0  # steps that decoded (charged decode_base_seconds)
+    decode_tokens: int = 0  # requests decoding, summed over steps (charged decode_seconds_per_request each)
+    max_step_tokens: int = 0  # the chunked-prefill budget of a step (0: none)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -202,6 +215,8 @@ class _Step:
     duration: float
     ids: tuple[str, ...]
     prefill: frozenset[str]
+    prefilled: int = 0  # uncached prompt tokens prefilled
+    decoding: int = 0  # requests decoding
 
 
 class Engine:
@@ -218,6 +233,7 @@ class Engine:
         self._completed = self._cancelled = self._rejected = self._steps = 0
         self._busy = 0.0
         self._hit_blocks = self._lookup_blocks = 0
+        self._prefill_steps = self._prefill_tokens = self._decode_steps = self._decode_tokens = 0
 
     def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
         """KV blocks a request of ``max_tokens`` output tokens reserves: its prompt plus all its output."""
@@ -312,7 +328,7 @@ class Engine:
             duration += p.prefill_base_seconds + p.prefill_seconds_per_token * prefilled
         if decoding:
             duration += p.decode_base_seconds + p.decode_seconds_per_request * len(decoding)
-        self._step = _Step(now, duration, (*decoding, *completing), frozenset(completing))
+        self._step = _Step(now, duration, (*decoding, *completing), frozenset(completing), prefilled, len(decoding))
         return duration
 
     def finish_step(self, now: float) -> StepResult:
@@ -323,6 +339,12 @@ class Engine:
         self._step = None
         self._steps += 1
         self._busy += step.duration
+        if step.prefilled or step.prefill:
+            self._prefill_steps += 1
+            self._prefill_tokens += step.prefilled
+        if step.decoding:
+            self._decode_steps += 1
+            self._decode_tokens += step.decoding
         tokens: dict[str, int] = {}
         first: list[str] = []
         finished: list[Finished] = []
@@ -357,4 +379,6 @@ class Engine:
             kv_block_tokens=p.kv_block_tokens, completed=self._completed, cancelled=self._cancelled,
             rejected=self._rejected, steps=self._steps, busy_seconds=self._busy,
             prefix_hit_blocks=self._hit_blocks, prefix_lookup_blocks=self._lookup_blocks,
+            prefill_steps=self._prefill_steps, prefill_tokens=self._prefill_tokens,
+            decode_steps=self._decode_steps, decode_tokens=self._decode_tokens, max_step_tokens=p.max_step_tokens,
         )

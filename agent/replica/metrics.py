@@ -17,6 +17,14 @@ their names (label ``model_name``):
 - ``nv_gpu_utilization{gpu_uuid}``: the share of the last second in steps;
 - ferry's own counters ``ferry_replica_prefix_hit_blocks_total`` and
   ``ferry_replica_prefix_lookup_blocks_total``;
+- the engine's step counters, what the step-time model is linear in, as the
+  agent reads them (:mod:`agent.stepcounters`; docs/engine.md, "Counters", names the real engines'
+  equivalents): ``ferry_replica_prefill_steps_total``,
+  ``ferry_replica_prefill_tokens_total`` (uncached tokens prefilled),
+  ``ferry_replica_decode_steps_total``, ``ferry_replica_decode_tokens_total``
+  (requests decoding, summed over steps), ``ferry_replica_step_seconds_total``
+  (the wall time of the steps, :mod:`agent.replica.runner`), and the gauge
+  ``ferry_replica_max_step_tokens`` (the chunked-prefill budget, 0: none);
 - vLLM's ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (used blocks / blocks, 0..1),
   ``vllm:cache_config_info{block_size, num_gpu_blocks}`` (1) and
@@ -46,6 +54,12 @@ _HELP = {
     "nv_gpu_utilization": ("gauge", "GPU utilization rate [0.0 - 1.0)"),
     "ferry_replica_prefix_hit_blocks_total": ("counter", "Prompt blocks served from the prefix cache"),
     "ferry_replica_prefix_lookup_blocks_total": ("counter", "Prompt blocks looked up in the prefix cache"),
+    "ferry_replica_prefill_steps_total": ("counter", "Engine steps that prefilled prompt tokens"),
+    "ferry_replica_prefill_tokens_total": ("counter", "Uncached prompt tokens prefilled"),
+    "ferry_replica_decode_steps_total": ("counter", "Engine steps that decoded"),
+    "ferry_replica_decode_tokens_total": ("counter", "Requests decoding, summed over engine steps"),
+    "ferry_replica_step_seconds_total": ("counter", "Wall time of the engine's steps in seconds"),
+    "ferry_replica_max_step_tokens": ("gauge", "Prompt tokens one engine step prefills at most (0: no limit)"),
     "vllm:num_requests_running": ("gauge", "Number of requests in model execution batches."),
     "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
     "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
@@ -89,6 +103,12 @@ def render(*, model: str, version: str, load: EngineLoad, stats: RunnerStats, ut
         ("nv_gpu_utilization", {"gpu_uuid": gpu_uuid}, utilization),
         ("ferry_replica_prefix_hit_blocks_total", base, load.prefix_hit_blocks),
         ("ferry_replica_prefix_lookup_blocks_total", base, load.prefix_lookup_blocks),
+        ("ferry_replica_prefill_steps_total", base, load.prefill_steps),
+        ("ferry_replica_prefill_tokens_total", base, load.prefill_tokens),
+        ("ferry_replica_decode_steps_total", base, load.decode_steps),
+        ("ferry_replica_decode_tokens_total", base, load.decode_tokens),
+        ("ferry_replica_step_seconds_total", base, round(stats.step_seconds, 6)),
+        ("ferry_replica_max_step_tokens", base, load.max_step_tokens),
     ]
     engine = {"model_name": model}
     usage = used / load.kv_blocks_total

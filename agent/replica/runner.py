@@ -4,6 +4,28 @@ Loop: ``start_step(now)``; when it returns a duration, sleep that long, then
 ``finish_step(now)`` and hand each request its tokens; when it returns None,
 wait until a request is submitted. An idle replica costs no CPU.
 
+The model's clock, not the host's: a sleep ends late (asyncio's timers wake
+on whole milliseconds of ``epoll``; about 0.75 ms late per step on average on the
+2-core development machine), and a replica that added that to every step
+would run slower than its parameters say. So steps run back to back on the
+model's clock: a step of a busy replica starts when the previous one was due
+to end, and sleeps until its own end is due (less, or not at all, after a
+late wake), so lateness does not add up over a busy period; and each sleep
+is aimed early by the timer's median lateness, learnt as it goes (a step
+of ``AIM_STEP`` toward it at each wake-up, at most ``MAX_AIM_SECONDS``; the
+median, not the mean, because a host busy elsewhere makes some wake-ups very
+late, and aiming early by those would end the quiet steps early), so a
+wake-up lands on the model's clock as often early as late, and the last step
+of a busy period, which nothing catches up, too. A lag over
+``CATCH_UP_SECONDS`` (the host stalled) is not caught up: the next step
+starts now and the lag is counted (``RunnerStats.lag_dropped_seconds``).
+The wall time each step really took, as the loop saw it (from the previous
+step's end, or its own start after an idle wait, to its end, so the work
+between two steps counts too), is summed in ``RunnerStats.step_seconds``
+(``ferry_replica_step_seconds_total``): over a busy period it is the modelled
+time plus the last step's lateness, which is what the control plane fits the
+step parameters from.
+
 Each submitted request gets a :class:`Ticket`. A ticket holds where its
 answer ends (:class:`agent.replica.answer.Limit`: the engine generates that
 many tokens, at least one), a counter of tokens not yet taken by its
@@ -34,6 +56,10 @@ from agent.replica.engine import Admission, Engine, EngineRequest, Finished, Ste
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.tokens import WHITESPACE, Tokenizer
 
+CATCH_UP_SECONDS = 0.05  # a step's lateness up to this is taken off the next steps' sleeps; beyond, dropped
+AIM_STEP = 10e-6  # how far the wake-ups' aim moves toward the timer's median lateness at each wake-up
+MAX_AIM_SECONDS = 0.002  # a wake-up is aimed at most this much before a step's end
+
 
 @dataclasses.dataclass
 class RunnerStats:
@@ -45,6 +71,8 @@ class RunnerStats:
     queue_seconds: float = 0.0
     compute_seconds: float = 0.0
     last_inference: float = 0.0  # wall-clock seconds of the last completion
+    step_seconds: float = 0.0  # wall time of finished steps as the loop saw it (module docstring)
+    lag_dropped_seconds: float = 0.0  # lateness not caught up (over CATCH_UP_SECONDS)
 
 
 class Ticket:
@@ -95,6 +123,7 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._recent: deque[tuple[float, float]] = deque(maxlen=4096)  # (end, duration) of recent steps
         self.slowdown = 1.0  # steps take this many times longer (fault injection: SIGUSR1 on ``ferry node``)
+        self._aim = 0.0  # seconds a wake-up is aimed before a step's end: the timer's mean lateness, learnt
 
     def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: tuple[int, ...],
                answer: Limit | None = None) -> Ticket:
@@ -125,16 +154,38 @@ class EngineRunner:
             self.stats.cancelled += 1
 
     async def run(self) -> None:
-        """Step the engine until cancelled."""
+        """Step the engine until cancelled, on the model's clock (see the module docstring)."""
+        due: float | None = None  # when the previous step was due to end, while the engine is busy
+        ended = 0.0  # when the previous step ended (its tokens were handed out after it: the next step's time)
         while True:
-            duration = self.engine.start_step(self._clock())
+            started = self._clock()
+            duration = self.engine.start_step(started)
             if duration is None:
+                due = None
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             duration *= self.slowdown
-            await asyncio.sleep(duration)
+            if due is None:
+                begin = ended = started
+            else:
+                begin = due
+            if started - begin > CATCH_UP_SECONDS:
+                self.stats.lag_dropped_seconds += started - begin
+                begin = started
+            due = begin + duration
+            wait = due - started - self._aim
+            if wait > 0:
+                await asyncio.sleep(wait)
+                # the aim follows the median lateness of a wake-up (a host busy elsewhere makes some very late:
+                # the median is the timer's own), one step per wake-up, bounded
+                late = self._clock() - due
+                self._aim = min(MAX_AIM_SECONDS, max(0.0, self._aim + (AIM_STEP if late > 0 else -AIM_STEP)))
+            else:
+                await asyncio.sleep(0)  # behind the model's clock: catch up, letting the consumers run
             now = self._clock()
+            self.stats.step_seconds += now - ended
+            ended = now
             self._recent.append((now, duration))
             self._deliver(self.engine.finish_step(now))
 

@@ -8,8 +8,10 @@ a :class:`ferry.errors.FerryError` becomes the status chosen by
 lives in the services and the pure modules below them. ``Admin`` routes
 nodes, models and allocations to :class:`controlplane.api.fleet.FleetRpcs`,
 usage to :class:`controlplane.api.usage.UsageRpcs`, tenants to
-:class:`controlplane.api.tenants.TenantRpcs` and rollouts to
-:class:`controlplane.api.rollout.RolloutRpcs`.
+:class:`controlplane.api.tenants.TenantRpcs`, rollouts to
+:class:`controlplane.api.rollout.RolloutRpcs` and engine fits to
+:class:`controlplane.api.engines.EngineRpcs`. ``Fleet.Connect`` hands each
+telemetry message's engine samples to :class:`controlplane.engines.service.EngineService`.
 
 Bidirectional streams (``Fleet.Connect``, ``Tables.Watch``, ``Admin.Follow``)
 read the first message within ``first_message_seconds`` (it must be
@@ -31,6 +33,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from controlplane.api.engines import EngineRpcs
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
@@ -40,6 +43,7 @@ from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
 from controlplane.cluster.service import PeerService
 from controlplane.cluster.statusservice import StatusService
+from controlplane.engines.service import EngineService
 from controlplane.fleet.agents import AgentSession
 from controlplane.fleet.service import FleetService
 from controlplane.fleet.telemetry import TelemetryRate
@@ -99,10 +103,12 @@ def _body_error(kind: str | None, first: str) -> InvalidArgument:
 class FleetServicer(fleet_pb2_grpc.FleetServicer):
     """``Fleet.Connect``: one stream per agent."""
 
-    def __init__(self, fleet: FleetService, metrics: Metrics, admission: Admission | None = None) -> None:
+    def __init__(self, fleet: FleetService, metrics: Metrics, admission: Admission | None = None, *,
+                 engines: EngineService | None = None) -> None:
         self._fleet = fleet
         self._metrics = metrics
         self._admission = admission or Admission()
+        self._engines = engines
 
     async def Connect(self, request_iterator: AsyncIterator[fleet_pb2.AgentMessage], context: Any) -> None:
         try:
@@ -158,7 +164,12 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
                 except Overloaded:
                     self._metrics.reject("telemetry_rate")
                     raise
+                if self._engines is None:
+                    await self._fleet.telemetry(session, message.telemetry)
+                    continue
+                samples = self._engines.take(message.telemetry)  # checked, out of the loads
                 await self._fleet.telemetry(session, message.telemetry)
+                self._engines.record(session.node, session.member.replicas, samples)
             elif kind == "result":
                 self._fleet.command_result(session, message.result)
             else:
@@ -240,6 +251,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         scale: Callable[[admin_pb2.GetScaleRequest], admin_pb2.GetScaleResponse] | None = None,
         traffic_rpcs: TrafficRpcs | None = None,
         router_rpcs: RouterRpcs | None = None,
+        engine_rpcs: EngineRpcs | None = None,
     ) -> None:
         self._traffic_rpcs = traffic_rpcs  # ExportTraffic (controlplane.api.traffic)
         self._router_rpcs = router_rpcs  # router config rollouts (controlplane.api.router)
@@ -252,6 +264,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self._tenant_rpcs = tenant_rpcs
         self._rollout_rpcs = rollout_rpcs
         self._scale = scale
+        self._engine_rpcs = engine_rpcs
 
     async def ListReplicas(
         self, request: admin_pb2.ListReplicasRequest, context: Any,
@@ -395,6 +408,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no traffic store on this control plane")
             return
         await self._traffic_rpcs.ExportTraffic(request, context)
+
     # -- routed: router config rollouts (controlplane.api.router)
 
     async def RouterRollout(self, request: admin_pb2.RouterRolloutRequest,
@@ -410,3 +424,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                            context: Any) -> admin_pb2.RouterDecideResponse:
         assert self._router_rpcs is not None
         return await self._router_rpcs.RouterDecide(request, context)
+
+    async def GetEngines(self, request: admin_pb2.GetEnginesRequest, context: Any) -> admin_pb2.GetEnginesResponse:
+        """Engine fits (controlplane.api.engines)."""
+        if self._engine_rpcs is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no engine fits on this control plane")
+        assert self._engine_rpcs is not None
+        return await self._engine_rpcs.GetEngines(request, context)

@@ -37,6 +37,7 @@ from controlplane.cluster.coordination import Cluster
 from controlplane.cluster.followers import FollowerSession
 from controlplane.cluster.remote import merge
 from controlplane.config import ControlPlaneSettings
+from controlplane.engines.service import EngineService
 from controlplane.fleet.view import FleetView, Member, is_live
 from controlplane.metrics import Metrics
 from controlplane.store.base import Store
@@ -77,10 +78,12 @@ class PeerService:
         admin_metadata: tuple[tuple[str, str], ...] = (),
         tls: TLSConfig | None = None,
         traffic: TrafficService | None = None,
+        engines: EngineService | None = None,
     ) -> None:
         self._traffic = traffic  # recorded rows: relayed by a follower, stored by the leader (controlplane.traffic)
         self.settings = settings
         self._store = store
+        self._engines = engines  # engine samples: relayed up as a follower, taken in as the leader
         self._fleet = fleet
         self._tables = tables
         self._watchers = watchers
@@ -202,9 +205,10 @@ class PeerService:
     def follower_report(self) -> admin_pb2.FollowerReport:
         """What this control plane holds, for the leader: every live node, its age and loads."""
         now, grace = self._clock(), self.settings.grace_seconds
+        engines = self._engines.relay() if self._engines is not None else {}
         members = [
             admin_pb2.MemberReport(node=m.node, connected=m.connected, heard_seconds_ago=max(0.0, now - m.last_heard),
-                                   loads=list(m.loads.values()))
+                                   loads=list(m.loads.values()), engine_samples=engines.get(m.node, []))
             for m in self._fleet.members() if is_live(m, now, grace)
         ]
         report = admin_pb2.FollowerReport(control_plane_id=self.settings.id, members=members,
@@ -239,6 +243,8 @@ class PeerService:
         assert self.cluster is not None
         try:
             validate.check_report(report, self.settings)
+            if self._engines is not None:
+                self._engines.check_report(report)
         except InvalidArgument:
             self._metrics.reject("report_field")
             raise
@@ -247,6 +253,11 @@ class PeerService:
             raise InvalidArgument("report.control_plane_id", f"the stream belongs to {session.cp_id!r}")
         self.cluster.followers.reported(session, list(report.regions))
         self.cluster.remote.report(session.cp_id, report)
+        if self._engines is not None:  # the follower's nodes' engine samples, into the leader's fits
+            for item in report.members:
+                entry = self.cluster.remote.entries.get(item.node)
+                if entry is not None and item.engine_samples:
+                    self._engines.record(item.node, entry.member.replicas, item.engine_samples, relay=False)
         for reason in self._proxy_usage.absorb(report.proxy_usage):  # its proxies' usage
             self._metrics.reject(reason)
         if self._traffic is not None:

@@ -202,16 +202,18 @@ class ProxyUsageReport(_message.Message):
     def __init__(self, proxy_id: _Optional[str] = ..., region: _Optional[str] = ..., age_seconds: _Optional[float] = ..., report: _Optional[_Union[_tables_pb2.Report, _Mapping]] = ...) -> None: ...
 
 class MemberReport(_message.Message):
-    __slots__ = ("node", "connected", "heard_seconds_ago", "loads")
+    __slots__ = ("node", "connected", "heard_seconds_ago", "loads", "engine_samples")
     NODE_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     HEARD_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
     LOADS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     node: str
     connected: bool
     heard_seconds_ago: float
     loads: _containers.RepeatedCompositeFieldContainer[_common_pb2.ReplicaLoad]
-    def __init__(self, node: _Optional[str] = ..., connected: _Optional[bool] = ..., heard_seconds_ago: _Optional[float] = ..., loads: _Optional[_Iterable[_Union[_common_pb2.ReplicaLoad, _Mapping]]] = ...) -> None: ...
+    engine_samples: _containers.RepeatedCompositeFieldContainer[_common_pb2.EngineSample]
+    def __init__(self, node: _Optional[str] = ..., connected: _Optional[bool] = ..., heard_seconds_ago: _Optional[float] = ..., loads: _Optional[_Iterable[_Union[_common_pb2.ReplicaLoad, _Mapping]]] = ..., engine_samples: _Optional[_Iterable[_Union[_common_pb2.EngineSample, _Mapping]]] = ...) -> None: ...
 
 class LeaderUpdate(_message.Message):
     __slots__ = ("leader_id", "table")
@@ -970,3 +972,75 @@ class RouterDecideResponse(_message.Message):
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     rollout: RouterRolloutView
     def __init__(self, rollout: _Optional[_Union[RouterRolloutView, _Mapping]] = ...) -> None: ...
+
+class GetEnginesRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class EngineParamView(_message.Message):
+    __slots__ = ("name", "value", "stderr", "identifiable", "reason")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    IDENTIFIABLE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    stderr: float
+    identifiable: bool
+    reason: str
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., stderr: _Optional[float] = ..., identifiable: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class EngineFitView(_message.Message):
+    __slots__ = ("model", "kind", "engine", "gpus", "version", "replica_ids", "samples", "window_seconds", "params", "relative_rms", "r2", "step_seconds", "kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked", "sampled_replicas")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_RMS_FIELD_NUMBER: _ClassVar[int]
+    R2_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNCHUNKED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    kind: str
+    engine: str
+    gpus: int
+    version: str
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    samples: int
+    window_seconds: float
+    params: _containers.RepeatedCompositeFieldContainer[EngineParamView]
+    relative_rms: float
+    r2: float
+    step_seconds: float
+    kv_blocks_total: int
+    kv_block_tokens: int
+    max_running: int
+    max_step_tokens: int
+    unchunked: bool
+    sampled_replicas: int
+    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., version: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., window_seconds: _Optional[float] = ..., params: _Optional[_Iterable[_Union[EngineParamView, _Mapping]]] = ..., relative_rms: _Optional[float] = ..., r2: _Optional[float] = ..., step_seconds: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., max_step_tokens: _Optional[int] = ..., unchunked: _Optional[bool] = ..., sampled_replicas: _Optional[int] = ...) -> None: ...
+
+class GetEnginesResponse(_message.Message):
+    __slots__ = ("engines", "sampled_at", "leading", "samples_dropped")
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEADING_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    engines: _containers.RepeatedCompositeFieldContainer[EngineFitView]
+    sampled_at: float
+    leading: bool
+    samples_dropped: int
+    def __init__(self, engines: _Optional[_Iterable[_Union[EngineFitView, _Mapping]]] = ..., sampled_at: _Optional[float] = ..., leading: _Optional[bool] = ..., samples_dropped: _Optional[int] = ...) -> None: ...

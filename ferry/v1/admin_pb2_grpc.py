@@ -175,6 +175,11 @@ class AdminStub:
                 request_serializer=ferry_dot_v1_dot_admin__pb2.RouterDecideRequest.SerializeToString,
                 response_deserializer=ferry_dot_v1_dot_admin__pb2.RouterDecideResponse.FromString,
                 _registered_method=True)
+        self.GetEngines = channel.unary_unary(
+                '/ferry.v1.Admin/GetEngines',
+                request_serializer=ferry_dot_v1_dot_admin__pb2.GetEnginesRequest.SerializeToString,
+                response_deserializer=ferry_dot_v1_dot_admin__pb2.GetEnginesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -384,6 +389,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetEngines(self, request, context):
+        """Per model and replica kind: the step-time parameters of the engine model fitted from the replicas'
+        step counters (controlplane.engines), each with its standard error, and the fit's error; the static
+        facts the replicas report. The leader sees every node's samples (followers relay theirs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -526,6 +540,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RouterDecide,
                     request_deserializer=ferry_dot_v1_dot_admin__pb2.RouterDecideRequest.FromString,
                     response_serializer=ferry_dot_v1_dot_admin__pb2.RouterDecideResponse.SerializeToString,
+            ),
+            'GetEngines': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEngines,
+                    request_deserializer=ferry_dot_v1_dot_admin__pb2.GetEnginesRequest.FromString,
+                    response_serializer=ferry_dot_v1_dot_admin__pb2.GetEnginesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1285,6 +1304,33 @@ class Admin:
             '/ferry.v1.Admin/RouterDecide',
             ferry_dot_v1_dot_admin__pb2.RouterDecideRequest.SerializeToString,
             ferry_dot_v1_dot_admin__pb2.RouterDecideResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEngines(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ferry.v1.Admin/GetEngines',
+            ferry_dot_v1_dot_admin__pb2.GetEnginesRequest.SerializeToString,
+            ferry_dot_v1_dot_admin__pb2.GetEnginesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65rry/v1/common.proto\x12\x08\x66\x65rry.v1\"\x84\x02\n\x0bReplicaLoad\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.ferry.v1.ReplicaState\x12\x0e\n\x06queued\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x17\n\x0fgpu_utilization\x18\x07 \x01(\x01\x12\x16\n\x0erequests_total\x18\x08 \x01(\x04\x12\x19\n\x11prefix_hit_blocks\x18\t \x01(\x04\x12\x1c\n\x14prefix_lookup_blocks\x18\n \x01(\x04*U\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x14\n\x10TIER_INTERACTIVE\x10\x01\x12\x11\n\rTIER_STANDARD\x10\x02\x12\x0e\n\nTIER_BATCH\x10\x03*\xb0\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_WARMING\x10\x01\x12\x17\n\x13REPLICA_STATE_READY\x10\x02\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x03\x12\x19\n\x15REPLICA_STATE_DRAINED\x10\x04\x12\x16\n\x12REPLICA_STATE_DEAD\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x66\x65rry/v1/common.proto\x12\x08\x66\x65rry.v1\"\xac\x02\n\x0bReplicaLoad\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12%\n\x05state\x18\x02 \x01(\x0e\x32\x16.ferry.v1.ReplicaState\x12\x0e\n\x06queued\x18\x03 \x01(\r\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x17\n\x0fgpu_utilization\x18\x07 \x01(\x01\x12\x16\n\x0erequests_total\x18\x08 \x01(\x04\x12\x19\n\x11prefix_hit_blocks\x18\t \x01(\x04\x12\x1c\n\x14prefix_lookup_blocks\x18\n \x01(\x04\x12&\n\x06\x65ngine\x18\x32 \x01(\x0b\x32\x16.ferry.v1.EngineSample\"\x9a\x02\n\x0c\x45ngineSample\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x15\n\rprefill_steps\x18\x02 \x01(\x04\x12\x16\n\x0eprefill_tokens\x18\x03 \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\x04 \x01(\x04\x12\x15\n\rdecode_tokens\x18\x05 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x06 \x01(\x01\x12\x11\n\tintervals\x18\x07 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\n \x01(\r\x12\x17\n\x0fkv_block_tokens\x18\x0b \x01(\r\x12\x13\n\x0bmax_running\x18\x0c \x01(\r\x12\x17\n\x0fmax_step_tokens\x18\r \x01(\r\x12\x11\n\tunchunked\x18\x0e \x01(\x08*U\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x14\n\x10TIER_INTERACTIVE\x10\x01\x12\x11\n\rTIER_STANDARD\x10\x02\x12\x0e\n\nTIER_BATCH\x10\x03*\xb0\x01\n\x0cReplicaState\x12\x1d\n\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15REPLICA_STATE_WARMING\x10\x01\x12\x17\n\x13REPLICA_STATE_READY\x10\x02\x12\x1a\n\x16REPLICA_STATE_DRAINING\x10\x03\x12\x19\n\x15REPLICA_STATE_DRAINED\x10\x04\x12\x16\n\x12REPLICA_STATE_DEAD\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ferry.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=298
-  _globals['_TIER']._serialized_end=383
-  _globals['_REPLICASTATE']._serialized_start=386
-  _globals['_REPLICASTATE']._serialized_end=562
+  _globals['_TIER']._serialized_start=623
+  _globals['_TIER']._serialized_end=708
+  _globals['_REPLICASTATE']._serialized_start=711
+  _globals['_REPLICASTATE']._serialized_end=887
   _globals['_REPLICALOAD']._serialized_start=36
-  _globals['_REPLICALOAD']._serialized_end=296
+  _globals['_REPLICALOAD']._serialized_end=336
+  _globals['_ENGINESAMPLE']._serialized_start=339
+  _globals['_ENGINESAMPLE']._serialized_end=621
 # @@protoc_insertion_point(module_scope)

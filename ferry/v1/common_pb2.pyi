@@ -1,6 +1,7 @@
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -32,7 +33,7 @@ REPLICA_STATE_DRAINED: ReplicaState
 REPLICA_STATE_DEAD: ReplicaState
 
 class ReplicaLoad(_message.Message):
-    __slots__ = ("replica_id", "state", "queued", "running", "kv_blocks_free", "kv_blocks_total", "gpu_utilization", "requests_total", "prefix_hit_blocks", "prefix_lookup_blocks")
+    __slots__ = ("replica_id", "state", "queued", "running", "kv_blocks_free", "kv_blocks_total", "gpu_utilization", "requests_total", "prefix_hit_blocks", "prefix_lookup_blocks", "engine")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +44,7 @@ class ReplicaLoad(_message.Message):
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HIT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_LOOKUP_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     state: ReplicaState
     queued: int
@@ -53,4 +55,33 @@ class ReplicaLoad(_message.Message):
     requests_total: int
     prefix_hit_blocks: int
     prefix_lookup_blocks: int
-    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., requests_total: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_lookup_blocks: _Optional[int] = ...) -> None: ...
+    engine: EngineSample
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., requests_total: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_lookup_blocks: _Optional[int] = ..., engine: _Optional[_Union[EngineSample, _Mapping]] = ...) -> None: ...
+
+class EngineSample(_message.Message):
+    __slots__ = ("replica_id", "prefill_steps", "prefill_tokens", "decode_steps", "decode_tokens", "step_seconds", "intervals", "kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTERVALS_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNCHUNKED_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    prefill_steps: int
+    prefill_tokens: int
+    decode_steps: int
+    decode_tokens: int
+    step_seconds: float
+    intervals: int
+    kv_blocks_total: int
+    kv_block_tokens: int
+    max_running: int
+    max_step_tokens: int
+    unchunked: bool
+    def __init__(self, replica_id: _Optional[str] = ..., prefill_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_steps: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., intervals: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., max_step_tokens: _Optional[int] = ..., unchunked: _Optional[bool] = ...) -> None: ...

@@ -108,7 +108,7 @@ CASES = [
     ("sglang", "sglang", SGLANG, ModelLoad(ready=True, queued=2, running=4, kv_blocks_total=KV_FRACTION_BLOCKS,
                                            kv_blocks_free=720, requests_total=9)),
     ("trtllm", "trtllm", TRTLLM, ModelLoad(ready=True, queued=3, running=6, kv_blocks_total=1000, kv_blocks_free=900,
-                                           kv_block_tokens=64, requests_total=12)),
+                                           kv_block_tokens=64, requests_total=12, max_running=64)),
 ]
 
 

@@ -203,6 +203,7 @@ def test_alloc_places_an_eight_gpu_replica_by_draining_a_node(up: dict[str, Any]
 BOTH_MODES: list[tuple[str, ...]] = [
     ("status",), ("replicas",), ("nodes",), ("models",), ("table",), ("alloc", "--list"),
     ("top", "--iterations", "1"), ("tiers",), ("spill",), ("cache",), ("scale",), ("rollout",), ("tenants",),
+    ("engines",),
     ("drain", "node-2-r1"), ("undrain", "node-2-r1"), ("cordon", "node-2"), ("uncordon", "node-2"),
     ("rollout", "chat-small", "--version", "v2", "--canary", "5"), ("rollout", "chat-small"),
     ("rollout", "chat-small", "--rollback"),

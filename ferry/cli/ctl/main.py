@@ -41,6 +41,8 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
   :mod:`ferry.cli.ctl.tune`; local: no control plane, see :data:`LOCAL`);
 - ``traffic export --since 1h [--model M] [-o FILE]``: the proxies' recorded traffic
   as a Mooncake-layout trace (:mod:`ferry.cli.ctl.traffic`);
+- ``engines [--model M]``: per model and replica kind, the engine's step
+  parameters fitted from telemetry with their errors (:mod:`ferry.cli.ctl.engines`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -79,6 +81,7 @@ from ferry import clienttls
 from ferry.cli.ctl import board as ctlboard
 from ferry.cli.ctl import cache as ctlcache
 from ferry.cli.ctl import completion
+from ferry.cli.ctl import engines as ctlengines
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import rollout as ctlrollout
 from ferry.cli.ctl import router as ctlrouter
@@ -190,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctltune.add_arguments(add("tune", ctltune.HELP))
     ctltraffic.add_arguments(add)  # traffic export
     ctlrouter.add_arguments(add("router", ctlrouter.HELP))
+    ctlengines.add_arguments(add)  # engines
     p = sub.add_parser("completion", help="print a shell completion script")
     p.add_argument("shell", choices=sorted(completion.SHELLS))
     return parser
@@ -437,6 +441,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
     "traffic": lambda stub, args: ctltraffic.run(stub, args, functools.partial(_at, args), TIMEOUT),
+    "engines": lambda stub, args: ctlengines.cmd_engines(stub, args, functools.partial(_at, args), TIMEOUT),
 }
 
 # Commands that run here, on files, without the Admin API: checked before any control plane is looked for.

@@ -203,7 +203,7 @@ def test_alloc_places_an_eight_gpu_replica_by_draining_a_node(up: dict[str, Any]
 BOTH_MODES: list[tuple[str, ...]] = [
     ("status",), ("replicas",), ("nodes",), ("models",), ("table",), ("alloc", "--list"),
     ("top", "--iterations", "1"), ("tiers",), ("spill",), ("cache",), ("scale",), ("rollout",), ("tenants",),
-    ("engines",),
+    ("engines",), ("router",), ("traffic", "export", "--since", "1h", "-o", os.devnull),
     ("drain", "node-2-r1"), ("undrain", "node-2-r1"), ("cordon", "node-2"), ("uncordon", "node-2"),
     ("rollout", "chat-small", "--version", "v2", "--canary", "5"), ("rollout", "chat-small"),
     ("rollout", "chat-small", "--rollback"),
@@ -214,9 +214,10 @@ BOTH_MODES: list[tuple[str, ...]] = [
 
 
 def test_every_command_runs_in_both_output_modes(up: dict[str, Any]) -> None:
-    from ferry.cli.ctl.main import COMMANDS
+    from ferry.cli.ctl.main import COMMANDS, LOCAL
 
     drawn = {"board"}  # both modes in tests/e2e/test_board.py (it writes files and needs graphviz)
+    drawn |= set(LOCAL)  # what-if and tune: tests/ctl (on files), tests/e2e/test_traffic_export.py (--since)
     assert {args[0] for args in BOTH_MODES} == set(COMMANDS) - drawn, "a command the parser has is missing here"
     for json_first in (False, True):  # each write pair runs once human-first, once JSON-first
         for i, args in enumerate(BOTH_MODES):

@@ -57,7 +57,7 @@ def test_recorded_requests_export_as_a_trace(tmp_path: Path) -> None:
             return rows if len(rows) >= len(PROMPTS) else None
 
         rows = wait_for(exported, 20, "every request's row in the export", interval=0.5)
-        stderr = export(up, out).stderr
+        stdout = export(up, out).stdout
     finally:
         child.stop()
     assert len(rows) == len(PROMPTS)
@@ -81,5 +81,47 @@ def test_recorded_requests_export_as_a_trace(tmp_path: Path) -> None:
     assert "question" not in text and "acme" not in text
     trace = load(out)
     assert len(trace) == len(PROMPTS) and {t.input_tokens for t in trace} == {r["input_length"] for r in rows}
-    assert f"exported {len(PROMPTS)} rows from 1 proxies" in stderr and "0 rows dropped" in stderr
+    assert f"exported {len(PROMPTS)} rows from 1 proxies" in stdout and "0 rows dropped" in stdout
     assert list((tmp_path / "fleet" / "traffic" / "controlplane").glob("traffic-*.jsonl"))
+
+
+def test_what_if_and_tune_on_the_control_planes_recording(tmp_path: Path) -> None:
+    """``--since``: the rows, the fitted engines and the baseline come from the control plane, not from files."""
+    child, up = start_up(tmp_path, "--replicas", "2", "--pickers", "0")
+    candidate = tmp_path / "candidate.toml"
+    candidate.write_text("[proxy]\nwalk_limit = 1\ndetour_factor = 0.0\n")
+    try:
+        metadata = (("x-api-key", up["api_keys"]["paid-1"]),)
+        with grpc.insecure_channel(up["data_plane"]) as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            for i in range(24):
+                request = inference_pb2.InferRequest(model="chat-small", prompt=PROMPTS[i % 4], max_tokens=4,
+                                                     tier=common_pb2.TIER_STANDARD)
+                stub.Infer(request, metadata=metadata, timeout=20)
+        out = tmp_path / "traffic.jsonl"
+
+        def recorded() -> bool:
+            export(up, out)
+            return sum(1 for _ in out.open()) >= 24
+
+        wait_for(recorded, 20, "every request recorded", interval=0.5)
+
+        def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"],
+                                   *args], capture_output=True, text=True, timeout=120, env=ENV)
+
+        what = ctl("what-if", "--since", "10m", "--config", str(candidate), "--resamples", "50", "--json")
+        tuned = ctl("tune", "--since", "10m", "--budget", "3", "--resamples", "50", "--json")
+        both = ctl("what-if", "--since", "10m", "--traffic", str(out), "--config", str(candidate))
+        nothing = ctl("what-if", "--since", "1s", "--config", str(candidate))
+    finally:
+        child.stop()
+    assert what.returncode == 0, what.stderr
+    result = json.loads(what.stdout)
+    assert result["requests"] == 24 and result["proxies"] == 1
+    assert {m["metric"] for m in result["metrics"]} >= {"ttft_p50_ms", "ttft_p99_ms", "hit_ratio"}
+    assert "24 rows recorded in the last 600 s" in what.stderr and "baseline: today's defaults" in what.stderr
+    assert tuned.returncode == 0, tuned.stderr
+    assert json.loads(tuned.stdout)["fit"]["requests"] > 0
+    assert both.returncode == 2 and "--since asks the control plane" in both.stderr
+    assert nothing.returncode == 2 and "no traffic recorded in the last 1 s" in nothing.stderr

@@ -149,6 +149,15 @@ def test_the_fleet_counts_its_busy_time_per_bin() -> None:
     assert all(b <= 2 * 0.5 + 1e-9 for b in binned.busy)  # never more than the replicas x the bin
 
 
+def test_a_step_starting_on_a_bins_edge_is_counted_and_ends() -> None:
+    # 0.15 // 0.05 is 2.0 in floating point though 0.15 is the edge of bin 3: the bin is found, not looped on
+    fleet = Fleet(FleetConfig(replicas=1, proxies=1, busy_bin_seconds=0.05), POLICIES["ferry"], [])
+    for start in (0.15, 0.3, 0.7, 0.05 * 7, 1e6 * 0.05):
+        fleet.busy.clear()
+        fleet._count_busy(start, start + 0.01)
+        assert math.isclose(sum(fleet.busy), 0.01, rel_tol=1e-6)
+
+
 def test_tune_finds_a_better_setting_and_proposes_it(rows: list[whatif.Row], fleet: whatif.FleetSpec) -> None:
     # on this recording the default ring bound (1.25) moves conversations off their replica: a looser bound
     # keeps their caches, which the held-out half confirms

@@ -181,6 +181,8 @@ class Fleet:
         width = self.config.busy_bin_seconds
         while start < end:
             k = int(start // width)
+            if (k + 1) * width <= start:  # start on a bin's edge, floored into the bin before it by rounding
+                k += 1
             if k >= len(self.busy):
                 self.busy.extend([0.0] * (k + 1 - len(self.busy)))
             edge = min(end, (k + 1) * width)

@@ -440,6 +440,8 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace], None]] = {
     "rollout": ctlrollout.cmd_rollout, "tenants": ctltenants.run, "router": ctlrouter.cmd_router,
     "board": lambda stub, args: ctlboard.run(stub, args, gather_status, functools.partial(_at, args)),
     "scale": lambda stub, args: ctlscale.cmd_scale(stub, args, functools.partial(_at, args), TIMEOUT),
+    "what-if": lambda stub, args: ctlwhatif.remote(ctlwhatif.run, stub, args, functools.partial(_at, args), TIMEOUT),
+    "tune": lambda stub, args: ctlwhatif.remote(ctltune.run, stub, args, functools.partial(_at, args), TIMEOUT),
     "traffic": lambda stub, args: ctltraffic.run(stub, args, functools.partial(_at, args), TIMEOUT),
     "engines": lambda stub, args: ctlengines.cmd_engines(stub, args, functools.partial(_at, args), TIMEOUT),
 }
@@ -454,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "completion":
         print(completion.SHELLS[args.shell](parser), end="")
         return 0
-    if args.command in LOCAL:
+    if args.command in LOCAL and getattr(args, "since", None) is None:  # --since: the control plane's recording
         try:
             return LOCAL[args.command](args)
         except UsageError as exc:

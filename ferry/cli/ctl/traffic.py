@@ -76,7 +76,7 @@ def trace_lines(rows: Iterable[tables_pb2.TrafficRow]) -> list[dict[str, Any]]:
 
 
 def summary(lines: list[dict[str, Any]], dropped: int, truncated: bool) -> str:
-    """What was exported, for stderr."""
+    """What was exported, in words (stdout with ``-o``, else stderr; ``--json -o``: the same as JSON)."""
     if not lines:
         span = "no rows"
     else:
@@ -111,8 +111,15 @@ def export(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float
         out: IO[str] = stack.enter_context(open(args.output, "w", encoding="utf-8")) if args.output else sys.stdout
         for line in lines:
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
-    print(summary(lines, dropped, truncated) + (f"; written to {args.output}" if args.output else ""),
-          file=sys.stderr)
+    if not args.output:  # the rows are the output: what was exported goes to stderr
+        print(summary(lines, dropped, truncated), file=sys.stderr)
+    elif args.json:
+        print(json.dumps({"rows": len(lines), "proxies": len({line["proxy"] for line in lines}),
+                          "first_arrival": lines[0]["arrival"] if lines else None,
+                          "last_arrival": lines[-1]["arrival"] if lines else None,
+                          "dropped": dropped, "truncated": truncated, "output": args.output}, indent=2))
+    else:
+        print(summary(lines, dropped, truncated) + f"; written to {args.output}")
 
 
 def run(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float) -> None:
@@ -130,6 +137,8 @@ def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     e.add_argument("--since", type=_duration, required=True, help="rows that arrived within this long: 90s, 30m, 1h")
     e.add_argument("--model", default="", help="only this model")
+    e.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                   help="with -o: say what was exported as JSON on stdout")
     e.add_argument("-o", "--output", default="", help="write here (default: stdout)")
     e.add_argument("--max-rows", type=int, default=0, help="at most this many rows, oldest first (default: the "
                                                             "control plane's traffic_export_max_rows)")

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from tools.sim import tune
 
     try:
-        baseline = ctlwhatif.settings(args.baseline, "--baseline")
+        baseline = ctlwhatif.baseline(args)
         space = tune.parse_space(args.space, baseline) if args.space else None
         rows, fleet = ctlwhatif.prepare(*ctlwhatif.inputs(args), args.replicas)
         result = tune.tune(rows, fleet, baseline, space, budget=args.budget, split=args.split, seed=args.seed,

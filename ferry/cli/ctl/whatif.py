@@ -10,15 +10,24 @@ verdict; ``--json`` prints the same as JSON, ``--plot`` draws it. The
 method is :mod:`tools.sim.whatif`'s (imported when the command runs: the
 simulator ships in the wheel under ``tools/sim``).
 
-Runs locally, without a control plane. :func:`inputs` is the one place the
-rows and the fitted engines come from (files today), so a source such as
-the control plane's recorded traffic plugs in there.
+With ``--traffic FILE`` it runs locally, without a control plane. With
+``--since DURATION`` (``1h``, ``30m``) it asks the control plane (as every
+other command, ``--control-plane`` or ``--ready-file``): the rows the
+proxies recorded in that span (``ferryctl traffic export``'s), the engine
+parameters fitted from the replicas' telemetry (``ferryctl engines``'s) as
+the fleet, and, unless ``--baseline`` is given, the router config the
+proxies run by default (``ferryctl router``'s default version; version 0,
+each proxy's own file, is not known to the control plane: then today's
+defaults, and the output says so). :func:`inputs` is the one place the
+rows and the fleet come from; :func:`remote` fills it from the control
+plane.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +44,9 @@ HELP = "replay recorded traffic through the fleet simulator, a candidate [proxy]
 
 def add_inputs(parser: argparse.ArgumentParser) -> None:
     """The flags what-if and tune share: the traffic, the fleet, the baseline, the windows and the draws."""
+    parser.add_argument("--since", type=parse_duration_flag, default=None, metavar="DURATION",
+                        help="recorded traffic of the last DURATION (90s, 30m, 1h) from the control plane, with its "
+                             "fitted engines and live router config (instead of --traffic and --engines)")
     parser.add_argument("--traffic", metavar="FILE", help="recorded requests, JSON Lines in the Mooncake layout "
                                                           "(timestamp ms, input_length, output_length, hash_ids; "
                                                           "model, tier, tenant, proxy, ttft_ms... when recorded)")
@@ -58,9 +70,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE.png", help="also draw per-window TTFT p99 and the intervals")
 
 
+def parse_duration_flag(text: str) -> float:
+    """``--since``'s value in seconds (:func:`ferry.cli.ctl.traffic.parse_duration`)."""
+    from ferry.cli.ctl.traffic import _duration
+
+    return _duration(text)
+
+
 def inputs(args: argparse.Namespace) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
-    """The recorded rows (one dict per request) and the fitted engines (None: none given), from
-    ``--traffic`` and ``--engines``. The seam for other sources (e.g. a recorded span on the control plane)."""
+    """The recorded rows (one dict per request) and the fitted engines (None: none given): from the control
+    plane with ``--since`` (:func:`remote` put them on ``args.fetched``), else from ``--traffic`` and
+    ``--engines``."""
+    if getattr(args, "since", None) is not None:
+        if args.traffic or args.engines:
+            raise UsageError(f"{args.command}: --since asks the control plane; give it or --traffic/--engines")
+        fetched: tuple[list[Mapping[str, Any]], Mapping[str, Any] | None] = args.fetched
+        return fetched
     if not args.traffic:
         raise UsageError(f"{args.command}: give --traffic FILE (recorded requests, JSON Lines)")
     records: list[Mapping[str, Any]] = []
@@ -106,6 +131,50 @@ def settings(path: str | None, flag: str) -> ProxySettings:
     return whatif.settings_from_toml(text, path)
 
 
+def baseline(args: argparse.Namespace) -> ProxySettings:
+    """The baseline: ``--baseline``'s file, else the router config the control plane gave (``--since``), else
+    today's defaults."""
+    if args.baseline:
+        return settings(args.baseline, "--baseline")
+    live: ProxySettings | None = getattr(args, "live_baseline", None)
+    return live if live is not None else settings(None, "--baseline")
+
+
+def remote(run_local: Any, stub: Any, args: argparse.Namespace, connect: Any, timeout: float) -> None:
+    """Run ``what-if`` or ``tune`` (``run_local``) on the control plane's recording of the last ``--since``
+    seconds: its rows, its fitted engines, and (without ``--baseline``) the proxies' default router config.
+    Says on stderr what it fetched. UsageError when nothing was recorded."""
+    from ferry.cli.ctl import engines as ctlengines
+    from ferry.cli.ctl import traffic as ctltraffic
+    from ferry.cli.ctl.flow import leader
+    from ferry.v1 import admin_pb2
+    from tools.sim import whatif
+
+    lines, dropped, _ = ctltraffic.fetch(stub, connect, timeout, since=args.since)
+    if not lines:
+        raise UsageError(f"{args.command}: no traffic recorded in the last {args.since:g} s")
+    with leader(stub, connect, timeout) as target:
+        fits = target.GetEngines(admin_pb2.GetEnginesRequest(), timeout=timeout)
+        router = target.GetRouter(admin_pb2.GetRouterRequest(), timeout=timeout)
+        fleet = {"engines": [r for r in (ctlengines.row(v) for v in fits.engines)
+                             if set(ctlengines.STEP_PARAMS) <= set(r["params"])]}
+        said = (f"{args.command}: {len(lines)} rows recorded in the last {args.since:g} s ({dropped} dropped); "
+                f"{len(fleet['engines'])} fitted engine kinds")
+        if not args.baseline and router.default_version:
+            version = router.default_version
+            text = target.GetRouter(admin_pb2.GetRouterRequest(version=version), timeout=timeout).config.text
+            try:
+                args.live_baseline = whatif.settings_from_toml(text, f"router config v{version}")
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from exc
+            said += f"; baseline: router config v{version}, the proxies' default"
+        elif not args.baseline:
+            said += "; baseline: today's defaults (the proxies run their own files: no router config promoted)"
+    print(said, file=sys.stderr)
+    args.fetched = (lines, fleet if fleet["engines"] else None)
+    run_local(args)
+
+
 def run(args: argparse.Namespace) -> int:
     """Compare ``--config`` with the baseline on the recorded traffic; print the table or JSON; draw the plot."""
     from tools.sim import whatif
@@ -113,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.config:
         raise UsageError("what-if: give --config FILE (the candidate's [proxy] section)")
     try:
-        baseline, candidate = settings(args.baseline, "--baseline"), settings(args.config, "--config")
+        base, candidate = baseline(args), settings(args.config, "--config")
         rows, fleet = prepare(*inputs(args), args.replicas)
-        result = whatif.compare(rows, fleet, baseline, candidate, window=args.window, seed=args.seed,
+        result = whatif.compare(rows, fleet, base, candidate, window=args.window, seed=args.seed,
                                 resamples=args.resamples)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc

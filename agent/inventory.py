@@ -153,7 +153,8 @@ def _load(replica_id: str, tracked: Tracked) -> common_pb2.ReplicaLoad:
         tracked.steps_pending, kv_blocks_total=load.kv_blocks_total,
         kv_block_tokens=load.kv_block_tokens or tracked.spec.kv_block_tokens,
         max_running=load.max_running or tracked.spec.max_concurrency,
-        max_step_tokens=load.steps.max_step_tokens if load.steps is not None else None)
+        max_step_tokens=load.steps.max_step_tokens if load.steps is not None else None,
+        prefix_cache_blocks=load.steps.prefix_cache_blocks if load.steps is not None else 0)
     return common_pb2.ReplicaLoad(
         replica_id=replica_id, state=state, queued=load.queued, running=load.running,
         kv_blocks_free=load.kv_blocks_free, kv_blocks_total=load.kv_blocks_total,

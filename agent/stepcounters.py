@@ -31,7 +31,8 @@ COUNTERS = ("ferry_replica_prefill_steps_total", "ferry_replica_prefill_tokens_t
             "ferry_replica_decode_steps_total", "ferry_replica_decode_tokens_total",
             "ferry_replica_step_seconds_total")
 MAX_STEP_TOKENS = "ferry_replica_max_step_tokens"  # gauge: the chunked-prefill budget (0: no limit)
-NAMES = frozenset((*COUNTERS, MAX_STEP_TOKENS))  # every family read here
+PREFIX_CACHE_BLOCKS = "ferry_replica_prefix_cache_blocks"  # gauge: the prefix cache's size in blocks
+NAMES = frozenset((*COUNTERS, MAX_STEP_TOKENS, PREFIX_CACHE_BLOCKS))  # every family read here
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,6 +66,7 @@ class Reading:
 
     counts: Counts
     max_step_tokens: int | None = None
+    prefix_cache_blocks: int = 0  # 0: not exported
 
 
 def read(value: Callable[[str], float | None]) -> Reading | None:
@@ -73,9 +75,10 @@ def read(value: Callable[[str], float | None]) -> Reading | None:
     found = [value(name) for name in COUNTERS]
     if any(v is None for v in found):
         return None
-    limit = value(MAX_STEP_TOKENS)
+    limit, cache = value(MAX_STEP_TOKENS), value(PREFIX_CACHE_BLOCKS)
     return Reading(counts=_counts([max(0.0, float(v)) for v in found if v is not None]),
-                   max_step_tokens=None if limit is None else max(0, int(limit)))
+                   max_step_tokens=None if limit is None else max(0, int(limit)),
+                   prefix_cache_blocks=0 if cache is None else max(0, int(cache)))
 
 
 def delta(before: Counts, now: Counts) -> Counts:
@@ -100,7 +103,7 @@ def advance(last: Counts | None, pending: Counts | None, now: Counts | None) -> 
 
 
 def sample(pending: Counts | None, *, kv_blocks_total: int, kv_block_tokens: int, max_running: int,
-           max_step_tokens: int | None) -> common_pb2.EngineSample | None:
+           max_step_tokens: int | None, prefix_cache_blocks: int = 0) -> common_pb2.EngineSample | None:
     """The message of the deltas ``pending`` with the engine's facts (0: unknown); None without deltas."""
     if pending is None:
         return None
@@ -109,4 +112,5 @@ def sample(pending: Counts | None, *, kv_blocks_total: int, kv_block_tokens: int
         decode_steps=round(pending.decode_steps), decode_tokens=round(pending.decode_tokens),
         step_seconds=pending.step_seconds, intervals=pending.intervals,
         kv_blocks_total=max(0, kv_blocks_total), kv_block_tokens=max(0, kv_block_tokens),
-        max_running=max(0, max_running), max_step_tokens=max_step_tokens or 0, unchunked=max_step_tokens == 0)
+        max_running=max(0, max_running), max_step_tokens=max_step_tokens or 0, unchunked=max_step_tokens == 0,
+        prefix_cache_blocks=max(0, prefix_cache_blocks))

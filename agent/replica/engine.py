@@ -192,6 +192,7 @@ class EngineLoad:
     decode_steps: int = 0  # steps that decoded (charged decode_base_seconds)
     decode_tokens: int = 0  # requests decoding, summed over steps (charged decode_seconds_per_request each)
     max_step_tokens: int = 0  # the chunked-prefill budget of a step (0: none)
+    prefix_cache_blocks: int = 0  # blocks the prefix cache indexes at most
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -381,4 +382,5 @@ class Engine:
             prefix_hit_blocks=self._hit_blocks, prefix_lookup_blocks=self._lookup_blocks,
             prefill_steps=self._prefill_steps, prefill_tokens=self._prefill_tokens,
             decode_steps=self._decode_steps, decode_tokens=self._decode_tokens, max_step_tokens=p.max_step_tokens,
+            prefix_cache_blocks=p.prefix_cache_blocks,
         )

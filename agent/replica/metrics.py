@@ -24,7 +24,8 @@ their names (label ``model_name``):
   ``ferry_replica_decode_steps_total``, ``ferry_replica_decode_tokens_total``
   (requests decoding, summed over steps), ``ferry_replica_step_seconds_total``
   (the wall time of the steps, :mod:`agent.replica.runner`), and the gauge
-  ``ferry_replica_max_step_tokens`` (the chunked-prefill budget, 0: none);
+  ``ferry_replica_max_step_tokens`` (the chunked-prefill budget, 0: none),
+  ``ferry_replica_prefix_cache_blocks`` (the prefix cache's size in blocks);
 - vLLM's ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (used blocks / blocks, 0..1),
   ``vllm:cache_config_info{block_size, num_gpu_blocks}`` (1) and
@@ -60,6 +61,7 @@ _HELP = {
     "ferry_replica_decode_tokens_total": ("counter", "Requests decoding, summed over engine steps"),
     "ferry_replica_step_seconds_total": ("counter", "Wall time of the engine's steps in seconds"),
     "ferry_replica_max_step_tokens": ("gauge", "Prompt tokens one engine step prefills at most (0: no limit)"),
+    "ferry_replica_prefix_cache_blocks": ("gauge", "Blocks the prefix cache holds at most"),
     "vllm:num_requests_running": ("gauge", "Number of requests in model execution batches."),
     "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
     "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
@@ -109,6 +111,7 @@ def render(*, model: str, version: str, load: EngineLoad, stats: RunnerStats, ut
         ("ferry_replica_decode_tokens_total", base, load.decode_tokens),
         ("ferry_replica_step_seconds_total", base, round(stats.step_seconds, 6)),
         ("ferry_replica_max_step_tokens", base, load.max_step_tokens),
+        ("ferry_replica_prefix_cache_blocks", base, load.prefix_cache_blocks),
     ]
     engine = {"model_name": model}
     usage = used / load.kv_blocks_total

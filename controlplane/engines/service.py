@@ -125,7 +125,8 @@ class EngineService:
                                 decode_steps=s.decode_steps, decode_tokens=s.decode_tokens,
                                 step_seconds=s.step_seconds)
             facts = Facts(kv_blocks_total=s.kv_blocks_total, kv_block_tokens=s.kv_block_tokens,
-                          max_running=s.max_running, max_step_tokens=s.max_step_tokens, unchunked=s.unchunked)
+                          max_running=s.max_running, max_step_tokens=s.max_step_tokens, unchunked=s.unchunked,
+                          prefix_cache_blocks=s.prefix_cache_blocks)
             if not self.windows.add(info.model, kind_of(info), Sample(at=now, replica_id=s.replica_id,
                                                                        interval=interval, facts=facts)):
                 continue  # counted by the windows
@@ -144,7 +145,8 @@ class EngineService:
         for name in ("prefill_steps", "prefill_tokens", "decode_steps", "decode_tokens", "intervals"):
             setattr(kept, name, getattr(kept, name) + getattr(sample, name))
         kept.step_seconds += sample.step_seconds
-        for name in ("kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked"):
+        for name in ("kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked",
+                     "prefix_cache_blocks"):
             setattr(kept, name, getattr(sample, name))
 
     def relay(self) -> dict[str, list[common_pb2.EngineSample]]:
@@ -204,4 +206,5 @@ def engine_view(kind_fit: KindFit) -> admin_pb2.EngineFitView:
         relative_rms=fit.relative_rms if fit.relative_rms is not None else NAN,
         r2=fit.r2 if fit.r2 is not None else NAN, step_seconds=fit.step_seconds,
         kv_blocks_total=facts.kv_blocks_total, kv_block_tokens=facts.kv_block_tokens,
-        max_running=facts.max_running, max_step_tokens=facts.max_step_tokens, unchunked=facts.unchunked)
+        max_running=facts.max_running, max_step_tokens=facts.max_step_tokens, unchunked=facts.unchunked,
+        prefix_cache_blocks=facts.prefix_cache_blocks)

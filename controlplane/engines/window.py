@@ -52,6 +52,7 @@ class Facts:
     max_running: int = 0
     max_step_tokens: int = 0
     unchunked: bool = False
+    prefix_cache_blocks: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -141,4 +142,5 @@ def _facts(all_facts: list[Facts]) -> Facts:
     limit, unchunked = max(limits.items(), key=lambda kv: (kv[1], kv[0]))[0] if limits else (0, False)
     return Facts(kv_blocks_total=mode([f.kv_blocks_total for f in all_facts]),
                  kv_block_tokens=mode([f.kv_block_tokens for f in all_facts]),
-                 max_running=mode([f.max_running for f in all_facts]), max_step_tokens=limit, unchunked=unchunked)
+                 max_running=mode([f.max_running for f in all_facts]), max_step_tokens=limit, unchunked=unchunked,
+                 prefix_cache_blocks=mode([f.prefix_cache_blocks for f in all_facts]))

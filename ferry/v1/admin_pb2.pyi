@@ -994,7 +994,7 @@ class EngineParamView(_message.Message):
     def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., stderr: _Optional[float] = ..., identifiable: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class EngineFitView(_message.Message):
-    __slots__ = ("model", "kind", "engine", "gpus", "version", "replica_ids", "samples", "window_seconds", "params", "relative_rms", "r2", "step_seconds", "kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked", "sampled_replicas")
+    __slots__ = ("model", "kind", "engine", "gpus", "version", "replica_ids", "samples", "window_seconds", "params", "relative_rms", "r2", "step_seconds", "kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked", "sampled_replicas", "prefix_cache_blocks")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -1013,6 +1013,7 @@ class EngineFitView(_message.Message):
     MAX_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNCHUNKED_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     model: str
     kind: str
     engine: str
@@ -1031,7 +1032,8 @@ class EngineFitView(_message.Message):
     max_step_tokens: int
     unchunked: bool
     sampled_replicas: int
-    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., version: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., window_seconds: _Optional[float] = ..., params: _Optional[_Iterable[_Union[EngineParamView, _Mapping]]] = ..., relative_rms: _Optional[float] = ..., r2: _Optional[float] = ..., step_seconds: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., max_step_tokens: _Optional[int] = ..., unchunked: _Optional[bool] = ..., sampled_replicas: _Optional[int] = ...) -> None: ...
+    prefix_cache_blocks: int
+    def __init__(self, model: _Optional[str] = ..., kind: _Optional[str] = ..., engine: _Optional[str] = ..., gpus: _Optional[int] = ..., version: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., samples: _Optional[int] = ..., window_seconds: _Optional[float] = ..., params: _Optional[_Iterable[_Union[EngineParamView, _Mapping]]] = ..., relative_rms: _Optional[float] = ..., r2: _Optional[float] = ..., step_seconds: _Optional[float] = ..., kv_blocks_total: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., max_step_tokens: _Optional[int] = ..., unchunked: _Optional[bool] = ..., sampled_replicas: _Optional[int] = ..., prefix_cache_blocks: _Optional[int] = ...) -> None: ...
 
 class GetEnginesResponse(_message.Message):
     __slots__ = ("engines", "sampled_at", "leading", "samples_dropped")

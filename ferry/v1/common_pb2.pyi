@@ -59,7 +59,7 @@ class ReplicaLoad(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[ReplicaState, str]] = ..., queued: _Optional[int] = ..., running: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., gpu_utilization: _Optional[float] = ..., requests_total: _Optional[int] = ..., prefix_hit_blocks: _Optional[int] = ..., prefix_lookup_blocks: _Optional[int] = ..., engine: _Optional[_Union[EngineSample, _Mapping]] = ...) -> None: ...
 
 class EngineSample(_message.Message):
-    __slots__ = ("replica_id", "prefill_steps", "prefill_tokens", "decode_steps", "decode_tokens", "step_seconds", "intervals", "kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked")
+    __slots__ = ("replica_id", "prefill_steps", "prefill_tokens", "decode_steps", "decode_tokens", "step_seconds", "intervals", "kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "unchunked", "prefix_cache_blocks")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_STEPS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class EngineSample(_message.Message):
     MAX_RUNNING_FIELD_NUMBER: _ClassVar[int]
     MAX_STEP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNCHUNKED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     prefill_steps: int
     prefill_tokens: int
@@ -84,4 +85,5 @@ class EngineSample(_message.Message):
     max_running: int
     max_step_tokens: int
     unchunked: bool
-    def __init__(self, replica_id: _Optional[str] = ..., prefill_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_steps: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., intervals: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., max_step_tokens: _Optional[int] = ..., unchunked: _Optional[bool] = ...) -> None: ...
+    prefix_cache_blocks: int
+    def __init__(self, replica_id: _Optional[str] = ..., prefill_steps: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_steps: _Optional[int] = ..., decode_tokens: _Optional[int] = ..., step_seconds: _Optional[float] = ..., intervals: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_block_tokens: _Optional[int] = ..., max_running: _Optional[int] = ..., max_step_tokens: _Optional[int] = ..., unchunked: _Optional[bool] = ..., prefix_cache_blocks: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,7 @@ def test_read_needs_every_counter_and_sample_carries_the_facts() -> None:
     values = dict(zip(COUNTERS, (1.0, 2.0, 3.0, 4.0, 0.5), strict=True))
     assert read(values.get) == Reading(counts=counts(1, 2, 3, 4, 0.5), max_step_tokens=None)
     assert read({**values, "ferry_replica_max_step_tokens": 256.0}.get).max_step_tokens == 256  # type: ignore[union-attr]
+    assert read({**values, "ferry_replica_prefix_cache_blocks": 1024.0}.get).prefix_cache_blocks == 1024  # type: ignore[union-attr]
     assert read({k: v for k, v in values.items() if k != COUNTERS[4]}.get) is None
     assert sample(None, kv_blocks_total=1, kv_block_tokens=1, max_running=1, max_step_tokens=1) is None
     s = sample(counts(2, 300, 4, 9, 0.25, 2), kv_blocks_total=64, kv_block_tokens=16, max_running=8,
@@ -97,7 +98,7 @@ def test_the_replicas_counters_read_back_through_both_adapters() -> None:
     stats = RunnerStats(step_seconds=1.25)
     text = replica_metrics.render(model="m", version="v1", load=load, stats=stats, utilization=0.0, gpu_uuid="g")
     expected = Reading(counts=counts(load.prefill_steps, load.prefill_tokens, load.decode_steps, load.decode_tokens,
-                                     1.25), max_step_tokens=100)
+                                     1.25), max_step_tokens=100, prefix_cache_blocks=4096)
     assert from_metrics(Samples(parse(text, names=METRICS_READ)), "m", "v1", ready=True).steps == expected
     for engine_name in ("vllm", "sglang", "trtllm"):
         assert load_from_metrics(text, engine_name, "m", ready=True).steps == expected

@@ -28,6 +28,17 @@ at ``--max-output`` 32 tokens):
    prediction for that slice (the trace rows at the replay's speed-up, the
    fitted fleet, default against tuned) set beside the live outcome.
 
+``--mix conversations`` replaces the trace with a mix made to be sensitive to
+the routing policy (:func:`conversation_mix`): ``--rate`` (10) requests a
+second, turns of ``--conversations`` (200) conversations under one shared
+first block, each turn adding 1 to 3 blocks of 512 tokens to its
+conversation's prompt (a new conversation starts with 4 to 12 blocks, and
+one past 40 blocks starts over), outputs of 10 to 60 tokens; run on small
+replicas (``--engine max_running=16 --engine prefix_cache_blocks=1024``,
+four of them) whose caches cannot hold every conversation, so where a
+conversation's next turn goes decides its prefill. Each slice is
+``--minutes`` of it, the second following the first.
+
 CPU per request of the proxy (``/proc``) is printed for each live run, and
 the recorder's cost (``python -m tools.bench.recorder``) set against it.
 Everything is bounded: each replay by ``--time-limit`` and ``--timeout``,
@@ -41,6 +52,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -60,7 +72,7 @@ from tools.simulate import engine_params
 ROOT = Path(__file__).resolve().parents[2]
 STEP_PARAMS = ("prefill_base_seconds", "prefill_seconds_per_token", "decode_base_seconds",
                "decode_seconds_per_request")
-FACTS = ("kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens")
+FACTS = ("kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "prefix_cache_blocks")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -69,6 +81,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--start-minute", type=float, default=None, help=f"first slice (default {DEFAULT_WINDOW[0]:g})")
     p.add_argument("--minutes", type=float, default=None, help=f"each slice (default {DEFAULT_WINDOW[1]:g})")
     p.add_argument("--limit", type=int, default=2000, help="requests per slice at most")
+    p.add_argument("--mix", choices=("trace", "conversations"), default="trace",
+                   help="the trace's slices, or the policy-sensitive conversation mix (conversation_mix)")
+    p.add_argument("--rate", type=float, default=10.0, help="conversations: requests a second")
+    p.add_argument("--conversations", type=int, default=200, help="conversations: how many")
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE", help="replica engine parameter")
     p.add_argument("--load", type=float, default=0.8, help="share of the fleet's capacity (sets the speed-up)")
@@ -202,14 +218,45 @@ def proxy_toml(changes: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def conversation_mix(n: int, *, rate: float, conversations: int, seed: int) -> list[tracefile.TraceRequest]:
+    """``n`` requests at ``rate`` a second: turns of ``conversations`` conversations (the module docstring).
+
+    Each turn picks a conversation uniformly (``random.Random(seed)``); its block ids extend the
+    conversation's (fresh ids for the new blocks), under block 0 shared by all."""
+    rng = random.Random(seed)
+    turns: dict[int, list[int]] = {}
+    fresh = 1
+    out = []
+    for i in range(n):
+        c = rng.randrange(conversations)
+        ids = turns.get(c)
+        grow = rng.randint(4, 12) if ids is None or len(ids) > 40 else rng.randint(1, 3)
+        ids = [0] if ids is None or len(ids) > 40 else ids
+        ids = [*ids, *range(fresh, fresh + grow)]
+        fresh += grow
+        turns[c] = ids
+        out.append(tracefile.TraceRequest(i / rate, len(ids) * 512 - rng.randint(0, 200), rng.randint(10, 60),
+                                          tuple(ids)))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    path, full = choose_trace(args.trace)
-    start = args.start_minute if args.start_minute is not None else (DEFAULT_WINDOW[0] if full else 0.0)
-    minutes = args.minutes if args.minutes is not None else (DEFAULT_WINDOW[1] if full else 1.0)
-    first = slice_rows(path, start, minutes, args.limit)
-    second = slice_rows(path, start + minutes, minutes, args.limit)
-    speedup, capacity = speedup_for(args, first)
+    if args.mix == "conversations":
+        path, minutes, start = Path(f"conversations(rate={args.rate:g}, {args.conversations})"), \
+            args.minutes or 4.0, 0.0
+        per_slice = round(args.rate * 60 * minutes)
+        rows = conversation_mix(2 * per_slice, rate=args.rate, conversations=args.conversations, seed=args.seed)
+        first = rows[:per_slice]
+        second = [dataclasses.replace(r, offset=r.offset - rows[per_slice].offset) for r in rows[per_slice:]]
+        speedup, capacity = 1.0, None
+    else:
+        path, full = choose_trace(args.trace)
+        start = args.start_minute if args.start_minute is not None else (DEFAULT_WINDOW[0] if full else 0.0)
+        minutes = args.minutes if args.minutes is not None else (DEFAULT_WINDOW[1] if full else 1.0)
+        first = slice_rows(path, start, minutes, args.limit)
+        second = slice_rows(path, start + minutes, minutes, args.limit)
+        speedup, capacity = speedup_for(args, first)
     truth = dataclasses.asdict(engine_params(args.engine))
     workdir = Path(args.workdir)
     phases = set(args.phases.split(","))

@@ -41,7 +41,7 @@ from ferry.v1 import admin_pb2
 HELP = "per model and replica kind: the engine's step parameters fitted from telemetry, with their errors"
 STEP_PARAMS = ("prefill_base_seconds", "prefill_seconds_per_token", "decode_base_seconds",
                "decode_seconds_per_request")
-FACTS = ("kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens")
+FACTS = ("kv_blocks_total", "kv_block_tokens", "max_running", "max_step_tokens", "prefix_cache_blocks")
 _INT_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineParams) if f.type in ("int", int))
 
 

@@ -250,16 +250,14 @@ class Router:
         if not self.tokens.offloads(tokenizer, size) or size > self._limits.max_prompt_bytes:
             return
         self._auth.authenticate(metadata)
-        blocks = 0 if request.prefix_key else self._blocks(state)
-        state.encoded = await self.tokens.encode(tokenizer, request.prompt, blocks=blocks)
+        blocks = 0 if request.prefix_key else self._settings.pick.prefix_depths[-1]
+        state.encoded = await self.tokens.encode(tokenizer, request.prompt, blocks=blocks, tail=self._tail(state))
 
-    def _blocks(self, state: RequestState) -> int:
-        """How many leading blocks of the prompt to hash: the decision's deepest prefix depth, or every block
-        (up to ``record_max_blocks``) of a request the recorder keeps, so a replay sees its whole prefix."""
-        depth = self._settings.pick.prefix_depths[-1]
-        if self.recorder.sampler.sampled(state.request_id):
-            return max(depth, self._settings.record.record_max_blocks)
-        return depth
+    def _tail(self, state: RequestState) -> int:
+        """The blocks of the prompt to hash in all: 0 (only the decision's deepest prefix depth, exactly), or for a
+        request the recorder keeps ``record_max_blocks``, the blocks past that depth as sketches
+        (:func:`ferry.tokens.sketch_hashes`), so a replay sees the whole prefix."""
+        return self._settings.record.record_max_blocks if self.recorder.sampler.sampled(state.request_id) else 0
 
     async def _recount(self, model: str, outcome: Outcome) -> None:
         """A completion the replica gave no token count for: counted with the model's tokenizer file, if any
@@ -280,8 +278,9 @@ class Router:
         remaining = self._settings.server.default_deadline_seconds if time_remaining is None else time_remaining
         state.deadline = state.started + remaining
         state.tenant = self._auth.authenticate(metadata)
-        valid = validate_request(request, self._limits, self._blocks(state),
-                                 tokenizer=self.tokens.tokenizer(request.model), encoded=state.encoded)
+        valid = validate_request(request, self._limits, self._settings.pick.prefix_depths[-1],
+                                 tokenizer=self.tokens.tokenizer(request.model), encoded=state.encoded,
+                                 tail_blocks=self._tail(state))
         state.request, state.tier_label = valid, valid.tier
         check_tier(valid.tier, state.tenant)
         table = self._holder.table

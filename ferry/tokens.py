@@ -27,7 +27,8 @@ import array
 import dataclasses
 import functools
 import hashlib
-from collections.abc import Iterable, Mapping
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,37 @@ def chain_hashes(tokens: list[str], block_tokens: int = BLOCK_TOKENS, blocks: in
         prev = h.digest()
         hashes.append(int.from_bytes(prev, "big"))
     return hashes
+
+
+SKETCH_TOKENS = 16  # tokens read at each end of a block by a sketch hash (sketch_hashes)
+
+
+def sketch_hashes(tokens: Sequence[str] | Sequence[int], first: int, blocks: int, prev: int,
+                  block_tokens: int = BLOCK_TOKENS, edge: int = SKETCH_TOKENS) -> list[int]:
+    """Chained 64-bit **sketch** hashes of blocks ``first`` to ``blocks - 1`` of ``tokens`` (words or token ids),
+    chained from ``prev``, the hash of block ``first - 1``.
+
+    A sketch reads the block's first and last ``edge`` tokens and its length, not all its tokens, and hashes
+    them with CRC-32 (the low 32 bits) and Adler-32 (the high), each started from the previous hash's half:
+    about 2 µs a block where :func:`chain_hashes` takes about 7, so that a recorded request can carry a hash
+    for every block of a long prompt (the traffic recorder, ``dataplane.record``). Equal prefixes hash alike
+    and a change shows from the block it is in, unless it lies wholly inside one block's middle and the
+    chains up to that block are equal: then the two prompts look alike from there (conversations that grow
+    by appending never do that). Not for security: an identity for the simulator's prefix cache.
+    """
+    out: list[int] = []
+    end = min(len(tokens), blocks * block_tokens)
+    for start in range(first * block_tokens, end, block_tokens):
+        stop = min(start + block_tokens, end)
+        head, tail = tokens[start:min(start + edge, stop)], tokens[max(start + edge, stop - edge):stop]
+        if head and isinstance(head[0], int):
+            payload = array.array("I", head).tobytes() + b"\x00" + array.array("I", tail).tobytes()
+        else:
+            payload = f"{' '.join(head)}\x00{' '.join(tail)}".encode()  # type: ignore[arg-type]
+        payload += (stop - start).to_bytes(4, "big")
+        prev = (zlib.adler32(payload, (prev >> 32) & 0xFFFF_FFFF) << 32) | zlib.crc32(payload, prev & 0xFFFF_FFFF)
+        out.append(prev)
+    return out
 
 
 def block_hashes(text: str, block_tokens: int = BLOCK_TOKENS) -> list[int]:
@@ -151,14 +183,21 @@ class Tokenizer:
         """Number of tokens in ``text``."""
         return len(text.split()) if self.hf is None else len(self.ids(text))
 
-    def encode(self, text: str, *, blocks: int | None = None, block_tokens: int = BLOCK_TOKENS) -> Encoded:
-        """The count of ``text`` and the chained hashes of its first ``blocks`` blocks (None: all; 0: none)."""
+    def encode(self, text: str, *, blocks: int | None = None, block_tokens: int = BLOCK_TOKENS,
+               tail: int = 0) -> Encoded:
+        """The count of ``text`` and the chained hashes of its first ``blocks`` blocks (None: all; 0: none), then
+        :func:`sketch_hashes` of the blocks after them up to ``tail`` blocks in all (0: none)."""
+        tokens: list[str] | list[int]
         if self.hf is None:
-            words = text.split()
-            return Encoded(len(words), tuple(chain_hashes(words, block_tokens, blocks)) if blocks != 0 else ())
-        ids = self.ids(text)
-        head = ids if blocks is None else ids[:blocks * block_tokens]
-        return Encoded(len(ids), tuple(chain_ids(head, block_tokens)) if head else ())
+            tokens = text.split()
+            hashes = chain_hashes(tokens, block_tokens, blocks) if blocks != 0 else []
+        else:
+            tokens = self.ids(text)
+            head = tokens if blocks is None else tokens[:blocks * block_tokens]
+            hashes = chain_ids(head, block_tokens) if head else []
+        if blocks and tail > blocks and len(hashes) == blocks:
+            hashes += sketch_hashes(tokens, blocks, tail, hashes[-1], block_tokens)
+        return Encoded(len(tokens), tuple(hashes))
 
 
 WHITESPACE = Tokenizer("whitespace")

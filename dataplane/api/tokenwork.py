@@ -67,11 +67,13 @@ class TokenWork:
             self.pending -= 1
 
     async def encode(self, tokenizer: Tokenizer, text: str, *, blocks: int,
-                     block_tokens: int = BLOCK_TOKENS) -> Encoded:
-        """``tokenizer.encode(text)`` with the hashes of ``blocks`` leading blocks, off the loop when large."""
+                     block_tokens: int = BLOCK_TOKENS, tail: int = 0) -> Encoded:
+        """``tokenizer.encode(text)`` with the hashes of ``blocks`` leading blocks (and sketches up to ``tail``),
+        off the loop when large."""
         if not self.offloads(tokenizer, len(text)):
-            return tokenizer.encode(text, blocks=blocks, block_tokens=block_tokens)
-        found = await self._run(functools.partial(tokenizer.encode, text, blocks=blocks, block_tokens=block_tokens))
+            return tokenizer.encode(text, blocks=blocks, block_tokens=block_tokens, tail=tail)
+        found = await self._run(functools.partial(tokenizer.encode, text, blocks=blocks, block_tokens=block_tokens,
+                                                  tail=tail))
         assert isinstance(found, Encoded)
         return found
 

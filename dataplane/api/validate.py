@@ -26,7 +26,9 @@ raises :class:`ferry.errors.NotFound` for a model (``"model"``) or version
 
 Without an explicit ``prefix_key``, the chained hashes of the prompt's first
 ``prefix_blocks`` blocks (:func:`dataplane.pick.prefix.leading_hashes`) are taken
-from the same split, for the pick's prefix keys. Tokens are the model's
+from the same split, for the pick's prefix keys; with ``tail_blocks`` (a request
+the traffic recorder keeps) the blocks after them, up to ``tail_blocks`` in all,
+get cheaper sketch hashes (:func:`ferry.tokens.sketch_hashes`) for the record. Tokens are the model's
 ``tokenizer`` (:class:`ferry.tokens.Tokenizer`; whitespace words by
 default); a prompt already encoded off the event loop comes as ``encoded``
 (:mod:`dataplane.api.tokenwork`).
@@ -45,7 +47,7 @@ import json
 import math
 from collections.abc import Collection
 
-from dataplane.pick.prefix import DEPTHS, leading_hashes
+from dataplane.pick.prefix import DEPTHS
 from dataplane.table.local import Pool, Table
 from ferry import sampling
 from ferry.config import Limits, TenantConfig
@@ -98,7 +100,7 @@ def _no_control(value: str, field: str) -> None:
 
 def validate_request(request: inference_pb2.InferRequest, limits: Limits,
                      prefix_blocks: int = DEPTHS[-1], *, tokenizer: Tokenizer = WHITESPACE,
-                     encoded: Encoded | None = None) -> ValidRequest:
+                     encoded: Encoded | None = None, tail_blocks: int = 0) -> ValidRequest:
     """Check every field of ``request``; raises InvalidArgument naming the first bad one."""
     _bounded(request.model, "model", limits.max_model_bytes, required=True)
     _no_control(request.model, "model")
@@ -118,11 +120,9 @@ def validate_request(request: inference_pb2.InferRequest, limits: Limits,
     _bounded(request.prefix_key, "prefix_key", limits.max_prefix_key_bytes)
     _bounded(request.idempotency_key, "idempotency_key", limits.max_idempotency_key_bytes)
     given = _sampling(request)
-    if encoded is None and tokenizer.hf is None:
-        words = request.prompt.split()
-        encoded = Encoded(len(words), () if request.prefix_key else tuple(leading_hashes(words, prefix_blocks)))
-    elif encoded is None:
-        encoded = tokenizer.encode(request.prompt, blocks=0 if request.prefix_key else prefix_blocks)
+    if encoded is None:
+        encoded = tokenizer.encode(request.prompt, blocks=0 if request.prefix_key else prefix_blocks,
+                                   tail=0 if request.prefix_key else tail_blocks)
     return ValidRequest(
         model=request.model,
         version=request.version,

@@ -17,9 +17,10 @@ from a reader of the export, not from an operator who has the tenant list.)
 end less the request's duration), model, tier, tenant hash, prompt, output
 and cached tokens, ``max_tokens`` as admitted, the prompt's chained 512-token
 block hashes (``ValidRequest.prefix_hashes``: for a recorded request every
-block of the prompt, up to ``record_max_blocks``, 4,096, where the decision
-alone hashes only its deepest prefix depth, 16 blocks; none when the client
-gave a ``prefix_key``), the time to the first token (absent when not
+block of the prompt, up to ``record_max_blocks``, 4,096: the decision's own
+exact hashes of its deepest prefix depth, 16 blocks, then sketch hashes
+(:func:`ferry.tokens.sketch_hashes`); none when the client gave a
+``prefix_key``), the time to the first token (absent when not
 known: a failure, or the picker, which never sees a token), the time to the
 end, the replica that served last and the branch of its decision, the status
 counted, whether the client asked for a stream. The proxy's id and region

@@ -101,3 +101,25 @@ def test_settings_are_checked(fields: dict[str, float], key: str) -> None:
     with pytest.raises(ConfigError, match=key):
         ProxySettings.from_section(fields)
     assert ProxySettings.from_section({"record_rate": 0.1}).record.record_rate == 0.1
+
+
+def test_a_recorded_prompt_hashes_every_block_the_rest_as_sketches() -> None:
+    from ferry.tokens import WHITESPACE, chain_hashes, sketch_hashes
+
+    base = [f"w{i}" for i in range(20 * 512 + 100)]  # 21 blocks, the last partial
+    exact = chain_hashes(base, 512, 16)
+    plain = WHITESPACE.encode(" ".join(base), blocks=16)
+    recorded = WHITESPACE.encode(" ".join(base), blocks=16, tail=4096)
+    assert plain.hashes == tuple(exact) and recorded.hashes[:16] == plain.hashes and len(recorded.hashes) == 21
+    assert recorded.count == plain.count == len(base)
+    assert WHITESPACE.encode(" ".join(base), blocks=16, tail=18).hashes == recorded.hashes[:18]  # the bound
+    grown = WHITESPACE.encode(" ".join([*base, "more", "words"]), blocks=16, tail=4096)
+    assert grown.hashes[:20] == recorded.hashes[:20] and grown.hashes[20] != recorded.hashes[20]
+    changed = list(base)
+    changed[17 * 512] = "other"  # the first word of block 17: that block and every later one differ
+    other = WHITESPACE.encode(" ".join(changed), blocks=16, tail=4096).hashes
+    assert other[:17] == recorded.hashes[:17] and all(a != b for a, b in zip(other[17:], recorded.hashes[17:]))
+    ids = list(range(3 * 512))
+    assert sketch_hashes(ids, 1, 3, 7) == sketch_hashes(list(ids), 1, 3, 7) != sketch_hashes(ids, 1, 3, 8)
+    short = WHITESPACE.encode("a b c", blocks=16, tail=4096)
+    assert len(short.hashes) == 1  # a prompt within the decision's depth: no sketch

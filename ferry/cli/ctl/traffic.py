@@ -8,7 +8,7 @@ layout the simulator and ``tools.replay`` read (:func:`tools.trace.load`):
 - ``timestamp``: milliseconds from the first exported row's arrival (an integer);
 - ``input_length``: prompt tokens; ``output_length``: completion tokens;
 - ``hash_ids``: the prompt's chained 512-token block hashes (64-bit integers; every block, up to the
-  proxy's ``record_max_blocks``, 4,096; none with a ``prefix_key``);
+  proxy's ``record_max_blocks``, 4,096, those past the 16th as sketches; none with a ``prefix_key``);
 
 and the rest of the row under these names: ``arrival`` (unix seconds), ``model``, ``tier``, ``tenant`` (16 hex
 characters), ``max_tokens``, ``cached_tokens``, ``ttft_ms`` (null when unknown), ``e2e_ms``, ``replica``,

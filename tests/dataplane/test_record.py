@@ -118,7 +118,8 @@ def test_a_recorded_prompt_hashes_every_block_the_rest_as_sketches() -> None:
     changed = list(base)
     changed[17 * 512] = "other"  # the first word of block 17: that block and every later one differ
     other = WHITESPACE.encode(" ".join(changed), blocks=16, tail=4096).hashes
-    assert other[:17] == recorded.hashes[:17] and all(a != b for a, b in zip(other[17:], recorded.hashes[17:]))
+    assert other[:17] == recorded.hashes[:17]
+    assert all(a != b for a, b in zip(other[17:], recorded.hashes[17:], strict=True))
     ids = list(range(3 * 512))
     assert sketch_hashes(ids, 1, 3, 7) == sketch_hashes(list(ids), 1, 3, 7) != sketch_hashes(ids, 1, 3, 8)
     short = WHITESPACE.encode("a b c", blocks=16, tail=4096)

@@ -91,6 +91,7 @@ class ControlPlaneSettings:
     traffic_max_age_seconds: float = 7 * 86400.0  # segments (and rows in memory) older than this deleted
     traffic_memory_rows: int = 100_000  # the in-memory ring's bound (no traffic_dir)
     traffic_relay_rows: int = 4096  # rows per follower report to the leader
+    traffic_relay_bytes: int = 2 << 20  # ... and serialized bytes per report (at least one row)
     traffic_relay_max_rows: int = 100_000  # rows waiting at a follower for the leader; beyond, dropped, counted
     traffic_export_max_rows: int = 1_000_000  # rows one ExportTraffic answers at most
 
@@ -114,6 +115,7 @@ class ControlPlaneSettings:
             "max_name_bytes", "max_region_bytes", "max_version_bytes", "max_followers", "table_history",
             "max_pending_allocations", "max_alloc_replicas", "max_alloc_gpus", "max_tenants",
             "traffic_segment_bytes", "traffic_max_bytes", "traffic_memory_rows", "traffic_relay_rows",
+            "traffic_relay_bytes",
             "traffic_relay_max_rows", "traffic_export_max_rows",
         )
         for key in positive_ints:

@@ -16,6 +16,7 @@ interceptors, so malformed request bytes are answered INVALID_ARGUMENT.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -63,6 +64,33 @@ def server_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ]
+
+
+M = TypeVar("M")
+
+
+def take_within(queue: collections.deque[M], *, max_rows: int, max_bytes: int) -> list[M]:
+    """The oldest messages of ``queue``, popped, while they fit ``max_rows`` and ``max_bytes`` of serialized
+    size (each message's ``ByteSize()`` and 6 bytes of field tag and length; at least one, when any waits): so
+    that repeated rows put on one message stay under the channels' message limit whatever their size."""
+    out: list[M] = []
+    size = 0
+    while queue and len(out) < max_rows:
+        n = queue[0].ByteSize() + 6  # type: ignore[attr-defined]
+        if out and size + n > max_bytes:
+            break
+        out.append(queue.popleft())
+        size += n
+    return out
+
+
+def chunks_within(rows: Sequence[M], *, max_rows: int, max_bytes: int) -> list[list[M]]:
+    """``rows`` in order, cut into lists that each fit :func:`take_within`'s bounds."""
+    queue = collections.deque(rows)
+    out = []
+    while queue:
+        out.append(take_within(queue, max_rows=max_rows, max_bytes=max_bytes))
+    return out
 
 
 def split_address(address: str) -> tuple[str, int]:

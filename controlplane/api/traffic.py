@@ -24,10 +24,11 @@ from controlplane.api import validate
 from controlplane.cluster.service import PeerService
 from controlplane.traffic.service import TrafficService
 from ferry.errors import FerryError, InvalidArgument
-from ferry.grpcutil import status_for
+from ferry.grpcutil import chunks_within, status_for
 from ferry.v1 import admin_pb2
 
 BATCH_ROWS = 1000
+BATCH_BYTES = 1 << 20  # and at most this many serialized bytes of rows a message (at least one row)
 
 
 class TrafficRpcs:
@@ -65,7 +66,7 @@ class TrafficRpcs:
             rows = chunk.rows
             if sent + len(rows) > limit:
                 rows, truncated = rows[:limit - sent], True
-            for i in range(0, len(rows), BATCH_ROWS):
-                await context.write(admin_pb2.ExportTrafficBatch(rows=rows[i:i + BATCH_ROWS]))
+            for batch in chunks_within(rows, max_rows=BATCH_ROWS, max_bytes=BATCH_BYTES):
+                await context.write(admin_pb2.ExportTrafficBatch(rows=batch))
             sent += len(rows)
         await context.write(admin_pb2.ExportTrafficBatch(dropped=dropped, truncated=truncated))

@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter
 from controlplane.config import ControlPlaneSettings
 from controlplane.traffic.rows import check
 from controlplane.traffic.store import MemoryStore, SegmentStore, StoreLimits, TrafficStore
+from ferry.grpcutil import take_within
 from ferry.metrics import name
 from ferry.v1 import admin_pb2, tables_pb2
 
@@ -110,12 +111,14 @@ class TrafficService:
             self._counted["stored"].inc(len(rows))
 
     def relay(self, report: admin_pb2.FollowerReport) -> None:
-        """Following: move at most ``traffic_relay_rows`` of the outbox, and the drops since, onto ``report``."""
+        """Following: move at most ``traffic_relay_rows`` (and ``traffic_relay_bytes``) of the outbox, and the
+        drops since, onto ``report``."""
         if self._leading():
             return
-        outbox = self._outbox
-        n = min(len(outbox), self.settings.traffic_relay_rows)
-        report.traffic.extend(outbox.popleft() for _ in range(n))
+        rows = take_within(self._outbox, max_rows=self.settings.traffic_relay_rows,
+                           max_bytes=self.settings.traffic_relay_bytes)
+        n = len(rows)
+        report.traffic.extend(rows)
         report.traffic_dropped = self._outbox_dropped
         self._outbox_dropped = 0
         if n:

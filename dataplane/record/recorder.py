@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dataplane.record.row import Finished, Sampler, row_of
+from ferry.grpcutil import take_within
 from ferry.metrics import name
 from ferry.v1 import tables_pb2
 
@@ -46,12 +47,14 @@ class Recorder:
     """Sampled rows of the requests that ended, waiting for a report; see the module docstring."""
 
     def __init__(self, *, rate: float = 1.0, max_rows: int = 20_000, report_rows: int = 2_000,
-                 wall: Callable[[], float] = time.time, registry: CollectorRegistry | None = None) -> None:
+                 report_bytes: int = 1 << 20, wall: Callable[[], float] = time.time,
+                 registry: CollectorRegistry | None = None) -> None:
         if max_rows <= 0 or report_rows <= 0:
             raise ValueError("max_rows and report_rows must be positive")
         self.sampler = Sampler(rate)
         self.max_rows = max_rows
         self.report_rows = report_rows
+        self.report_bytes = report_bytes
         self._wall = wall
         self._rows: collections.deque[tables_pb2.TrafficRow] = collections.deque()
         self.recorded = 0  # rows recorded (cumulative)
@@ -65,7 +68,8 @@ class Recorder:
                       registry: CollectorRegistry | None = None) -> Recorder:
         """The recorder of a proxy's ``[proxy] record_*`` keys."""
         return cls(rate=settings.record_rate, max_rows=settings.record_max_rows,
-                   report_rows=settings.record_report_rows, wall=wall, registry=registry)
+                   report_rows=settings.record_report_rows, report_bytes=settings.record_report_bytes, wall=wall,
+                   registry=registry)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -83,13 +87,15 @@ class Recorder:
         self.recorded += 1
 
     def take(self, limit: int | None = None) -> list[tables_pb2.TrafficRow]:
-        """The oldest rows waiting, at most ``limit`` (``report_rows`` by default), taken off the buffer."""
-        rows = self._rows
-        n = min(len(rows), self.report_rows if limit is None else limit)
-        return [rows.popleft() for _ in range(n)]
+        """The oldest rows waiting, at most ``limit`` (``report_rows`` by default) and ``report_bytes`` serialized
+        (:func:`ferry.grpcutil.take_within`: a report stays far under the watch's message limit whatever the
+        prompts' lengths), taken off the buffer."""
+        return take_within(self._rows, max_rows=self.report_rows if limit is None else limit,
+                           max_bytes=self.report_bytes)
 
     def fill(self, report: tables_pb2.Report) -> None:
-        """Move the oldest rows onto ``report`` (at most ``report_rows``) with the drops since the last report."""
+        """Move the oldest rows onto ``report`` (at most ``report_rows``, ``report_bytes``) with the drops since
+        the last report."""
         report.traffic.extend(self.take())
         report.traffic_dropped = self._unreported
         self._unreported = 0

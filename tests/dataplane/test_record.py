@@ -124,3 +124,24 @@ def test_a_recorded_prompt_hashes_every_block_the_rest_as_sketches() -> None:
     assert sketch_hashes(ids, 1, 3, 7) == sketch_hashes(list(ids), 1, 3, 7) != sketch_hashes(ids, 1, 3, 8)
     short = WHITESPACE.encode("a b c", blocks=16, tail=4096)
     assert len(short.hashes) == 1  # a prompt within the decision's depth: no sketch
+
+
+def test_a_report_holds_rows_up_to_its_bytes_whatever_the_prompts_lengths() -> None:
+    from collections import deque
+
+    from dataplane.record.recorder import Recorder
+    from ferry.grpcutil import chunks_within, take_within
+    from ferry.v1 import tables_pb2
+
+    long_row = tables_pb2.TrafficRow(model="m", hash_ids=list(range(2**62, 2**62 + 4096)))  # a 2M-token prompt
+    size = long_row.ByteSize() + 6
+    queue = deque([long_row] * 10)
+    assert len(take_within(queue, max_rows=100, max_bytes=3 * size)) == 3 and len(queue) == 7
+    assert len(take_within(queue, max_rows=100, max_bytes=1)) == 1  # one row always goes: never stuck
+    assert [len(c) for c in chunks_within([long_row] * 7, max_rows=100, max_bytes=2 * size)] == [2, 2, 2, 1]
+    assert [len(c) for c in chunks_within([long_row] * 7, max_rows=3, max_bytes=1 << 30)] == [3, 3, 1]
+    recorder = Recorder(report_rows=2000, report_bytes=1 << 20)
+    recorder._rows.extend([long_row] * 100)
+    report = tables_pb2.Report(window_seconds=1.0)
+    recorder.fill(report)
+    assert 0 < len(report.traffic) < 100 and report.ByteSize() <= (1 << 20) + 64

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import random
 import subprocess
@@ -63,8 +62,10 @@ from typing import Any
 from dataplane.config import ProxySettings
 from tools import trace as tracefile
 from tools.bench.peers import DEFAULT_WINDOW, choose_trace, slice_rows, speedup_for
+from tools.bench.whatif import error as rel
 from tools.peers import load, routers
 from tools.peers.procs import CpuMeter, ProcFailed
+from tools.report import percentile
 from tools.sim import tune as tuning
 from tools.sim import whatif
 from tools.simulate import engine_params
@@ -111,14 +112,6 @@ def ferryctl(ready: Path, *args: str, timeout: float = 120.0) -> subprocess.Comp
     return done
 
 
-def nearest(values: Sequence[float], p: float) -> float | None:
-    """The nearest-rank ``p`` percentile, None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
 def live_figures(outcomes: Sequence[load.Outcome]) -> dict[str, Any]:
     """TTFT p50 / p99 and end-to-end p50 / p99 (ms) of the answered requests, and the failures by status."""
     ok = [o for o in outcomes if o.status == "OK" and o.ttft_s is not None]
@@ -129,16 +122,10 @@ def live_figures(outcomes: Sequence[load.Outcome]) -> dict[str, Any]:
         if o.status != "OK":
             failed[o.status] = failed.get(o.status, 0) + 1
 
-    def r(v: float | None) -> float | None:
-        return None if v is None else round(v, 1)
+    def r(values: list[float], p: float) -> float | None:
+        return round(percentile(values, p), 1) if values else None
     return {"requests": len(outcomes), "answered": len(ok), "failed": failed,
-            "ttft_p50_ms": r(nearest(ttft, 50)), "ttft_p99_ms": r(nearest(ttft, 99)),
-            "e2e_p50_ms": r(nearest(e2e, 50)), "e2e_p99_ms": r(nearest(e2e, 99))}
-
-
-def rel(a: float | None, b: float | None) -> float | None:
-    """(a - b) / b, None when either is missing or b is 0."""
-    return None if a is None or b is None or b == 0 else round((a - b) / b, 4)
+            "ttft_p50_ms": r(ttft, 50), "ttft_p99_ms": r(ttft, 99), "e2e_p50_ms": r(e2e, 50), "e2e_p99_ms": r(e2e, 99)}
 
 
 @dataclasses.dataclass

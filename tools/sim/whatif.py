@@ -65,6 +65,7 @@ from agent.replica.engine import EngineParams
 from dataplane.config import ProxySettings
 from ferry.config import TIERS, from_mapping
 from ferry.errors import ConfigError
+from tools.report import percentile
 from tools.sim.fleet import Fleet, FleetConfig
 from tools.sim.policies import Ferry
 from tools.sim.workload import TENANT, SimRequest
@@ -556,10 +557,7 @@ def recorded(rows: Sequence[Row]) -> dict[str, Any] | None:
         return None
 
     def nearest(values: list[float], p: float) -> float | None:
-        if not values:
-            return None
-        ordered = sorted(values)
-        return round(ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)], 1)
+        return round(percentile(values, p), 1) if values else None
     cached = [(r.cached_tokens, r.prompt_tokens) for r in rows if r.cached_tokens is not None]
     prompt = sum(p for _, p in cached)
     return {"ttft_p50_ms": nearest(ttft, 50), "ttft_p99_ms": nearest(ttft, 99), "e2e_p99_ms": nearest(e2e, 99),

@@ -50,7 +50,8 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def _duration(text: str) -> float:
+def duration_arg(text: str) -> float:
+    """argparse's ``type`` of a duration flag (``--since``): :func:`parse_duration`, its error as argparse's."""
     try:
         return parse_duration(text)
     except ValueError as exc:
@@ -135,7 +136,7 @@ def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
     e = sub.add_parser("export", help="write the recorded rows as JSON Lines (Mooncake's trace layout plus fields)",
                        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("--since", type=_duration, required=True, help="rows that arrived within this long: 90s, 30m, 1h")
+    e.add_argument("--since", type=duration_arg, required=True, help="rows that arrived within this long: 90s, 30m, 1h")
     e.add_argument("--model", default="", help="only this model")
     e.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                    help="with -o: say what was exported as JSON on stdout")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferry.cli.ctl.errors import UsageError
+from ferry.cli.ctl.traffic import duration_arg
 from ferry.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ HELP = "replay recorded traffic through the fleet simulator, a candidate [proxy]
 
 def add_inputs(parser: argparse.ArgumentParser) -> None:
     """The flags what-if and tune share: the traffic, the fleet, the baseline, the windows and the draws."""
-    parser.add_argument("--since", type=parse_duration_flag, default=None, metavar="DURATION",
+    parser.add_argument("--since", type=duration_arg, default=None, metavar="DURATION",
                         help="recorded traffic of the last DURATION (90s, 30m, 1h) from the control plane, with its "
                              "fitted engines and live router config (instead of --traffic and --engines)")
     parser.add_argument("--traffic", metavar="FILE", help="recorded requests, JSON Lines in the Mooncake layout "
@@ -68,13 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inputs(parser)
     parser.add_argument("--config", metavar="FILE", help="TOML whose [proxy] section is the candidate (required)")
     parser.add_argument("--plot", metavar="FILE.png", help="also draw per-window TTFT p99 and the intervals")
-
-
-def parse_duration_flag(text: str) -> float:
-    """``--since``'s value in seconds (:func:`ferry.cli.ctl.traffic.parse_duration`)."""
-    from ferry.cli.ctl.traffic import _duration
-
-    return _duration(text)
 
 
 def inputs(args: argparse.Namespace) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:

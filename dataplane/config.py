@@ -338,7 +338,7 @@ class ColdStartSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class IdempotencySettings:
-    """The idempotency keys' bounds (:class:`dataplane.api.idempotency.Idempotency`)."""
+    """The idempotency keys' bounds (:class:`dataplane.intake.idempotency.Idempotency`)."""
 
     idempotency_entries: int = 10_000
     idempotency_ttl_seconds: float = 300.0

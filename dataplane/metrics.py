@@ -26,7 +26,7 @@
 
 Token counts are the replica's when it reports them (``ferry_*_tokens``
 response parameters, docs/CONTRACTS.md), else the proxy's own with the
-model's tokenizer (:mod:`dataplane.api.tokenwork`); a replica that reports
+model's tokenizer (:mod:`dataplane.intake.tokenwork`); a replica that reports
 no cached tokens adds none. The time per output token is
 ``(duration - ttft) / (completion_tokens - 1)`` of a successful request
 with more than one token and output before its end (a unary answer's first

@@ -1,7 +1,7 @@
 """The request path of the proxy: admit, then a loop of decide, forward, record.
 
-Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.api.auth`),
-validates (:mod:`dataplane.api.validate`), checks the tier against the plan,
+Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.intake.auth`),
+validates (:mod:`dataplane.intake.validate`), checks the tier against the plan,
 resolves the model, version and prefix keys in the current table
 (:meth:`dataplane.pick.picker.Picker.prepare`), and takes an in-flight slot
 (:class:`dataplane.admission.limits.InflightLimit`), in that order, so the first
@@ -24,7 +24,7 @@ retry-after sized to the warm-up (:mod:`dataplane.admission.coldstart`,
 :mod:`dataplane.admission.coldwait`). :meth:`Router.end` gives the slot back. Every
 error is a :class:`ferry.errors.FerryError`; the servicer chooses the status.
 
-Tokens are the model's own (:mod:`dataplane.api.tokenwork`: the catalog's
+Tokens are the model's own (:mod:`dataplane.intake.tokenwork`: the catalog's
 ``tokenizer`` file, else whitespace words): :meth:`Router.encode`, awaited
 before :meth:`Router.begin`, encodes a large prompt in a worker thread;
 ``begin`` encodes anything not yet encoded inline. A completion whose
@@ -52,17 +52,17 @@ from dataplane.admission.gate import Admission, Preempted
 from dataplane.admission.limits import InflightLimit, TenantInflight
 from dataplane.admission.queues import Ticket
 from dataplane.admission.tenantlimits import TenantLimits
-from dataplane.api.auth import Authenticator
-from dataplane.api.idempotency import Idempotency
-from dataplane.api.tokenwork import TokenWork
-from dataplane.api.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
 from dataplane.cache.path import CachePath
 from dataplane.config import ProxySettings
-from dataplane.failover.budget import unreached
 from dataplane.failover.continuation import Delivered, cut_error
 from dataplane.failover.recover import Failover, failure_kind, retry_reason
+from dataplane.forward.failures import unreached
 from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
 from dataplane.guard.hooks import Guards, Selected, Subject
+from dataplane.intake.auth import Authenticator
+from dataplane.intake.idempotency import Idempotency
+from dataplane.intake.tokenwork import TokenWork
+from dataplane.intake.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
 from dataplane.metrics import UNKNOWN, ProxyMetrics
 from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
@@ -163,7 +163,7 @@ class Router:
         self._settings = settings
         self.tracer = tracer  # request traces (dataplane.tracing); None: off, and no hook below does anything
         self.guards = guards or Guards((), metrics, clock=clock)  # guardrail hooks (dataplane.guard.hooks)
-        self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.api.tokenwork)
+        self.tokens = tokens or TokenWork()  # each model's tokenizer (dataplane.intake.tokenwork)
         self._max_output = dict(max_output or {})  # model -> max_output_tokens ([[models]]; absent or 0: no cap)
         self._limits = limits
         self._auth = authenticator
@@ -298,7 +298,7 @@ class Router:
                                                                          valid.prompt_tokens))
         state.version = state.routing.version
         state.model_label = valid.model
-        # a sampling parameter the version's replicas do not declare is refused naming it (dataplane.api.validate)
+        # a sampling parameter the version's replicas do not declare is refused naming it (dataplane.intake.validate)
         tensors = () if state.untouched else check_sampling(valid, table.inputs(valid.model, state.version),
                                                              valid.model, state.version)
         state.call = Call(

@@ -47,17 +47,17 @@ from envoy.service.accesslog.v3 import als_pb2_grpc as als_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from prometheus_client import CollectorRegistry
 
-from dataplane.api.auth import Authenticator
 from dataplane.api.chat import ChatTemplates, load_template
 from dataplane.api.http import HttpFront
 from dataplane.api.service import InferenceServicer
-from dataplane.api.tokenwork import TokenWork
 from dataplane.config import ProxySettings
 from dataplane.epp.servicer import LIVENESS, READINESS, PickerServicer
 from dataplane.epp.servicer import SERVICE_NAME as PICKER_SERVICE
 from dataplane.forward.clients import ClientFactory, ClientPool, default_factory
 from dataplane.forward.kserve import Forwarder
 from dataplane.guard.hooks import Guards
+from dataplane.intake.auth import Authenticator
+from dataplane.intake.tokenwork import TokenWork
 from dataplane.memory import MIB, MemoryTrim
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import Router
@@ -125,7 +125,7 @@ class Proxy:
             metrics=self.metrics,
             rng=self._rng,
             clock=clock,
-            tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.api.tokenwork)
+            tokens=TokenWork(tokenizers),  # each model's tokenizer, from the catalog (dataplane.intake.tokenwork)
             guards=Guards(guardrails, self.metrics, clock=clock, tls=tls),  # safety hooks (dataplane.guard.hooks)
             tracer=self.tracer,
             max_output={m.name: m.max_output_tokens for m in models if m.max_output_tokens},

@@ -66,12 +66,12 @@ from aiohttp import web
 
 from dataplane.api import openai, schema
 from dataplane.api import tools as tooling
-from dataplane.api.auth import Authenticator
 from dataplane.api.chat import ChatTemplates
-from dataplane.api.idempotency import body_digest
 from dataplane.api.service import REQUEST_ID, InferenceServicer
 from dataplane.config import HttpSettings
 from dataplane.forward.kserve import Logprob, Piece
+from dataplane.intake.auth import Authenticator
+from dataplane.intake.idempotency import body_digest
 from dataplane.router import RequestState, Router
 from dataplane.table.local import TableHolder
 from dataplane.tracing import TRACEPARENT, TRACESTATE

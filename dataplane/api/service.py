@@ -55,8 +55,8 @@ from typing import Any
 import grpc
 
 from dataplane.admission.coldstart import WarmingUp
-from dataplane.api.idempotency import body_digest
 from dataplane.forward.kserve import Logprob
+from dataplane.intake.idempotency import body_digest
 from dataplane.metrics import ProxyMetrics
 from dataplane.router import RequestState, Router
 from dataplane.tracing import TRACEPARENT, TRACESTATE, header
@@ -162,7 +162,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 raise refused
             await self._router.encode(state, metadata, request)  # a large prompt's tokens, off the loop
             self._router.begin(state, metadata, request, context.time_remaining())
-            if request.idempotency_key and state.tenant is not None:  # join, replay or run (dataplane.api.idempotency)
+            if request.idempotency_key and state.tenant is not None:  # join, replay or run (intake.idempotency)
                 response = await self._router.idempotency.run(state.tenant.name, request.idempotency_key,
                                                               body_digest(request), lambda: self._answer(state))
             else:

@@ -51,8 +51,8 @@ from ferry.metrics import name
 from ferry.v1 import tables_pb2
 
 if TYPE_CHECKING:
-    from dataplane.api.validate import ValidRequest
     from dataplane.config import CacheSettings
+    from dataplane.intake.validate import ValidRequest
     from dataplane.table.local import Table
     from ferry.config import TenantConfig
 

@@ -65,12 +65,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from prometheus_client import CollectorRegistry
 
 from dataplane.api import openai, schema
-from dataplane.api.auth import Authenticator
 from dataplane.api.chat import ChatTemplates
 from dataplane.api.service import REQUEST_ID, InferenceServicer
 from dataplane.config import PickerSettings
 from dataplane.epp import bodies, protocol
 from dataplane.epp.ends import Ended, Ends
+from dataplane.intake.auth import Authenticator
 from dataplane.router import Handoff, RequestState, Router
 from dataplane.tracing import TRACEPARENT, TRACESTATE
 from ferry.errors import DeadlineExceeded, FerryError, NoReplica, Overloaded

@@ -10,14 +10,15 @@ attempts). When one replica of many fails, its few
 in-flight requests fit the budget and are retried; when every replica fails,
 at most about 10 % of requests are tried twice instead of 100 %.
 
-Retries of requests that never reached a replica (:func:`unreached`, and
+Retries of requests that never reached a replica
+(:func:`dataplane.forward.failures.unreached`, and
 so :func:`charged` is false: the connection was refused, so no replica did
 any work for them) are not charged: the budget exists to stop retries from
 multiplying the work sent to a struggling fleet, and a dead replica's
 refusals add none; the retry policy still bounds them per request
 (:func:`dataplane.failover.recover.retry_reason`), and the refusing replica
 leaves the pick at once (:mod:`dataplane.pick.unreachable`).
-:func:`unserved` is wider: also a call whose connection to the replica broke
+:func:`dataplane.forward.failures.unserved` is wider: also a call whose connection to the replica broke
 before the replica sent anything (its process or node is gone, and the work
 it had started with it); such a retry is charged.
 
@@ -28,34 +29,13 @@ O(``slots``).
 
 from __future__ import annotations
 
-from ferry.errors import ConfigError, FerryError, ReplicaFailed
+from dataplane.forward.failures import unreached
+from ferry.errors import ConfigError, FerryError
 
 DEFAULT_RATIO = 0.1
 DEFAULT_MIN_PER_SECOND = 10.0
 DEFAULT_WINDOW_SECONDS = 10.0
 DEFAULT_SLOTS = 10
-UNREACHABLE = ("failed to connect", "connection refused")
-TRANSPORT_LOST = ("socket closed", "connection reset", "broken pipe", "goaway", "connection aborted",
-                  "end of tcp stream", "stream removed", "keepalive watchdog")
-
-
-def _marked(error: FerryError, marks: tuple[str, ...]) -> bool:
-    if not isinstance(error, ReplicaFailed) or getattr(error, "kind", "unavailable") != "unavailable":
-        return False
-    reason = error.reason.lower()
-    return any(mark in reason for mark in marks)
-
-
-def unreached(error: FerryError) -> bool:
-    """Whether ``error`` says the request never reached its replica (the connection was refused or failed)."""
-    return _marked(error, UNREACHABLE)
-
-
-def unserved(error: FerryError) -> bool:
-    """Whether the replica served nothing of the request: it was never reached, or the connection to it broke
-    before any output (the replica's transport UNAVAILABLE, not an UNAVAILABLE the replica answered)."""
-    return (_marked(error, UNREACHABLE + TRANSPORT_LOST) and isinstance(error, ReplicaFailed)
-            and not error.output_started)
 
 
 def charged(error: FerryError) -> bool:

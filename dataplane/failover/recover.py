@@ -5,11 +5,11 @@ failure is a :class:`ferry.errors.ReplicaFailed` marked retryable (no output
 reached the client; a transport or replica error, not a bad request), the
 request's tier is in ``retry_tiers`` (default: interactive only) and
 attempts are left (``max_attempts``, default 2 = one retry). A request the
-replica served nothing of (:func:`dataplane.failover.budget.unserved`: the
+replica served nothing of (:func:`dataplane.forward.failures.unserved`: the
 connection was refused, or broke before any output: the replica or its node
 is gone) is retried in every tier: nothing of it ran anywhere, so a retry
 cannot run it twice, and no tier should fail for a node lost under it. One
-that never reached a replica (:func:`dataplane.failover.budget.unreached`)
+that never reached a replica (:func:`dataplane.forward.failures.unreached`)
 may take ``UNREACHED_EXTRA_ATTEMPTS`` (2) attempts beyond ``max_attempts``:
 refusals cost no replica any work, and several replicas of a dead node may
 refuse before the table drops them. It returns the metric reason label
@@ -36,8 +36,9 @@ import logging
 from collections.abc import Callable, Collection
 
 from dataplane.config import RetrySettings
-from dataplane.failover.budget import RetryBudget, charged, unreached, unserved
+from dataplane.failover.budget import RetryBudget, charged
 from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error
+from dataplane.forward.failures import unreached, unserved
 from dataplane.forward.kserve import Call
 from dataplane.metrics import ProxyMetrics
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed

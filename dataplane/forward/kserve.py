@@ -53,8 +53,8 @@ from tritonclient.grpc import InferResult
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from dataplane.failover.budget import unreached
 from dataplane.forward.clients import ClientPool
+from dataplane.forward.failures import unreached
 from dataplane.table.local import Replica
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
 from ferry.sampling import Tensor

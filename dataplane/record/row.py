@@ -37,8 +37,8 @@ import hashlib
 import zlib
 from typing import Protocol
 
-from dataplane.api.validate import ValidRequest
 from dataplane.forward.kserve import Outcome
+from dataplane.intake.validate import ValidRequest
 from ferry.config import TenantConfig
 from ferry.v1 import tables_pb2
 

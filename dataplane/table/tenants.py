@@ -13,7 +13,7 @@ table's reuses the parsed tuple (no work per table when tenants did not change).
 :class:`TenantSet` applies the tenants of each accepted table (an
 ``on_applied`` listener of :class:`dataplane.table.local.TableHolder`): with
 ``tenants_managed`` the table's set replaces the one the authenticator
-(:class:`dataplane.api.auth.Authenticator`) finds tenants in, in one assignment,
+(:class:`dataplane.intake.auth.Authenticator`) finds tenants in, in one assignment,
 so a request sees the old set or the new one, never a mix; without it the
 proxy serves its config file's tenants. A proxy that never heard from a
 control plane, or whose control plane does not manage tenants, therefore
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dataplane.admission.tenantlimits import TenantLimits
-from dataplane.api.auth import Authenticator
+from dataplane.intake.auth import Authenticator
 from ferry.config import TenantConfig
 from ferry.errors import FerryError, InvalidArgument
 from ferry.tenantcheck import check_concurrency, check_key_hash, check_name, check_plan, check_rate, check_tiers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.api.auth import ANONYMOUS, Authenticator, api_key_from
+from dataplane.intake.auth import ANONYMOUS, Authenticator, api_key_from
 from ferry.config import TenantConfig, hash_api_key
 from ferry.errors import ConfigError, Unauthenticated
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent.replica.server import stop_limit
 from agent.replica.tensors import DECLARED, LlmRequest, cut_at_stop
-from dataplane.api.validate import check_sampling, validate_request
+from dataplane.intake.validate import check_sampling, validate_request
 from ferry import sampling
 from ferry.config import Limits
 from ferry.errors import InvalidArgument

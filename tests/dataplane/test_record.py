@@ -7,9 +7,9 @@ import hashlib
 import pytest
 from prometheus_client import CollectorRegistry
 
-from dataplane.api.validate import ValidRequest
 from dataplane.config import ProxySettings
 from dataplane.forward.kserve import Outcome
+from dataplane.intake.validate import ValidRequest
 from dataplane.record.recorder import Recorder
 from dataplane.record.row import Sampler, row_of, tenant_hash
 from dataplane.router import RequestState

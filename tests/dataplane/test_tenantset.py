@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from dataplane.admission.tenantlimits import TenantLimits
-from dataplane.api.auth import Authenticator
+from dataplane.intake.auth import Authenticator
 from dataplane.table.local import TableParams, TableRejected, build_table
 from dataplane.table.tenants import TenantSet, TenantsRejected, parse_tenants
 from ferry.config import TenantConfig, hash_api_key

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.admission.gate import Admission, Preempted
 from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
-from dataplane.api.idempotency import Idempotency, body_digest
+from dataplane.intake.idempotency import Idempotency, body_digest
 from dataplane.table.local import TableRejected, build_table
 from ferry.errors import InvalidArgument
 from ferry.metrics import BoundedLabel

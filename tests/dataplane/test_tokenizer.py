@@ -1,4 +1,4 @@
-"""The proxy counts and hashes prompts with each model's tokenizer file (dataplane.api.tokenwork).
+"""The proxy counts and hashes prompts with each model's tokenizer file (dataplane.intake.tokenwork).
 
 Validation uses the model's tokens for counts and prefix blocks; large
 prompts are encoded in a worker thread, bounded; a real proxy in process
@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import pytest
 
-from dataplane.api.tokenwork import TokenWork
-from dataplane.api.validate import validate_request
+from dataplane.intake.tokenwork import TokenWork
+from dataplane.intake.validate import validate_request
 from ferry.config import Limits
 from ferry.errors import Overloaded
 from ferry.tokens import WHITESPACE, Tokenizers, load_tokenizer

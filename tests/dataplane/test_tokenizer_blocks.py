@@ -21,8 +21,8 @@ from agent.replica.engine import Engine, EngineParams
 from agent.replica.httpface import submit_prompt
 from agent.replica.runner import EngineRunner
 from agent.replica.server import SimulatedReplica
-from dataplane.api.validate import validate_request
 from dataplane.config import ProxySettings
+from dataplane.intake.validate import validate_request
 from dataplane.server import Proxy
 from ferry.config import Limits
 from ferry.tokens import BLOCK_TOKENS, Tokenizers

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from dataplane.failover.budget import unreached, unserved
 from dataplane.failover.recover import UNREACHED_EXTRA_ATTEMPTS, retry_reason
 from dataplane.forward.clients import ClientPool
+from dataplane.forward.failures import unreached, unserved
 from dataplane.forward.kserve import ForwardFailed
 from dataplane.pick.unreachable import Unreachable, UnreachableParams
 from ferry.config import TIERS

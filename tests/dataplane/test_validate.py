@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dataplane.api.validate import ValidRequest, check_tier, resolve, validate_request
+from dataplane.intake.validate import ValidRequest, check_tier, resolve, validate_request
 from dataplane.table.local import build_table
 from ferry.config import Limits, TenantConfig
 from ferry.errors import InvalidArgument, NotFound, PermissionDenied

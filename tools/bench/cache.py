@@ -29,10 +29,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from dataplane.api.validate import ValidRequest
 from dataplane.cache.path import CachePath
 from dataplane.config import CacheSettings
 from dataplane.forward.kserve import Outcome
+from dataplane.intake.validate import ValidRequest
 from dataplane.router import RequestState
 from ferry.config import TenantConfig
 

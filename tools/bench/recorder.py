@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dataplane.api.validate import ValidRequest
 from dataplane.forward.kserve import Outcome
+from dataplane.intake.validate import ValidRequest
 from dataplane.record.recorder import Recorder
 from dataplane.router import RequestState
 from ferry.config import TenantConfig

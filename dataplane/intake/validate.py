@@ -31,7 +31,7 @@ the traffic recorder keeps) the blocks after them, up to ``tail_blocks`` in all,
 get cheaper sketch hashes (:func:`ferry.tokens.sketch_hashes`) for the record. Tokens are the model's
 ``tokenizer`` (:class:`ferry.tokens.Tokenizer`; whitespace words by
 default); a prompt already encoded off the event loop comes as ``encoded``
-(:mod:`dataplane.api.tokenwork`).
+(:mod:`dataplane.intake.tokenwork`).
 
 Cost: one UTF-8 encoding of the prompt (kept for forwarding) and one
 whitespace split to count its tokens (or the model's tokenizer, unless

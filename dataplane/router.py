@@ -8,14 +8,15 @@ resolves the model, version and prefix keys in the current table
 problem found is the one reported. When the table has spill routes, the
 decision's region step runs once here: a request sent to another region
 skips this region's tier queues. Then :meth:`Router.infer` or
-:meth:`Router.stream` loop: **decide** (:func:`dataplane.pick.decide.decide`
+:meth:`Router.stream` drive the attempt loop (:class:`dataplane.attempt.AttemptLoop`,
+shared with the endpoint picker's hand-off below and the simulator): **decide** (:func:`dataplane.pick.decide.decide`
 through :meth:`dataplane.pick.picker.Picker.decide`: filters, ejected replicas,
 the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
 prefill detour, P2C), **forward** with the remaining deadline, **record**
 (the proxy's in-flight load, prefill backlog and placements; the outlier
 detector's feed). A failure before any output is retried when
 :func:`dataplane.failover.recover.retry_reason` says so and the retry budget allows
-(:class:`dataplane.failover.recover.Failover`); a stream cut after output is
+(:meth:`dataplane.attempt.AttemptLoop.retry`); a stream cut after output is
 continued on another replica (:mod:`dataplane.failover.continuation`) or ends
 UNAVAILABLE saying how many tokens were delivered. A request whose version
 has no ready replica but replicas warming waits for one, before the tier
@@ -52,11 +53,11 @@ from dataplane.admission.gate import Admission, Preempted
 from dataplane.admission.limits import InflightLimit, TenantInflight
 from dataplane.admission.queues import Ticket
 from dataplane.admission.tenantlimits import TenantLimits
+from dataplane.attempt import AttemptLoop, MetricRecords
 from dataplane.cache.path import CachePath
 from dataplane.config import ProxySettings
 from dataplane.failover.continuation import Delivered, cut_error
-from dataplane.failover.recover import Failover, failure_kind, retry_reason
-from dataplane.forward.failures import unreached
+from dataplane.failover.recover import failure_kind
 from dataplane.forward.kserve import Call, Forwarder, Outcome, Piece
 from dataplane.guard.hooks import Guards, Selected, Subject
 from dataplane.intake.auth import Authenticator
@@ -64,7 +65,6 @@ from dataplane.intake.idempotency import Idempotency
 from dataplane.intake.tokenwork import TokenWork
 from dataplane.intake.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
 from dataplane.metrics import UNKNOWN, ProxyMetrics
-from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
 from dataplane.pick.picker import Attempt, Picker, Routing
 from dataplane.pick.pool import UNLIMITED, Pool
@@ -178,8 +178,6 @@ class Router:
             settings.pick, rng, region=settings.region, regions=settings.regions,
             capacity_share=queues.admission_capacity_share, outliers=settings.outliers, retries=settings.retries)
         self.picker.on_eject = self._ejected
-        self.failover = Failover(settings.retries, metrics, self.picker.budget, clock=clock,  # retries, continuation
-                                 simulate_region_rtt=settings.regions.simulate_region_rtt)
         self.tenant_limits = TenantLimits()
         self.usage = UsageWindow(start=clock(), max_rows=settings.watch.usage_max_rows)  # reported on the table watch
         self.recorder = Recorder.from_settings(settings.record, registry=metrics.registry)  # dataplane.record
@@ -191,6 +189,10 @@ class Router:
         self.admission = Admission(queues.queue_params(), clock=clock, registry=metrics.registry,
                                    capacity_share=queues.admission_capacity_share,
                                    tenant_labels=queues.tenant_metric_labels)
+        # the attempt loop (dataplane.attempt): decide, send, record, retry; its failover continues cut streams
+        self.loop = AttemptLoop(self.picker, settings.retries, clock=clock, gate=self.admission,
+                                records=MetricRecords(metrics),
+                                simulate_region_rtt=settings.regions.simulate_region_rtt)
         self.cold = ColdStarts(settings.coldstart, holder, clock,  # versions warming up (dataplane.admission.coldwait)
                                timeouts=queues.timeouts(), floor=server.retry_after_seconds)
         holder.on_applied(self.apply_table)
@@ -219,7 +221,7 @@ class Router:
         queues = settings.queues
         self.picker.reconfigure(settings.pick, regions=settings.regions, capacity_share=queues.admission_capacity_share,
                                 outliers=settings.outliers, retries=settings.retries)
-        self.failover.reconfigure(settings.retries)
+        self.loop.reconfigure(settings.retries)
         self._holder.params = settings.table.table_params()
         if queues.admission:
             self.admission.reconfigure(queues.queue_params(), queues.admission_capacity_share, self._holder.table)
@@ -325,8 +327,7 @@ class Router:
         if not valid.version:  # the region step: a request sent to another region skips this region's queues
             view = self.picker.view_of(table)
             if view.remote.targets:
-                state.spilled = self.picker.region(view, self._ask(state, ()), self._clock(),
-                                                   queue=functools.partial(self.admission.local_queue, valid.model))
+                state.spilled = self.loop.region(state, view)
                 if state.spilled is not None:
                     self._metrics.spilled.labels(self._settings.region, state.spilled.region).inc()
         if state.spilled is None and self.admission.active(valid.model):
@@ -335,7 +336,7 @@ class Router:
         if state.spilled is None and not state.routing.pool.replicas:  # no ready replica: a cold start?
             state.cold_wait = self.cold.allowed(table, model=valid.model, version=state.version, tier=valid.tier,
                                                 deadline=state.deadline)
-        self.failover.note_request()
+        self.loop.admitted()
         self._metrics.inflight.set(self._admission.count)
 
     def rate_limit_headers(self, state: RequestState) -> dict[str, str]:
@@ -417,45 +418,29 @@ class Router:
                 self._tenants.leave(state.tenant.name)
             self._metrics.inflight.set(self._admission.count)
 
-    def _ask(self, state: RequestState, failed: list[Replica] | tuple[()]) -> Ask:
-        """The next attempt as the decision reads it: routing, tier, tried replicas and nodes, avoid set."""
-        assert state.routing is not None
-        model = state.model_label
-        return Ask(routing=state.routing, tier=state.tier_label, model=model,
-                   tried=frozenset(r.replica_id for r in failed) | state.exclude,
-                   tried_nodes=frozenset(r.node for r in failed if r.node),
-                   avoid=(self.admission.avoid(model, state.ticket, self.picker.local) if state.ticket is not None
-                          else frozenset()))
-
     def _decide(self, state: RequestState, failed: list[Replica]) -> Decision:
         """The decision for the next attempt (dataplane.pick.decide), off the replicas and nodes that failed."""
         assert state.request is not None and state.table is not None and state.routing is not None
-        now = self._clock()
-        model = state.model_label
-        decision = self.picker.decide(self.picker.view_of(state.table), self._ask(state, failed), now,
-                                      queue=functools.partial(self.admission.local_queue, model))
-        self._metrics.picks.labels(model, decision.branch.value).inc()
+        decision = self.loop.decide(state, self.picker.view_of(state.table), failed,
+                                    applied_at=state.table.applied_at)
         if decision.branch is Branch.TOO_LONG:  # the prompt alone, or the room it leaves for max_tokens
             routing = state.routing
             field = "prompt" if routing.need.prompt_tokens >= routing.pool.max_context else "max_tokens"
             raise InvalidArgument(field, decision.reason, "context_length_exceeded")
         if decision.replica is None:
             raise NoReplica(state.request.model, decision.reason)
-        self._metrics.telemetry_age.observe(decision.replica.telemetry_age + now - state.table.applied_at)
         return decision
 
     def _result(self, state: RequestState, attempt: Attempt, *, ok: bool, outcome: Outcome | None = None,
                 error: FerryError | None = None) -> None:
-        """Feed one attempt's result to the outlier detector (through the picker); a refused connection takes
-        the replica out of the pick at once (:mod:`dataplane.pick.unreachable`)."""
-        now = self._clock()
+        """Record one attempt's result in the attempt loop (outlier detector; a refused connection takes the replica
+        out of the pick at once); an answer of another region's replica is not a local request's duration."""
         if ok and outcome is not None:
-            self.picker.answered(attempt, now=now, completion_tokens=outcome.completion_tokens,
-                                 cached_tokens=outcome.cached_tokens if outcome.cached_reported else 0)
-            if not state.region:  # how long a local request lasts: the age at which pushed loads go stale
-                self.picker.local.observe(now - state.forwarded_at)
+            self.loop.answered(attempt, completion_tokens=outcome.completion_tokens,
+                               cached_tokens=outcome.cached_tokens if outcome.cached_reported else 0,
+                               local=not state.region)
         else:
-            self.picker.failed(attempt, now=now, unreached=error is not None and unreached(error))
+            self.loop.failed(attempt, error)
 
     @staticmethod
     def _decision_attributes(state: RequestState, attempt: int) -> dict[str, Attribute]:
@@ -473,21 +458,6 @@ class Router:
         if remaining <= 0:
             raise DeadlineExceeded(f"deadline exceeded after {state.attempts} attempt(s)")
         return remaining
-
-    def _retry(self, state: RequestState, error: FerryError) -> bool:
-        reason = retry_reason(
-            error,
-            tier=state.tier_label,
-            attempts=state.attempts,
-            max_attempts=self._settings.retries.max_attempts,
-            retry_tiers=self._settings.retries.retry_tiers,
-        )
-        if reason is None:
-            return False
-        if not self.failover.may_retry(error, state.model_label):
-            return False
-        self._metrics.retries.labels(state.model_label, reason).inc()
-        return True
 
     def _next(self, state: RequestState, failed: list[Replica], last: FerryError | None, *,
               streamed: bool) -> tuple[Replica, Attempt]:
@@ -513,21 +483,16 @@ class Router:
         assert replica is not None
         state.region, state.rtt_ms = decision.region, decision.rtt_ms
         state.branch = decision.branch.value
-        state.attempts += 1
         state.replica_id = replica.replica_id
         state.version = replica.version  # the default may span versions when the table names none
-        state.forwarded_at = self._clock()
-        attempt = self.picker.sent(replica.replica_id, state.routing, decision.branch, state.forwarded_at,
-                                   streamed=streamed, queued=replica.queued)
+        attempt = self.loop.send(state, decision, streamed=streamed)  # counted in state.attempts; the gate told
+        state.forwarded_at = attempt.sent_at
         if trace is not None:  # the decision's span, then the attempt's (dataplane.tracing)
             chosen = self._decision_attributes(state, state.attempts)
             chosen.update({"ferry.branch": decision.branch.value, "ferry.replica": replica.replica_id,
                            "ferry.region": decision.region or self._settings.region, "ferry.version": replica.version})
             trace.end(trace.start("decision", chosen, start_ns=began))
             trace.attempt(replica.replica_id, state.attempts)
-        if state.ticket is not None and not decision.region:  # an interactive request sent to a full replica
-            self.admission.placed(state.model_label, state.ticket, replica.replica_id,  # makes room there
-                                  self.picker.local.get(replica.replica_id), replica.max_concurrency)
         return replica, attempt
 
     # -- handed off: an external forwarder (Envoy, asked through the endpoint picker of dataplane.epp) carries
@@ -555,8 +520,7 @@ class Router:
         view = self.picker.view_of(state.table)
         while len(order) <= fallbacks:
             try:
-                decision = self.picker.decide(view, self._ask(state, order), self._clock(),
-                                              queue=functools.partial(self.admission.local_queue, state.model_label))
+                decision = self.loop.decide_at(state, view, order, self._clock())
             except FerryError:
                 break
             if decision.replica is None or decision.branch is Branch.TOO_LONG:
@@ -571,23 +535,18 @@ class Router:
         order never answered (taken off the pick as unreachable) and the attempt moves to it."""
         if replica_id == handoff.attempt.replica_id or handoff.closed:
             return
-        now = self._clock()
         moved = next((r for r in handoff.replicas if r.replica_id == replica_id), None)
         if moved is None:
             return
+        passed = False  # the attempt's replica is among those that never answered
         for replica in handoff.replicas:
             if replica.replica_id == replica_id:
                 break
-            if replica.replica_id == handoff.attempt.replica_id:
-                self.picker.failed(handoff.attempt, now=now, unreached=True)
-                self.picker.done(handoff.attempt)
-            self._metrics.retries.labels(state.model_label, "unreached").inc()
-        assert state.routing is not None
-        state.attempts += 1
+            passed = passed or replica.replica_id == handoff.attempt.replica_id
+            self.loop.records.retried(state.model_label, "unreached")
+        handoff.attempt = self.loop.moved(state, handoff.attempt, moved, unreached=passed)  # counted in attempts
         state.replica_id, state.branch = replica_id, Branch.FALLBACK.value
-        state.forwarded_at = now
-        handoff.attempt = self.picker.sent(replica_id, state.routing, Branch.FALLBACK, now, streamed=True,
-                                           queued=moved.queued)
+        state.forwarded_at = handoff.attempt.sent_at
         if state.trace is not None:  # the forwarder went down the fallbacks: the attempts before never answered
             state.trace.attempt_end("unreached")
             state.trace.attempt(replica_id, state.attempts, **{"ferry.branch": Branch.FALLBACK.value})
@@ -601,18 +560,16 @@ class Router:
         if handoff.closed:
             return
         handoff.closed = True
-        attempt, now = handoff.attempt, self._clock()
+        attempt = handoff.attempt
         if state.trace is not None:
             state.trace.attempt_end("ok" if ok else "failed" if failed else "cancelled",
                                     **{"ferry.completion_tokens": completion_tokens})
         if ok:
             state.outcome.completion_tokens = completion_tokens
-            self.picker.answered(attempt, now=now, completion_tokens=completion_tokens)
-            if not state.region:
-                self.picker.local.observe(now - state.forwarded_at)
+            self.loop.answered(attempt, completion_tokens=completion_tokens, local=not state.region)
         elif failed:
-            self.picker.failed(attempt, now=now)
-        self.picker.done(attempt)
+            self.loop.failed(attempt)
+        self.loop.done(attempt)
 
     async def infer(self, state: RequestState) -> Outcome:
         """Check the prompt, wait in the tier queue, forward (a preempted batch request waits again), check the
@@ -667,7 +624,7 @@ class Router:
             cached: int | None = None
             trace, result = state.trace, "cancelled"  # the attempt's outcome in its forward span
             try:
-                await self.failover.cross_region(state.rtt_ms)
+                await self.loop.failover.cross_region(state.rtt_ms)
                 state.outcome = await self._forwarder.infer(replica, state.call, self._remaining(state),
                                                             metadata=trace.headers() if trace is not None else None)
                 await self._recount(state.model_label, state.outcome)
@@ -680,12 +637,12 @@ class Router:
                 result = failure_kind(error)
                 if isinstance(error, ReplicaFailed):
                     self._result(state, attempt, ok=False, error=error)
-                if not self._retry(state, error):
+                if not self.loop.retry(state, error):
                     raise
                 failed.append(replica)
                 last = error
             finally:
-                self.picker.done(attempt, cached)
+                self.loop.done(attempt, cached)
                 if trace is not None:
                     trace.attempt_end(result, **{"ferry.completion_tokens": state.outcome.completion_tokens})
 
@@ -743,7 +700,7 @@ class Router:
             preemption = self.admission.watch(state.model_label, ticket) if ticket is not None else None
             trace, result = state.trace, "cancelled"  # the attempt's outcome in its forward span
             try:
-                await self.failover.cross_region(state.rtt_ms)
+                await self.loop.failover.cross_region(state.rtt_ms)
                 pieces = self._forwarder.stream(replica, call, self._remaining(state), outcome,
                                                 bind=preemption.bind if preemption is not None else None,
                                                 metadata=trace.headers() if trace is not None else None)
@@ -751,13 +708,13 @@ class Router:
                     got, probe = 0, self.picker.outliers.params.probe_tokens
                     async for piece in pieces:
                         if not attempt.prefilled:
-                            self.picker.first(attempt, self._clock())
+                            self.loop.first(attempt)
                             if trace is not None:
                                 trace.first_token()
                         if not attempt.decode_sampled:  # the clock only once the decode sample is due
                             got += piece.tokens
                             if got > probe:
-                                self.picker.progress(attempt, got, self._clock())
+                                self.loop.progress(attempt, got)
                         delivered.add(piece)
                         tape.add(piece)  # -- response cache
                         yield piece
@@ -776,25 +733,25 @@ class Router:
                     raise
                 result = "preempted"
                 parked = True  # preempted: the slot is free; wait again, then continue from what was delivered
-                call = self.failover.preempted(state.call, call, delivered, state.model_label)
+                call = self.loop.failover.preempted(state.call, call, delivered, state.model_label)
                 if ticket is not None:
-                    ticket.preemptible = self.failover.may_continue(delivered)
+                    ticket.preemptible = self.loop.failover.may_continue(delivered)
             except FerryError as error:
                 result = failure_kind(error)
                 if isinstance(error, ReplicaFailed):
                     self._result(state, attempt, ok=False, error=error)
                 if not delivered.tokens and not delivered.texts:
-                    if not self._retry(state, error):
+                    if not self.loop.retry(state, error):
                         raise
                     last = error
                 else:
-                    call = self.failover.resume(state.call, error, delivered, state.model_label)
+                    call = self.loop.failover.resume(state.call, error, delivered, state.model_label)
                     last = cut_error(delivered, error, "no other replica")
                 failed.append(replica)
             finally:
                 if ticket is not None:
                     self.admission.unwatch(ticket)
-                self.picker.done(attempt, cached)
+                self.loop.done(attempt, cached)
                 if trace is not None:
                     trace.attempt_end(result, **{"ferry.completion_tokens": outcome.completion_tokens})
         # The cut stream had already delivered max_tokens: it is complete.

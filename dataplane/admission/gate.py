@@ -68,7 +68,7 @@ from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
 from dataplane.admission.sharding import NONE, Shards
 from dataplane.admission.shedding import EVICTED, TIMEOUT
 from dataplane.regions.choice import LocalQueue, local_queue
-from dataplane.table.local import Table
+from dataplane.table.local import ModelEntry, Table
 from ferry.config import TIERS
 from ferry.errors import FerryError
 from ferry.logs import event
@@ -175,6 +175,24 @@ class TierMetrics:
                                           ["model"], registry=registry)
 
 
+def sized(queues: TierQueues | None, params: QueueParams, entry: ModelEntry | None,
+          capacity_share: float) -> TierQueues:
+    """One model's tier queues sized from its table entry (None: the table has no such model, so no capacity).
+
+    Capacity = the sum of the concurrency targets of the entry's replicas (every version) x ``capacity_share``,
+    rounded down; each replica's target goes to the queues' placement. ``queues`` None: new queues with ``params``.
+    The one sizing rule, shared by :class:`Admission` and the simulator's proxies (:mod:`tools.sim.policies`).
+    """
+    replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
+        if entry is not None else {}
+    capacity = int(sum(replicas.values()) * capacity_share)
+    if queues is None:
+        queues = TierQueues(params, capacity)
+    queues.capacity = capacity
+    queues.set_replicas(replicas)
+    return queues
+
+
 class Admission:
     """Tier queues of every model of one proxy; see the module docstring."""
 
@@ -199,13 +217,7 @@ class Admission:
             for held in self.models.values():
                 held.reserved = dict(self.params.reserved)
         for model, entry in table.models.items():
-            replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool}
-            capacity = int(sum(replicas.values()) * self.capacity_share)
-            queues = self.models.get(model)
-            if queues is None:
-                queues = self.models[model] = TierQueues(self.params, capacity)
-            queues.capacity = capacity
-            queues.set_replicas(replicas)
+            queues = self.models[model] = sized(self.models.get(model), self.params, entry, self.capacity_share)
             self.metrics.interactive_replicas.labels(model).set(len(queues.placement.kept))
             self._pump(model)
 

@@ -21,7 +21,8 @@ and the retry budget bound all of them.
 (:mod:`dataplane.failover.budget`, the budget being the
 :class:`dataplane.pick.picker.Picker`'s, so the simulator spends the same one)
 and the stream continuation decision (:mod:`dataplane.failover.continuation`). The
-router calls it at a handful of points. Outlier ejection and the region
+attempt loop (:class:`dataplane.attempt.AttemptLoop`) holds it; the router calls it
+for continuation and preemption. What it counts goes to :class:`Counts`. Outlier ejection and the region
 step are part of the decision (:mod:`dataplane.pick.decide`). Settings:
 :class:`dataplane.config.RetrySettings` (``max_continuations``), and the
 ``simulate_region_rtt`` key of ``[proxy]`` (:class:`dataplane.config.RegionSettings`).
@@ -34,13 +35,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
+from typing import Protocol
 
 from dataplane.config import RetrySettings
 from dataplane.failover.budget import RetryBudget, charged
 from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error
 from dataplane.forward.failures import unreached, unserved
 from dataplane.forward.kserve import Call
-from dataplane.metrics import ProxyMetrics
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed
 from ferry.logs import event
 
@@ -72,14 +73,24 @@ def failure_kind(error: FerryError) -> str:
     return "replica_failed" if isinstance(error, ReplicaFailed) else type(error).__name__
 
 
+class Counts(Protocol):
+    """What :class:`Failover` counts (the proxy's metrics, :class:`dataplane.attempt.MetricRecords`)."""
+
+    def budget_exhausted(self, model: str) -> None:
+        """A retry or continuation refused by the retry budget."""
+
+    def continued(self, model: str, outcome: str) -> None:
+        """A stream ``continued``, ``cut`` or ``preempted``."""
+
+
 class Failover:
     """Retry budget and stream continuation for one proxy."""
 
-    def __init__(self, settings: RetrySettings, metrics: ProxyMetrics, budget: RetryBudget, *,
+    def __init__(self, settings: RetrySettings, counts: Counts, budget: RetryBudget, *,
                  clock: Callable[[], float], simulate_region_rtt: bool = False) -> None:
         self._settings = settings
         self._simulate_rtt = simulate_region_rtt
-        self._metrics = metrics
+        self._counts = counts
         self._clock = clock
         self.budget = budget
 
@@ -94,7 +105,7 @@ class Failover:
     def may_retry(self, error: FerryError, model: str) -> bool:
         """Whether the retry budget allows retrying after ``error`` (counts a refusal)."""
         if charged(error) and not self.budget.try_spend(self._clock()):
-            self._metrics.retry_budget_exhausted.labels(model).inc()
+            self._counts.budget_exhausted(model)
             return False
         return True
 
@@ -110,11 +121,11 @@ class Failover:
         elif not self.may_retry(error, model):
             why = "retry budget exhausted"
         if why:
-            self._metrics.continuations.labels(model, "cut").inc()
+            self._counts.continued(model, "cut")
             event(log, "stream_cut", logging.WARNING, request_id=original.request_id, model=model,
                   tokens_delivered=delivered.tokens, error=str(error), reason=why)
             raise cut_error(delivered, error, why) from None
-        self._metrics.continuations.labels(model, "continued").inc()
+        self._counts.continued(model, "continued")
         event(log, "stream_continued", request_id=original.request_id, model=model,
               tokens_delivered=delivered.tokens, error=str(error), continuation=delivered.continuations + 1)
         return continuation(original, delivered)
@@ -130,7 +141,7 @@ class Failover:
         ``ferry_proxy_stream_continuations_total{outcome="preempted"}``; a continuation counts
         among the stream's ``max_continuations``.
         """
-        self._metrics.continuations.labels(model, "preempted").inc()
+        self._counts.continued(model, "preempted")
         event(log, "stream_preempted", request_id=original.request_id, model=model,
               tokens_delivered=delivered.tokens, continuation=delivered.continuations + 1)
         if not delivered.tokens and not delivered.texts:

@@ -4,21 +4,23 @@ Every policy is instantiated once per proxy (its state is that proxy's) and
 sees only what a proxy sees: its copy of the table (pushed telemetry, as
 stale as the refresh makes it) and what it sent itself.
 
-- ``ferry``: the proxy's own decision, whole: a
+- ``ferry``: the proxy's own attempt loop, whole: a
+  :class:`dataplane.attempt.AttemptLoop` over a
   :class:`dataplane.pick.picker.Picker` built from the proxy's default settings
-  (:meth:`dataplane.pick.picker.Picker.from_settings`), whose
-  :meth:`dataplane.pick.picker.Picker.decide` calls :func:`dataplane.pick.decide.decide`
-  with everything the router passes: the table's view (applied on every
-  tick), the request's routing, the replicas already tried, the ejected
-  replicas of its outlier detector (fed with simulated results: first-token
-  and end times, cached tokens, refusals), the learned detour threshold and
-  the remembered placements. A request the replica refuses is retried as
-  the router retries it (:func:`dataplane.failover.recover.retry_reason`, the retry
-  budget); one the decision cannot place (longer than every context) is
-  refused, as the proxy refuses it. Admission is the proxy's tier queues
-  (:class:`dataplane.admission.queues.TierQueues`, sized from every table as
-  :class:`dataplane.admission.gate.Admission` sizes them; their avoid set goes
-  into the decision); a request's tier is its ``tier`` (interactive unless
+  (:meth:`dataplane.pick.picker.Picker.from_settings`), the same object the
+  router and the endpoint picker drive, here in virtual time: its decision
+  (:func:`dataplane.pick.decide.decide` with the table's view, applied on
+  every tick, the request's routing, the replicas and nodes already tried,
+  the ejected replicas of its outlier detector fed with simulated results:
+  first-token and end times, cached tokens, refusals; the learned detour
+  threshold and the remembered placements), its records and its retry rule
+  and budget (:meth:`dataplane.attempt.AttemptLoop.retry`): a request the
+  replica refuses is retried as the router retries it; one the decision
+  cannot place (longer than every context) is refused, as the proxy refuses
+  it. Admission is the proxy's tier queues
+  (:class:`dataplane.admission.queues.TierQueues`, sized from every table by
+  :func:`dataplane.admission.gate.sized`, as the proxy's gate sizes them; their
+  avoid set goes into the decision through the loop); a request's tier is its ``tier`` (interactive unless
   the workload says otherwise: recorded traffic does), which picks its queue,
   queue timeout and whether it is retried. No preemption of lower tiers.
 - ``round_robin``: each proxy cycles over the replicas from its own offset.
@@ -50,16 +52,16 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from dataplane.admission.gate import sized
 from dataplane.admission.queues import Shed, Ticket, TierQueues
+from dataplane.attempt import AttemptLoop, Tries
 from dataplane.config import ProxySettings
-from dataplane.failover.budget import charged
-from dataplane.failover.recover import retry_reason
-from dataplane.pick.decide import Ask
 from dataplane.pick.p2c import LocalLoad
-from dataplane.pick.picker import Attempt, Picker, Routing
+from dataplane.pick.picker import Attempt, Picker
+from dataplane.regions.choice import LocalQueue, local_queue
 from dataplane.table.local import Pool, Table
 from ferry.config import TIERS
 from ferry.errors import ReplicaFailed
@@ -139,8 +141,32 @@ class Baseline:
         return False
 
 
+class _Queues:
+    """The proxy's tier queues in virtual time, as the attempt loop's gate (:class:`dataplane.attempt.Gate`).
+
+    No preemption of lower tiers here: a request placed on a full replica makes no room."""
+
+    def __init__(self, ferry: Ferry) -> None:
+        self._ferry = ferry
+
+    def avoid(self, model: str, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
+        queues = self._ferry.queues
+        return queues.avoid(ticket, inflight) if queues is not None else frozenset()
+
+    def local_queue(self, model: str) -> LocalQueue | None:
+        queues = self._ferry.queues
+        return local_queue(queues, self._ferry.now) if queues is not None and queues.capacity > 0 else None
+
+    def placed(self, model: str, ticket: Ticket, replica: str, inflight: int, slots: int) -> None:
+        pass
+
+
 class Ferry:
-    """The proxy's decision with its state, as the router drives it (see the module docstring)."""
+    """The proxy's attempt loop (:class:`dataplane.attempt.AttemptLoop`) driven in virtual time (module docstring).
+
+    What is the simulator's own: the clock (the event's time), the engines' answers turned into the loop's calls,
+    and the tier queues' tickets; deciding, recording, the retry rule and budget are the loop's, and the queues
+    are sized by :func:`dataplane.admission.gate.sized`."""
 
     def __init__(self, rng: random.Random, settings: ProxySettings | None = None) -> None:
         self.settings = settings or ProxySettings()
@@ -148,25 +174,19 @@ class Ferry:
         self.picker = Picker.from_settings(s.pick, rng, region=s.region, regions=s.regions,
                                            capacity_share=s.queues.admission_capacity_share, outliers=s.outliers,
                                            retries=s.retries)
-        self._routing: dict[int, Routing] = {}
+        self.now = 0.0  # the virtual time of the event being handled: the loop's clock
+        self.loop = AttemptLoop(self.picker, s.retries, clock=lambda: self.now, gate=_Queues(self))
+        self._tries: dict[int, Tries] = {}
         self._attempts: dict[int, Attempt] = {}
-        self._tries: dict[int, int] = {}
         self.queues: TierQueues | None = None  # the proxy's tier queues, sized from each table
         self._tickets: dict[int, Ticket] = {}
         self._by_ticket: dict[Ticket, int] = {}
 
     def apply(self, table: Table) -> None:
         self.picker.apply_table(table)
-        if not self.settings.queues.admission:
-            return
-        entry = table.models.get(MODEL)
-        replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
-            if entry is not None else {}
-        capacity = int(sum(replicas.values()) * self.settings.queues.admission_capacity_share)
-        if self.queues is None:
-            self.queues = TierQueues(self.settings.queues.queue_params(), capacity)
-        self.queues.capacity = capacity
-        self.queues.set_replicas(replicas)
+        if self.settings.queues.admission:
+            self.queues = sized(self.queues, self.settings.queues.queue_params(), table.models.get(MODEL),
+                                self.settings.queues.admission_capacity_share)
 
     def admit(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
         queues = self.queues
@@ -210,58 +230,53 @@ class Ferry:
         return True
 
     def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
-        routing = self._routing.get(req.index)
-        if routing is None:
-            routing = self._routing[req.index] = self.picker.prepare(
-                table, tenant=req.tenant, model=MODEL, version="", prompt_tokens=req.prompt_tokens,
-                max_tokens=req.max_tokens, hashes=req.hash_ids)
-            self.picker.budget.note_request(now)
-        pool = routing.pool
-        nodes = frozenset(pool.replicas[pool.index[r]].node for r in tried if r in pool.index)
-        ticket = self._tickets.get(req.index)
-        avoid = self.queues.avoid(ticket, self.picker.local) if ticket is not None and self.queues else frozenset()
-        ask = Ask(routing=routing, tier=req.tier, model=MODEL, tried=frozenset(tried), tried_nodes=nodes, avoid=avoid)
-        decision = self.picker.decide(self.picker.view_of(table), ask, now)
+        self.now = now
+        tries = self._tries.get(req.index)
+        if tries is None:  # admitted: its routing resolved once, as the router's begin does
+            routing = self.picker.prepare(table, tenant=req.tenant, model=MODEL, version="",
+                                          prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
+                                          hashes=req.hash_ids)
+            tries = self._tries[req.index] = Tries(routing, MODEL, req.tier)
+            self.loop.admitted()
+        tries.ticket = self._tickets.get(req.index)
+        assert tries.routing is not None
+        pool = tries.routing.pool
+        failed = [pool.replicas[pool.index[r]] for r in tried if r in pool.index]
+        decision = self.loop.decide(tries, self.picker.view_of(table), failed)
         if decision.replica is None:
             self._forget(req.index)
             return None, decision.branch.value
-        self._tries[req.index] = self._tries.get(req.index, 0) + 1
-        self._attempts[req.index] = self.picker.sent(decision.replica.replica_id, routing, decision.branch, now,
-                                                     queued=decision.replica.queued)
+        self._attempts[req.index] = self.loop.send(tries, decision, streamed=True)
         return decision.replica.replica_id, decision.branch.value
 
     def first(self, req: SimRequest, replica_id: str, now: float) -> None:
-        self.picker.first(self._attempts[req.index], now)  # the outlier detector's prefill sample
+        self.loop.first(self._attempts[req.index], now)
 
     def progress(self, req: SimRequest, replica_id: str, tokens: int, now: float) -> bool:
-        attempt = self._attempts[req.index]
-        self.picker.progress(attempt, tokens, now)  # the decode sample, once enough tokens came back
-        return not attempt.decode_sampled
+        return self.loop.progress(self._attempts[req.index], tokens, now)
 
     def done(self, req: SimRequest, replica_id: str, cached_tokens: int, now: float, completion_tokens: int) -> None:
+        self.now = now
         attempt = self._attempts[req.index]
-        self.picker.done(attempt, cached_tokens)
-        self.picker.answered(attempt, now=now, completion_tokens=completion_tokens, cached_tokens=cached_tokens)
-        self.picker.local.observe(now - attempt.sent_at)
+        self.loop.done(attempt, cached_tokens)
+        self.loop.answered(attempt, completion_tokens=completion_tokens, cached_tokens=cached_tokens)
         self._forget(req.index)
 
     def refused(self, req: SimRequest, replica_id: str, now: float) -> bool:
+        """The engine refused (its queue full): a retryable failure before any output, as the replica's would be."""
+        self.now = now
         attempt = self._attempts.pop(req.index)
-        self.picker.done(attempt)
-        self.picker.failed(attempt, now=now)
         error = ReplicaFailed(replica_id, "queue full", output_started=False, retryable=True)
-        if retry_reason(error, tier=req.tier, attempts=self._tries.get(req.index, 0),
-                        max_attempts=self.settings.retries.max_attempts,
-                        retry_tiers=self.settings.retries.retry_tiers) is not None \
-                and (not charged(error) or self.picker.budget.try_spend(now)):
+        self.loop.done(attempt)
+        self.loop.failed(attempt, error)
+        if self.loop.retry(self._tries[req.index], error):
             return True
         self._forget(req.index)
         return False
 
     def _forget(self, index: int) -> None:
-        self._routing.pop(index, None)
-        self._attempts.pop(index, None)
         self._tries.pop(index, None)
+        self._attempts.pop(index, None)
 
 
 class RoundRobin(Baseline):

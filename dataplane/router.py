@@ -8,8 +8,9 @@ resolves the model, version and prefix keys in the current table
 problem found is the one reported. When the table has spill routes, the
 decision's region step runs once here: a request sent to another region
 skips this region's tier queues. Then :meth:`Router.infer` or
-:meth:`Router.stream` drive the attempt loop (:class:`dataplane.attempt.AttemptLoop`,
-shared with the endpoint picker's hand-off below and the simulator): **decide** (:func:`dataplane.pick.decide.decide`
+:meth:`Router.stream` drive the attempt loop
+(:class:`dataplane.attempt.AttemptLoop`, shared with the endpoint picker's
+hand-off below and the simulator): **decide** (:func:`dataplane.pick.decide.decide`
 through :meth:`dataplane.pick.picker.Picker.decide`: filters, ejected replicas,
 the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
 prefill detour, P2C), **forward** with the remaining deadline, **record**
@@ -34,8 +35,9 @@ replica reports no token count is counted with the same tokenizer.
 One listener on the table holder, :meth:`Router.apply_table`, updates the
 decision's view and the tier queues when a table is applied.
 
-State: the holder's current table (read once per request) and the picker
-(its decision state: :mod:`dataplane.pick.picker`); nothing else survives a request.
+State: the holder's current table (read once per request), the picker
+(its decision state: :mod:`dataplane.pick.picker`) and the attempt loop over
+it (:attr:`Router.loop`); nothing else survives a request.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ when the request arrives and ends once it has the decision. The servicer
 translates (rule 2); the request path is the proxy's own
 (:class:`dataplane.router.Router`): the same authentication, validation,
 tenant limits, tier queues (a queued request waits here, within its
-deadline), decision and records as the Python relay's.
+deadline), decision and records as the Python relay's: ``Router.hand_off``,
+``served`` and ``handed_back`` drive the same attempt loop
+(:class:`dataplane.attempt.AttemptLoop`) as the relay and the simulator.
 
 Per request:
 

@@ -4,7 +4,8 @@ What runs, unchanged: N :class:`agent.replica.engine.Engine` replicas (one per
 replica, ``start_step(now)`` returning a duration and ``finish_step(now +
 duration)`` at the end of it), the control plane's snapshot turned into a
 proxy table by :func:`dataplane.table.local.build_table`, and the policies of
-:mod:`tools.sim.policies` (Ferry's is :class:`dataplane.pick.picker.Picker`).
+:mod:`tools.sim.policies` (Ferry's is the proxy's :class:`dataplane.attempt.AttemptLoop`
+over its :class:`dataplane.pick.picker.Picker`).
 
 Events, in time order (ties in the order they were scheduled):
 
@@ -18,7 +19,8 @@ Events, in time order (ties in the order they were scheduled):
   (none: the request is refused, as the proxy would refuse it, e.g. longer
   than every replica's context); the engine queues it; a refusal by the
   engine (queue full, too long) is told to the policy, which may try another
-  replica (Ferry's: the proxy's retry rule and budget), else the request
+  replica (Ferry's: the proxy's retry rule and budget, asked of its attempt
+  loop, :class:`dataplane.attempt.AttemptLoop`), else the request
   counts as rejected; an idle engine starts a step.
 - **step end**: ``finish_step``; first tokens give TTFT (arrival to the end
   of the prefill step) and tell the policy (Ferry's outlier detector and

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ferry.cli.ctl import main as ctl
 from ferry.procs import Child, ChildFailed
+from ferry_cli.ctl import main as ctl
 from tools import replay
 from tools.fetch_traces import default_trace, trace_file
 
@@ -44,7 +44,7 @@ BOARD_OUT = ROOT / "bench-results"
 def start_board(ready_file: Path, log: Path) -> subprocess.Popen[bytes]:
     """``ferryctl board --watch`` in its own process (its frames' lines in ``log``), stopped by :func:`stop_board`."""
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", str(ready_file), "board",
+        return subprocess.Popen([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", str(ready_file), "board",
                                  "--out", str(BOARD_OUT), "--watch", "--interval", str(BOARD_INTERVAL),
                                  "--title", "Ferry: make demo, replaying the trace"],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)

@@ -39,7 +39,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", *args], capture_output=True, text=True,
                           timeout=60, env=env or ENV)
 
 
@@ -214,7 +214,7 @@ BOTH_MODES: list[tuple[str, ...]] = [
 
 
 def test_every_command_runs_in_both_output_modes(up: dict[str, Any]) -> None:
-    from ferry.cli.ctl.main import COMMANDS, LOCAL
+    from ferry_cli.ctl.main import COMMANDS, LOCAL
 
     drawn = {"board"}  # both modes in tests/e2e/test_board.py (it writes files and needs graphviz)
     drawn |= set(LOCAL)  # what-if and tune: tests/ctl (on files), tests/e2e/test_traffic_export.py (--since)

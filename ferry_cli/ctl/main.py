@@ -18,31 +18,31 @@ Commands (``ferryctl COMMAND --help`` for each; docs/operations.md has examples)
 - ``alloc MODEL --gpus 8 --replicas N``, ``alloc --list [MODEL]``,
   ``alloc --release ID``: gang allocation;
 - ``top [--iterations N] [--interval S] [--by-tier]``: live view per model
-  and region (and tier): rate, p99, queue, utilisation, shed (:mod:`ferry.cli.ctl.top`);
+  and region (and tier): rate, p99, queue, utilisation, shed (:mod:`ferry_cli.ctl.top`);
 - ``tiers [--region R]``, ``spill [--region R]``: tier quotas and region
-  spill with the proxies' rates (:mod:`ferry.cli.ctl.flow`);
+  spill with the proxies' rates (:mod:`ferry_cli.ctl.flow`);
 - ``rollout MODEL --version V --canary P | --promote | --rollback``, ``rollout``:
-  a model's version rollout (:mod:`ferry.cli.ctl.rollout`);
+  a model's version rollout (:mod:`ferry_cli.ctl.rollout`);
 - ``router [rollout FILE --canary P | promote | rollback | show [VERSION]]``:
-  router config rollouts under a guard (:mod:`ferry.cli.ctl.router`);
+  router config rollouts under a guard (:mod:`ferry_cli.ctl.router`);
 - ``tenants [list]``, ``tenants add NAME --plan P --tiers a,b --rps N --tps N
   --concurrency N (--api-key K | --api-key-sha256 H | --generate-key)``,
   ``tenants set NAME …``, ``tenants remove NAME``: the tenants kept in the
-  store and pushed to the proxies (:mod:`ferry.cli.ctl.tenants`);
+  store and pushed to the proxies (:mod:`ferry_cli.ctl.tenants`);
 - ``scale [--region R]``: replicas needed now and for the next ramp, desired,
-  standby nodes to keep (:mod:`ferry.cli.ctl.scale`);
+  standby nodes to keep (:mod:`ferry_cli.ctl.scale`);
 - ``board [--out DIR] [--watch --interval S --count N]``: the fleet drawn as
-  SVG and PNG, every flow with its live rate (:mod:`ferry.cli.ctl.board`);
+  SVG and PNG, every flow with its live rate (:mod:`ferry_cli.ctl.board`);
 - ``cache [--model M] [--by-tenant]``: the duplicate rate the proxies measure and
-  the GPU-seconds a response cache saves, cache on/off (:mod:`ferry.cli.ctl.cache`);
+  the GPU-seconds a response cache saves, cache on/off (:mod:`ferry_cli.ctl.cache`);
 - ``what-if --traffic FILE --config FILE``, ``tune --traffic FILE``: recorded
   traffic replayed through the fleet simulator, a config against the
-  baseline, or a search for a better one (:mod:`ferry.cli.ctl.whatif`,
-  :mod:`ferry.cli.ctl.tune`; local: no control plane, see :data:`LOCAL`);
+  baseline, or a search for a better one (:mod:`ferry_cli.ctl.whatif`,
+  :mod:`ferry_cli.ctl.tune`; local: no control plane, see :data:`LOCAL`);
 - ``traffic export --since 1h [--model M] [-o FILE]``: the proxies' recorded traffic
-  as a Mooncake-layout trace (:mod:`ferry.cli.ctl.traffic`);
+  as a Mooncake-layout trace (:mod:`ferry_cli.ctl.traffic`);
 - ``engines [--model M]``: per model and replica kind, the engine's step
-  parameters fitted from telemetry with their errors (:mod:`ferry.cli.ctl.engines`);
+  parameters fitted from telemetry with their errors (:mod:`ferry_cli.ctl.engines`);
 - ``completion bash|zsh``: a shell completion script.
 
 Every command takes ``--control-plane host:port[,host:port…]`` (else every
@@ -77,22 +77,24 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from ferry import clienttls
-from ferry.cli.ctl import board as ctlboard
-from ferry.cli.ctl import cache as ctlcache
-from ferry.cli.ctl import completion
-from ferry.cli.ctl import engines as ctlengines
-from ferry.cli.ctl import flow as ctlflow
-from ferry.cli.ctl import rollout as ctlrollout
-from ferry.cli.ctl import router as ctlrouter
-from ferry.cli.ctl import scale as ctlscale
-from ferry.cli.ctl import tenants as ctltenants
-from ferry.cli.ctl import top as ctltop
-from ferry.cli.ctl import traffic as ctltraffic
-from ferry.cli.ctl import tune as ctltune
-from ferry.cli.ctl import whatif as ctlwhatif
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.views import (
+from ferry.process import read_ready_file
+from ferry.v1 import admin_pb2, admin_pb2_grpc
+from ferry_cli import clienttls
+from ferry_cli.ctl import board as ctlboard
+from ferry_cli.ctl import cache as ctlcache
+from ferry_cli.ctl import completion
+from ferry_cli.ctl import engines as ctlengines
+from ferry_cli.ctl import flow as ctlflow
+from ferry_cli.ctl import rollout as ctlrollout
+from ferry_cli.ctl import router as ctlrouter
+from ferry_cli.ctl import scale as ctlscale
+from ferry_cli.ctl import tenants as ctltenants
+from ferry_cli.ctl import top as ctltop
+from ferry_cli.ctl import traffic as ctltraffic
+from ferry_cli.ctl import tune as ctltune
+from ferry_cli.ctl import whatif as ctlwhatif
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.views import (
     change_row,
     merge_status,
     model_row,
@@ -103,8 +105,6 @@ from ferry.cli.ctl.views import (
     slot_row,
     supervision_rows,
 )
-from ferry.process import read_ready_file
-from ferry.v1 import admin_pb2, admin_pb2_grpc
 
 TIMEOUT = 5.0
 ALLOC_TIMEOUT = 30.0
@@ -351,7 +351,7 @@ def cmd_alloc(stub: Any, args: argparse.Namespace) -> None:
 
 
 def gather_status(stub: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Every control plane's GetStatus merged (:func:`ferry.cli.ctl.views.merge_status`), the dead ones shown."""
+    """Every control plane's GetStatus merged (:func:`ferry_cli.ctl.views.merge_status`), the dead ones shown."""
     first = stub.GetStatus(admin_pb2.GetStatusRequest(), timeout=TIMEOUT)
     answers: dict[str, Any] = {first.control_plane_id: first}
     unreachable: dict[str, str] = {}

@@ -7,7 +7,7 @@ second, the share of them that repeated a payload the same proxy had seen
 within the window, the GPU-seconds those duplicates took (what a cache would
 have saved: per second and over the window), the cache hits per second, and
 on how many of the reporting proxies the cache is on. Asked of the leader
-(it holds every proxy's report; :func:`ferry.cli.ctl.flow.leader`). Human
+(it holds every proxy's report; :func:`ferry_cli.ctl.flow.leader`). Human
 table by default; ``--json`` prints the rows as a JSON list.
 """
 
@@ -18,9 +18,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ferry.cli.ctl.flow import Connect, human, leader
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.flow import Connect, human, leader
+from ferry_cli.ctl.views import print_table
 
 HELP = "per model (or tenant): duplicate rate of deterministic requests, GPU-seconds a cache saves, cache on/off"
 COLUMNS = ["model", "tenant", "deterministic_per_s", "duplicate_share", "saved_gpu_s_per_s", "saved_gpu_s",

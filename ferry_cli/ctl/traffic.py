@@ -1,6 +1,6 @@
 """``ferryctl traffic export --since 1h [--model M] [-o FILE]``: the recorded traffic as a Mooncake-layout trace.
 
-Asks the leader (:func:`ferry.cli.ctl.flow.leader`; it keeps every proxy's
+Asks the leader (:func:`ferry_cli.ctl.flow.leader`; it keeps every proxy's
 rows, :mod:`controlplane.traffic`) for ``Admin.ExportTraffic`` and writes one
 JSON object a line (to ``-o FILE``, else stdout), sorted by arrival, in the
 layout the simulator and ``tools.replay`` read (:func:`tools.trace.load`):
@@ -30,8 +30,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from ferry.cli.ctl.flow import Connect, leader
 from ferry.v1 import admin_pb2, tables_pb2
+from ferry_cli.ctl.flow import Connect, leader
 
 HELP = "the proxies' recorded traffic: export it as a Mooncake-layout trace (JSON Lines)"
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids", "arrival", "model", "tier", "tenant", "max_tokens",

@@ -26,8 +26,8 @@ from typing import Any
 
 import grpc
 
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.views import print_table
 
 Connect = Callable[[str], AbstractContextManager[Any]]
 TIER_COLUMNS = ["region", "tier", "reserved_share", "reserved", "quota", "lent", "rate_per_s", "offered_per_s",

@@ -12,7 +12,7 @@ A frame is two samples :class:`Sample` ``--window`` seconds apart (with
 seconds later); :func:`snapshot` (pure) turns them into rates. Each sample
 asks the Admin API what ``status``, ``nodes``, ``replicas``, ``tiers`` and
 ``spill`` ask (the same merged status of every control plane,
-:func:`ferry_cli.ctl.main.gather_status`, and the same rows,
+:func:`ferry_cli.ctl.fleet.gather_status`, and the same rows,
 :mod:`ferry_cli.ctl.views` and :mod:`ferry_cli.ctl.flow`, of the leader),
 and scrapes the Prometheus endpoints ``ferry up``'s ready file lists
 (``metrics``), parsed by :mod:`agent.promtext`. Rates:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from typing import Any
 
 from ferry.v1 import admin_pb2
@@ -53,8 +52,7 @@ def cmd_cache(stub: Any, args: argparse.Namespace, connect: Connect, timeout: fl
         print("no measurement yet: no proxy has reported a deterministic request (temperature 0 or a seed)")
 
 
-def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``cache`` with ferryctl's ``add(name, help)``."""
-    p = add("cache", HELP)
-    p.add_argument("--model", default="", help="only this model")
-    p.add_argument("--by-tenant", action="store_true", help="one row per (model, tenant)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl cache``'s arguments."""
+    parser.add_argument("--model", default="", help="only this model")
+    parser.add_argument("--by-tenant", action="store_true", help="one row per (model, tenant)")

@@ -30,7 +30,7 @@ import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from agent.replica.engine import EngineParams
@@ -145,7 +145,6 @@ def cmd_engines(stub: Any, args: argparse.Namespace, connect: Connect, timeout: 
         print("\n(a follower: only the nodes connected to it; ask the leader for the whole fleet)")
 
 
-def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``engines`` with ferryctl's ``add(name, help)``."""
-    p = add("engines", HELP)
-    p.add_argument("--model", default="", help="only this model")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl engines``'s arguments."""
+    parser.add_argument("--model", default="", help="only this model")

@@ -27,7 +27,7 @@ import datetime as dt
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import IO, Any
 
 from ferry.v1 import admin_pb2, tables_pb2
@@ -129,10 +129,9 @@ def run(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float) -
         export(stub, args, connect, timeout)
 
 
-def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``traffic export`` with ferryctl's ``add(name, help)``."""
-    p = add("traffic", HELP)
-    sub = p.add_subparsers(dest="traffic_command", required=True, metavar="ACTION")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl traffic``'s actions and their arguments (``export``)."""
+    sub = parser.add_subparsers(dest="traffic_command", required=True, metavar="ACTION")
     e = sub.add_parser("export", help="write the recorded rows as JSON Lines (Mooncake's trace layout plus fields)",
                        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

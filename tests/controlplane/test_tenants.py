@@ -19,7 +19,7 @@ from controlplane.tenants import records as tenants
 from ferry.config import TIERS, TenantConfig, hash_api_key
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.v1 import admin_pb2, tables_pb2
-from ferry_cli.ctl.main import AdminClient
+from ferry_cli.ctl.client import AdminClient
 from tests.controlplane.fakes import TOKEN, WAIT, FakeClock, FlakyStore, Harness
 
 H1 = "a" * 64

@@ -28,7 +28,7 @@ import grpc
 import pytest
 
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
-from ferry_cli.ctl.main import AdminClient
+from ferry_cli.ctl.client import AdminClient
 from tests.deploy.conftest import ROOT
 from tests.deploy.local import LocalCluster, Pod, StandIn, local_cluster
 from tests.e2e.harness import wait_for

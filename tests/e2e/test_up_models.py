@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ferry.procs import Child, stop_all
-from ferry_cli.up.main import ordered_models
+from ferry_cli.up.ready import ordered_models
 
 
 class Replicas(Child):

@@ -16,7 +16,7 @@ import grpc
 from ferry.process import read_ready_file
 from ferry.procs import Child
 from ferry.v1 import common_pb2, inference_pb2
-from ferry_cli.up.main import wait_routable
+from ferry_cli.up.ready import wait_routable
 from tests.e2e.harness import wait_for
 from tests.e2e.test_drain import SLOW_REPLICA, TOKENS, run_stream
 

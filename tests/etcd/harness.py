@@ -23,8 +23,8 @@ from tomli_w import dumps
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
-from ferry_cli.ctl.main import AdminClient
-from ferry_cli.up.main import wait_routable
+from ferry_cli.ctl.client import AdminClient
+from ferry_cli.up.ready import wait_routable
 from harness.etcd import LocalEtcd
 from tests.e2e.harness import wait_for
 from tools.process_fleet import FAST_REPLICA

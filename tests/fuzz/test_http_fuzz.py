@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ferry.procs import Child
-from ferry_cli.up.main import wait_routable
+from ferry_cli.up.ready import wait_routable
 from tools.process_fleet import Fleet
 
 SETTINGS = settings(max_examples=500, deadline=None, derandomize=True,

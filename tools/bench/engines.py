@@ -39,7 +39,7 @@ from agent.replica.engine import EngineParams
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
 from ferry_cli.ctl.engines import FACTS, STEP_PARAMS, fitted_params
-from ferry_cli.up.main import wait_routable
+from ferry_cli.up.ready import wait_routable
 from tools.fetch_traces import BUNDLED
 
 ROOT = Path(__file__).resolve().parents[2]

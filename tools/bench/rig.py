@@ -28,7 +28,7 @@ from tomli_w import dumps
 
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
-from ferry_cli.up.main import wait_routable
+from ferry_cli.up.ready import wait_routable
 from tools.report import percentile
 
 ROOT = Path(__file__).resolve().parents[2]

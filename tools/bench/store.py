@@ -80,7 +80,7 @@ from ferry.grpcutil import StreamWriter
 from ferry.procs import Child, stop_all
 from ferry.tabledelta import DeltaMismatch, apply_delta
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2
-from ferry_cli.ctl.main import AdminClient
+from ferry_cli.ctl.client import AdminClient
 from harness.etcd import LocalEtcd
 from tools.report import percentile
 

@@ -119,6 +119,12 @@ class Command:
     local: Local | None = None
     remote_if: Callable[[argparse.Namespace], bool] | None = None
 
+    def __post_init__(self) -> None:
+        if self.remote is None and self.local is None:
+            raise ValueError(f"ferryctl command {self.name!r}: give remote, local or both")
+        if self.remote_if is not None and (self.remote is None or self.local is None):
+            raise ValueError(f"ferryctl command {self.name!r}: remote_if chooses between remote and local: give both")
+
     def needs_control_plane(self, args: argparse.Namespace) -> bool:
         """Whether these arguments run the command over the Admin API (else :attr:`local` runs)."""
         if self.local is None:

@@ -1,4 +1,4 @@
-"""Child processes of ``ferry up``, the benchmarks and the end-to-end tests.
+"""Child processes of ``ferry up``, the proxy's workers (``ferry proxy --workers N``), the benchmarks and the tests.
 
 A :class:`Child` runs one component (``python -m ferry COMPONENT …``) with a
 ready file; :meth:`Child.wait_ready` polls :meth:`Child.check_ready` (the

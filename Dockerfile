@@ -10,6 +10,8 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml ./
 COPY ferry ferry
+COPY ferry_cli ferry_cli
+COPY harness harness
 COPY controlplane controlplane
 COPY dataplane dataplane
 COPY agent agent

@@ -62,11 +62,11 @@ from controlplane.tables.compute import TableVersions, initial_version
 from controlplane.tables.service import TableService
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watchers
+from controlplane.tasks import TaskGroup
 from controlplane.tenants.service import TenantService
 from controlplane.traffic.service import TrafficService
 from ferry.config import ModelConfig, TenantConfig
 from ferry.errors import Unavailable
-from ferry.tasks import TaskGroup
 from ferry.tls import TLSConfig
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,13 @@
 """Ferry: an inference router for a model API on GPU fleets.
 
-This package holds what every plane shares (the generated wire contract in
-``ferry.v1``, errors, config loading, prompt blocks, gRPC and metrics plumbing)
-and, in ``ferry.cli``, the entry points that bind the planes together.
-``controlplane``, ``dataplane`` and ``agent`` import the shared modules here,
-never ``ferry.cli`` and never one another (docs/design.md, rule 5).
+This package is the shared bottom layer: what every plane shares (the
+generated wire contract in ``ferry.v1``, errors, config loading, prompt
+blocks, gRPC and metrics plumbing, the child processes of :mod:`.procs` and
+:mod:`.supervise`). ``controlplane``, ``dataplane`` and ``agent`` import the
+shared modules here, never one another; above them stand the commands
+(``ferry_cli``) and the local harness (``harness``), which nothing here
+imports (docs/design.md, rule 5). ``python -m ferry`` (``__main__``) is the
+one exception: it is the ``ferry`` command, from ``ferry_cli``.
 """
 
 __version__ = "0.1.0"

@@ -12,6 +12,6 @@ from ferry.process import die_with_parent
 if os.environ.get("FERRY_PARENT_PID", "").isdigit():
     die_with_parent(int(os.environ.pop("FERRY_PARENT_PID")))
 
-from ferry.cli.main import main
+from ferry_cli.main import main
 
 sys.exit(main())

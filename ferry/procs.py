@@ -1,11 +1,11 @@
-"""Child processes of ``ferry up``, the benchmarks and the end-to-end tests.
+"""Child processes of ``ferry up``, the proxy's workers (``ferry proxy --workers N``), the benchmarks and the tests.
 
 A :class:`Child` runs one component (``python -m ferry COMPONENT …``) with a
 ready file; :meth:`Child.wait_ready` polls :meth:`Child.check_ready` (the
 ready file; every 20 ms, bounded by a deadline) and fails early, with the
 child's last log lines, if the child exits first. Another program is a
 subclass that overrides :meth:`Child.command` and :meth:`Child.check_ready`
-(:class:`ferry.etcd.LocalEtcd`: etcd, ready once ``GET /health`` says so);
+(:class:`harness.etcd.LocalEtcd`: etcd, ready once ``GET /health`` says so);
 it starts, waits, reports its pid and stops the same way.
 
 Children get SIGKILL when their parent dies (Linux ``PR_SET_PDEATHSIG``): a

@@ -13,7 +13,7 @@ after a delay from its own :class:`ferry.backoff.Backoff` (``initial`` 0.5 s,
 address pinned (``--listen 127.0.0.1:0`` becomes the address it had: clients,
 proxies and agents keep their target; a proxy behind a shared ``SO_REUSEPORT``
 port joins its siblings again), and etcd restarts on its own data dir and
-ports (:class:`ferry.etcd.LocalEtcd`; this one restart waits for etcd's
+ports (:class:`harness.etcd.LocalEtcd`; this one restart waits for etcd's
 health, up to 15 s, the others return at once and their ready file is read on
 later polls); event ``child_restarted`` with the new pid. A child that died
 ``give_up_after`` times (5) within ``window_seconds`` (60 s) is given up

@@ -7,7 +7,7 @@ require a client certificate signed by the CA; the public ``Inference`` server
 asks for none, and neither does the proxy's HTTP front door, served over TLS with the
 same certificate (:meth:`TLSConfig.server_ssl_context`). A servicer learns who called from the certificate's common name
 (:func:`peer_common_name`): ``agent``, ``proxy``, ``admin``, … as issued by
-:mod:`ferry.tlsgen` for the demo.
+:mod:`harness.tlsgen` for the demo.
 
 Rotation without a restart, one mechanism for both sides: a config read from
 files (:meth:`TLSConfig.load`) holds a :class:`CertificateFiles`, which looks

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,7 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("plane", PLANES)
 def test_planes_meet_only_on_the_wire(plane):
-    forbidden = (*(p for p in PLANES if p != plane), "ferry.cli", "tools", "tests")
+    forbidden = (*(p for p in PLANES if p != plane), "ferry_cli", "harness", "tools", "tests")
     offenders = {}
     for path in sorted((ROOT / plane).rglob("*.py")):
         bad = sorted(n for n in _imports(path) if n.split(".")[0] in forbidden or n.startswith(forbidden))
@@ -69,5 +71,53 @@ def test_shared_helpers_import_no_plane():
     for path in sorted((ROOT / "ferry").glob("*.py")):
         if path.name == "__main__.py":  # the `python -m ferry` entry point sits above the planes
             continue
-        bad = [n for n in _imports(path) if n.split(".")[0] in (*PLANES, "tools") or n.startswith("ferry.cli")]
+        bad = [n for n in _imports(path) if n.split(".")[0] in (*PLANES, "tools", "ferry_cli", "harness")]
         assert bad == [], f"{path.name} imports {bad}"
+
+
+# Who may import whom among the top-level packages, lowest first (docs/design.md, rule 5 and the top level in
+# "Where each concern lives"). Nothing but the tests imports ``tests``.
+MAY_IMPORT: dict[str, tuple[str, ...]] = {
+    "ferry": (),
+    **{plane: ("ferry",) for plane in PLANES},
+    "harness": ("ferry",),
+    "ferry_cli": ("ferry", *PLANES, "harness", "tools"),
+    "tools": ("ferry", *PLANES, "harness", "ferry_cli"),
+}
+ENTRY_POINTS = {"ferry/__main__.py": ("ferry_cli",)}  # ``python -m ferry`` is the ``ferry`` command
+
+
+def test_every_top_level_package_has_a_rule_and_is_installed():
+    found = {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    assert found == {*MAY_IMPORT, "tests"}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert set(project["tool"]["mypy"]["packages"]) == set(MAY_IMPORT)
+    include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert all(any(fnmatch.fnmatchcase(name, pattern) for pattern in include) for name in MAY_IMPORT)
+    assert not any(fnmatch.fnmatchcase("tests", pattern) for pattern in include)
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_top_level_packages_import_only_the_layers_they_may(package):
+    ours = {*MAY_IMPORT, "tests"}
+    offenders = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        allowed = {package, *MAY_IMPORT[package], *ENTRY_POINTS.get(rel, ())}
+        bad = sorted(n for n in _imports(path) if n.split(".")[0] in ours - allowed)
+        if bad:
+            offenders[rel] = bad
+    assert offenders == {}
+
+
+def test_no_tool_imports_a_commands_main_module():
+    """Helpers the tools share with the commands live in modules named for them, not in a command's ``main``."""
+    offenders = {}
+    for path in sorted((ROOT / "tools").rglob("*.py")):
+        bad = sorted(n for n in _imports(path) if n.startswith("ferry_cli") and n.rsplit(".", 1)[-1] == "main")
+        tree = ast.parse(path.read_text())
+        bad += sorted(f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                      and (node.module or "").startswith("ferry_cli") for a in node.names if a.name == "main")
+        if bad:
+            offenders[str(path.relative_to(ROOT))] = bad
+    assert offenders == {}

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("ferry", "controlplane", "dataplane", "agent", "tools")
+PACKAGES = ("ferry", "ferry_cli", "harness", "controlplane", "dataplane", "agent", "tools")
 
 
 def _sources() -> list[Path]:

@@ -8,8 +8,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ferry import grpcutil, tls, tlsgen
+from ferry import grpcutil, tls
 from ferry.errors import ConfigError
+from harness import tlsgen
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import argparse
 import tomllib
 
 from agent.replica.engine import EngineParams
-from ferry.cli.up.main import ANSWER_TOKENS, add_arguments, write_config
 from ferry.config import parse
+from ferry_cli.up.main import ANSWER_TOKENS, add_arguments, write_config
 
 
 def test_a_config_with_non_ascii_strings_round_trips(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 from tomli_w import dumps
 
 from controlplane.config import ControlPlaneSettings
-from ferry.cli.up.regions import default_rtt, region_names, with_regions
 from ferry.config import parse
+from ferry_cli.up.regions import default_rtt, region_names, with_regions
 
 
 @pytest.mark.parametrize(("count", "expected"), [(1, ["local"]), (0, ["local"]), (3, ["a", "b", "c"])],

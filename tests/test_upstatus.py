@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ferry.cli.ctl.views import supervision_rows
+from ferry_cli.ctl.views import supervision_rows
 
 
 def test_rows_come_from_pids_restarts_and_given_up() -> None:

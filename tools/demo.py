@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ferry.cli.ctl import main as ctl
 from ferry.procs import Child, ChildFailed
 from tools import replay
 from tools.fetch_traces import default_trace, trace_file
@@ -41,10 +40,17 @@ BOARD_INTERVAL = 5.0  # seconds between the board's frames during the replay
 BOARD_OUT = ROOT / "bench-results"
 
 
+def ferryctl(ready_file: Path, *args: str) -> None:
+    """``ferryctl --ready-file READY ARGS…`` in its own process, its output on this one's."""
+    sys.stdout.flush()
+    subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", str(ready_file), *args], check=False,
+                   cwd=ROOT)
+
+
 def start_board(ready_file: Path, log: Path) -> subprocess.Popen[bytes]:
     """``ferryctl board --watch`` in its own process (its frames' lines in ``log``), stopped by :func:`stop_board`."""
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", str(ready_file), "board",
+        return subprocess.Popen([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", str(ready_file), "board",
                                  "--out", str(BOARD_OUT), "--watch", "--interval", str(BOARD_INTERVAL),
                                  "--title", "Ferry: make demo, replaying the trace"],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -112,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print(f"ferry up is ready: data plane {ready['data_plane']}, control plane {ready['control_plane']}, "
                   f"{len(ready['replicas'])} replicas of {', '.join(ready['models'])}\n")
-            ctl.main(["--ready-file", str(up.ready_path), "replicas"])
+            ferryctl(up.ready_path, "replicas")
             print()
             openai_request(ready)
             board = start_board(up.ready_path, workdir / "board.log")
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 stop_board(board, workdir / "board.log")
             time.sleep(1.0)  # one telemetry interval: the table shows the fleet settled, not the last steps
             print("\nreplicas after the run (ferryctl replicas):")
-            ctl.main(["--ready-file", str(up.ready_path), "replicas"])
+            ferryctl(up.ready_path, "replicas")
             print(f"\nreport written to {ROOT / 'bench-results' / 'demo.json'}")
             return code
         finally:

@@ -64,9 +64,9 @@ from typing import Any
 
 import grpc
 
-from ferry.cli.ctl.main import AdminClient
 from ferry.procs import Child, cpu_seconds
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, inference_pb2, inference_pb2_grpc
+from ferry_cli.ctl.client import AdminClient
 from tools.peers.routers import envoy_binary_pid
 
 TIERS = (("interactive", common_pb2.TIER_INTERACTIVE, "enterprise-1"),

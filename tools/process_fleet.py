@@ -17,11 +17,11 @@ from typing import Any
 import grpc
 from tomli_w import dumps
 
-from ferry.cli.ctl.main import AdminClient
-from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
 from ferry.v1 import admin_pb2, inference_pb2_grpc
+from ferry_cli.ctl.client import AdminClient
+from ferry_cli.up.ready import wait_routable
 
 # Fast engine so tests stay short: ~2 ms decode steps, cheap prefill.
 FAST_REPLICA = {"decode_base_seconds": 0.002, "decode_seconds_per_request": 0.0001,

@@ -50,9 +50,9 @@ from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.metrics import Metrics
 from controlplane.tables.service import TableService
 from controlplane.tables.watchers import Send
+from controlplane.tasks import cancel_and_wait
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated, Unavailable
 from ferry.grpcutil import answer, status_for
-from ferry.tasks import cancel_and_wait
 from ferry.tls import peer_common_name
 from ferry.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
 

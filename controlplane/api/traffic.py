@@ -2,7 +2,7 @@
 
 The leader keeps every proxy's rows (followers relay theirs), so a follower
 answers FAILED_PRECONDITION naming the leader it knows (ferryctl asks the
-leader: :func:`ferry.cli.ctl.flow.leader`). The request's ``since_seconds``
+leader: :func:`ferry_cli.ctl.flow.leader`). The request's ``since_seconds``
 must be positive and finite, ``model`` empty or a valid name; ``max_rows``
 is capped by ``traffic_export_max_rows`` (0: that cap). Rows go out oldest
 first, ``BATCH_ROWS`` a message, read from the store a chunk at a time in a

@@ -36,8 +36,8 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.store.base import MEMBERS_PREFIX, KeyValue, Store, table_key
 from controlplane.store.mirror import Mirror
 from controlplane.tables.compute import Published
+from controlplane.tasks import TaskGroup
 from ferry.errors import FerryError
-from ferry.tasks import TaskGroup
 from ferry.tls import TLSConfig
 from ferry.v1 import admin_pb2, fleet_pb2, tables_pb2
 

@@ -52,8 +52,8 @@ from controlplane.store.base import (
     controlplane_key,
 )
 from controlplane.store.mirror import Mirror
+from controlplane.tasks import cancel_and_wait
 from ferry.errors import FerryError
-from ferry.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The leader's side of ``Admin.Follow``: one session per follower control plane.
 
 A session holds what the follower last reported (its regions, when) and a
-keep-latest :class:`ferry.mailbox.Mailbox` of tables to send, one slot per region: a newer table of a region
+keep-latest :class:`controlplane.mailbox.Mailbox` of tables to send, one slot per region: a newer table of a region
 replaces one not yet sent, so a slow follower gets the latest version of each
 region, never a backlog. A follower that opens a second stream replaces its
 first, which is closed with a reason.
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from controlplane.mailbox import Mailbox
 from ferry.errors import Overloaded
-from ferry.mailbox import Mailbox
 from ferry.v1 import tables_pb2
 
 

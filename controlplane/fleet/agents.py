@@ -1,6 +1,6 @@
 """Agent streams: one session per connected node, each with a bounded queue of commands.
 
-A session (its commands in a bounded FIFO :class:`ferry.mailbox.Mailbox`) is
+A session (its commands in a bounded FIFO :class:`controlplane.mailbox.Mailbox`) is
 opened when a stream's ``register`` is accepted and belongs to
 the member that registration created. A node that registers again on another
 stream replaces the session: the earlier stream is closed with a reason and
@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 
 from controlplane.fleet.view import Member
+from controlplane.mailbox import Mailbox
 from ferry.errors import Overloaded
-from ferry.mailbox import Mailbox
 from ferry.v1 import fleet_pb2
 
 

@@ -1,7 +1,7 @@
 """Table watchers (proxy streams) and what each proxy last applied.
 
 Each watch stream has a :class:`Watcher` with a one-slot keep-latest
-:class:`ferry.mailbox.Mailbox` of the region's newest
+:class:`controlplane.mailbox.Mailbox` of the region's newest
 :class:`controlplane.tables.feed.Push`: a newer table replaces one not yet
 sent, so a slow proxy gets the latest version, never a backlog (bounded
 memory per stream; the skipped versions are superseded). What goes out are
@@ -40,9 +40,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controlplane.mailbox import Mailbox
 from controlplane.tables.feed import Feed, Push, empty_delta, stamp
 from ferry.errors import Overloaded
-from ferry.mailbox import Mailbox
 from ferry.v1 import tables_pb2
 
 MAX_ERROR_CHARS = 1024

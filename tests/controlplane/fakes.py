@@ -18,10 +18,10 @@ from controlplane.fleet.view import FleetView, Member
 from controlplane.server import ControlPlane
 from controlplane.store.base import StoreHealth
 from controlplane.store.memory import MemoryStore
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.errors import Unavailable
 from ferry.v1 import admin_pb2, admin_pb2_grpc, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2, tables_pb2_grpc
+from ferry_cli.ctl.client import AdminClient
 
 READY = common_pb2.REPLICA_STATE_READY
 TOKEN = "test-admin-token"  # the Admin API's, in every in-process control plane here

@@ -12,9 +12,9 @@ from controlplane.engines.fit import PARAMS, Interval, fit_steps, nnls
 from controlplane.engines.service import EngineService
 from controlplane.engines.window import EngineWindows, Facts, Kind, Sample
 from controlplane.fleet.view import Member
-from ferry.cli.ctl.engines import fitted_params, row
 from ferry.errors import InvalidArgument
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
+from ferry_cli.ctl.engines import fitted_params, row
 
 TRUE = {"prefill_base_seconds": 0.003, "prefill_seconds_per_token": 25e-6, "decode_base_seconds": 0.009,
         "decode_seconds_per_request": 0.0004}

@@ -4,7 +4,7 @@
 Two simulated replicas of one kind (non-default parameters) on one node, its agent telemetry every 0.2 s to an
 in-process control plane, a varied load for about four seconds straight into the replicas' runners (bursts and
 pauses, prompts of 0 to 3,000 uncached tokens, answers of 1 to 40 tokens), then the leader's fit read through
-ferryctl and turned back into ``EngineParams`` with :func:`ferry.cli.ctl.engines.fitted_params`. The runner steps
+ferryctl and turned back into ``EngineParams`` with :func:`ferry_cli.ctl.engines.fitted_params`. The runner steps
 on the model's clock (agent.replica.runner), so the wall time the fit sees is the modelled time plus at most one
 step's lateness per busy period: 10 % holds on a loaded 2-core machine (the fit's own error is printed).
 """
@@ -23,9 +23,9 @@ from agent.config import AgentSettings
 from agent.inventory import ReplicaSpec
 from agent.replica.engine import EngineParams
 from agent.replica.server import SimulatedReplica
-from ferry.cli.ctl import main as ferryctl
-from ferry.cli.ctl.engines import STEP_PARAMS, fitted_params
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl import main as ferryctl
+from ferry_cli.ctl.engines import STEP_PARAMS, fitted_params
 from tests.controlplane.fakes import TOKEN, Harness
 
 TRUE = EngineParams(

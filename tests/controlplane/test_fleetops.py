@@ -12,9 +12,9 @@ from controlplane.api.auth import AdminAuth
 from controlplane.config import ControlPlaneSettings
 from controlplane.server import ControlPlane
 from controlplane.store.memory import MemoryStore
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
+from ferry_cli.ctl.client import AdminClient
 from tests.controlplane.fakes import TOKEN, FakeAgent, Harness, load, register, replica, routed
 
 KIND = fleet_pb2.Command

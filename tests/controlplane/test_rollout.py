@@ -26,10 +26,10 @@ from controlplane.store.base import rollout_key
 from controlplane.store.intent import IntentCache
 from controlplane.store.memory import MemoryStore
 from controlplane.tables.compute import compute_tables
-from ferry.cli.ctl.main import main
 from ferry.config import ModelConfig
 from ferry.errors import InvalidArgument, NotFound
 from ferry.v1 import admin_pb2, common_pb2
+from ferry_cli.ctl.main import main
 from tests.controlplane.fakes import TOKEN, WAIT, FakeClock, FlakyStore, Harness, fleet_with, register, replica, routed
 
 A = admin_pb2.RolloutRequest

@@ -16,10 +16,10 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.server import ControlPlane
 from controlplane.store.memory import MemoryStore
 from controlplane.tenants import records as tenants
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import TIERS, TenantConfig, hash_api_key
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.v1 import admin_pb2, tables_pb2
+from ferry_cli.ctl.client import AdminClient
 from tests.controlplane.fakes import TOKEN, WAIT, FakeClock, FlakyStore, Harness
 
 H1 = "a" * 64

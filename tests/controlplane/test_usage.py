@@ -21,8 +21,8 @@ from controlplane.tables.usage import (
     tier_views,
     usage_rows,
 )
-from ferry.cli.ctl.top import frame_rows
 from ferry.v1 import admin_pb2, tables_pb2
+from ferry_cli.ctl.top import frame_rows
 from tests.controlplane.fakes import WAIT, FakeClock, FakeProxy, Harness, Pair
 
 

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from ferry.cli.ctl import board
-from ferry.cli.ctl import boardgraph as g
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.main import build_parser
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl import board
+from ferry_cli.ctl import boardgraph as g
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.main import build_parser
 
 ID = r'"(?:[^"\\]|\\.)*"'
 EDGE = re.compile(rf'^  ({ID}) -> ({ID}) \[label="(.*?)", dir=forward(.*)\];$')

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ferry.cli.ctl.main import build_parser
-from ferry.cli.ctl.traffic import KEYS, parse_duration, summary, trace_lines
 from ferry.v1 import tables_pb2
+from ferry_cli.ctl.main import build_parser
+from ferry_cli.ctl.traffic import KEYS, parse_duration, summary, trace_lines
 from tools.trace import load
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ferry.cli.ctl.main import EXIT_USAGE, main
+from ferry_cli.ctl.main import EXIT_USAGE, main
 from tests.sim.recording import FLEET, conversations
 
 

@@ -15,7 +15,7 @@ files, changing only what a cluster provides and a laptop does not:
   ``127.0.0.1:<the pod's port for P>``;
 - Services: ``NAME:PORT`` becomes the comma-separated local addresses of the
   pods its selector picks (the components take a list of addresses where a
-  cluster gives one virtual IP); the Service ``etcd`` is a :class:`ferry.etcd.LocalEtcd`;
+  cluster gives one virtual IP); the Service ``etcd`` is a :class:`harness.etcd.LocalEtcd`;
 - a container of another image (Triton) is a stand-in given by the test,
   whose bound ports become the pod's.
 """
@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from ferry.etcd import LocalEtcd, etcd_binary, free_port
 from ferry.procs import Child, stop_all
+from harness.etcd import LocalEtcd, etcd_binary, free_port
 from tests.deploy.test_dockerfile import RUN, args_of
 
 Obj = dict[str, Any]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.deploy.conftest import ROOT, find
 
-PACKAGES = ("ferry", "controlplane", "dataplane", "agent", "tools")
+PACKAGES = ("ferry", "ferry_cli", "harness", "controlplane", "dataplane", "agent", "tools")
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
@@ -52,7 +52,7 @@ def test_the_build_installs_the_project_from_wheels_of_its_pinned_versions() -> 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert all(re.fullmatch(r"[A-Za-z0-9_.\[\]-]+==[\w.]+", d) for d in project["dependencies"]), \
         "every runtime dependency is pinned with =="
-    assert project["scripts"]["ferry"] == "ferry.cli.main:main"
+    assert project["scripts"]["ferry"] == "ferry_cli.main:main"
     copied = {rest.split()[0] for rest in args_of(BUILD, "COPY")}
     assert copied == {"pyproject.toml", *PACKAGES}
     (run,) = args_of(BUILD, "RUN")

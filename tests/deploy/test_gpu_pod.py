@@ -55,7 +55,7 @@ def test_the_gpu_pod_asks_for_a_whole_8_gpu_node_and_says_so_to_its_agent(render
 def ctl(address: str, token: str, *args: str) -> Any:
     """``ferryctl --control-plane ADDRESS ARGS --json`` with the admin token in the environment."""
     env = {**os.environ, "FERRY_ADMIN_TOKEN": token}
-    done = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--control-plane", address, *args, "--json"],
+    done = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--control-plane", address, *args, "--json"],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

@@ -27,8 +27,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ferry.cli.ctl.main import AdminClient
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli.ctl.client import AdminClient
 from tests.deploy.conftest import ROOT
 from tests.deploy.local import LocalCluster, Pod, StandIn, local_cluster
 from tests.e2e.harness import wait_for
@@ -88,7 +88,7 @@ def add_tenant(addresses: list[str], token: str, key: str) -> None:
     env = {**os.environ, "FERRY_ADMIN_TOKEN": token}
     answers = []
     for address in addresses:
-        done = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--control-plane", address, "tenants",
+        done = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--control-plane", address, "tenants",
                                "add", "demo", "--plan", "enterprise", "--api-key", key],
                               capture_output=True, text=True, env=env, timeout=30, check=False)
         if done.returncode == 0:

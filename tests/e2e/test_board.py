@@ -47,7 +47,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def board(up: dict[str, Any], out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], "board",
+    return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"], "board",
                            "--out", str(out), *flags], capture_output=True, text=True, timeout=120, env=ENV)
 
 
@@ -147,7 +147,7 @@ def test_bad_flags_and_a_missing_dot_are_refused(up: dict[str, Any], tmp_path: P
     result = board(up, tmp_path, "--interval", "0")
     assert result.returncode == 2 and "--interval" in result.stderr
     env = {**ENV, "PATH": str(tmp_path)}
-    missing = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], "board",
+    missing = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"], "board",
                               "--out", str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert missing.returncode == 2 and "graphviz" in missing.stderr
     assert not (tmp_path / "board.svg").exists()

@@ -54,7 +54,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(up: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], *args],
+    return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"], *args],
                           capture_output=True, text=True, timeout=60, env=ENV)
 
 

@@ -20,9 +20,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tomli_w import dumps
 
-from ferry.etcd import free_port
 from ferry.procs import Child, stop_all
 from ferry.v1 import common_pb2, inference_pb2
+from harness.etcd import free_port
 from tests.e2e.harness import wait_for
 from tools.process_fleet import FAST_REPLICA
 

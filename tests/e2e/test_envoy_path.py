@@ -34,10 +34,10 @@ import numpy as np
 import pytest
 from tomli_w import dumps
 
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import hash_api_key
 from ferry.procs import Child
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.client import AdminClient
 from tests.e2e.harness import wait_for
 from tools.process_fleet import FAST_REPLICA
 

@@ -39,7 +39,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", *args], capture_output=True, text=True,
                           timeout=60, env=env or ENV)
 
 
@@ -214,11 +214,12 @@ BOTH_MODES: list[tuple[str, ...]] = [
 
 
 def test_every_command_runs_in_both_output_modes(up: dict[str, Any]) -> None:
-    from ferry.cli.ctl.main import COMMANDS, LOCAL
+    from ferry_cli.ctl.main import COMMANDS
 
     drawn = {"board"}  # both modes in tests/e2e/test_board.py (it writes files and needs graphviz)
-    drawn |= set(LOCAL)  # what-if and tune: tests/ctl (on files), tests/e2e/test_traffic_export.py (--since)
-    assert {args[0] for args in BOTH_MODES} == set(COMMANDS) - drawn, "a command the parser has is missing here"
+    drawn |= {c.name for c in COMMANDS if c.local}  # what-if, tune: tests/ctl (on files), test_traffic_export (--since)
+    remote = {c.name for c in COMMANDS if c.remote}
+    assert {args[0] for args in BOTH_MODES} == remote - drawn, "a command the parser has is missing here"
     for json_first in (False, True):  # each write pair runs once human-first, once JSON-first
         for i, args in enumerate(BOTH_MODES):
             as_json = json_first == (i % 2 == 0)

@@ -43,7 +43,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", *args], capture_output=True, text=True,
                           timeout=60, env=ENV)
 
 

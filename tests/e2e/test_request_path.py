@@ -126,7 +126,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run_ctl(*args: str) -> subprocess.CompletedProcess[str]:
-    code = "import sys; from ferry.cli.ctl.main import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from ferry_cli.ctl.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60)
 
 

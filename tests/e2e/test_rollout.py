@@ -134,7 +134,7 @@ class Load:
 
 
 def ferryctl(fleet: Fleet, *args: str) -> dict[str, Any]:
-    code = "import sys; from ferry.cli.ctl.main import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from ferry_cli.ctl.main import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", code, "--control-plane", fleet.cp_address, "--admin-token",
                            fleet.admin_token, "--json", "rollout", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

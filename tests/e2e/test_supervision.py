@@ -50,7 +50,7 @@ def test_killed_proxy_and_node_are_restarted_behind_the_same_address(tmp_path: P
         assert exited[0]["component"] == "proxy-1" and exited[0]["signal"] == "SIGKILL"
         call = _call(up.ready_path)
         assert call.returncode == 0, call.stderr
-        status = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", str(up.ready_path),
+        status = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", str(up.ready_path),
                                  "status", "--json"], capture_output=True, text=True, timeout=60)
         assert status.returncode == 0, status.stderr
         rows = {r["component"]: r for r in json.loads(status.stdout)["supervision"]}

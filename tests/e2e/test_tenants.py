@@ -40,7 +40,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(up: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], *args],
+    return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"], *args],
                           capture_output=True, text=True, timeout=60, env=ENV)
 
 
@@ -115,7 +115,7 @@ def test_refusals_name_the_field_and_usage_errors_exit_2(up: dict[str, Any]) -> 
 
 
 def test_completion_knows_the_tenants_actions() -> None:
-    script = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "completion", "bash"], capture_output=True,
+    script = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "completion", "bash"], capture_output=True,
                             text=True, timeout=60, env=ENV)
     line = next(w for w in script.stdout.splitlines() if w.strip().startswith("tenants)"))
     words = set(line.replace("'", " ").split())

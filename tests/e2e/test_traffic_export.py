@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
-from ferry.cli.ctl.traffic import KEYS
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli.ctl.traffic import KEYS
 from tests.e2e.harness import wait_for
 from tests.e2e.test_usage_views import ENV, start_up
 from tools.trace import load
@@ -29,7 +29,7 @@ PROMPTS = [f"{SHARED} tail{i} question{i}" for i in range(4)] + [f"alone{i} " * 
 
 
 def export(up: dict[str, Any], out: Path) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], "traffic",
+    result = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"], "traffic",
                              "export", "--since", "10m", "-o", str(out)],
                             capture_output=True, text=True, timeout=60, env=ENV)
     assert result.returncode == 0, result.stderr
@@ -107,7 +107,7 @@ def test_what_if_and_tune_on_the_control_planes_recording(tmp_path: Path) -> Non
         wait_for(recorded, 20, "every request recorded", interval=0.5)
 
         def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"],
+            return subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"],
                                    *args], capture_output=True, text=True, timeout=120, env=ENV)
 
         what = ctl("what-if", "--since", "10m", "--config", str(candidate), "--resamples", "50", "--json")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ferry.cli.up.main import ordered_models
 from ferry.procs import Child, stop_all
+from ferry_cli.up.ready import ordered_models
 
 
 class Replicas(Child):

@@ -21,9 +21,9 @@ from typing import Any
 import grpc
 import pytest
 
-from ferry.cli.ctl import flow as ctlflow
 from ferry.procs import Child
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli.ctl import flow as ctlflow
 from tests.e2e.harness import wait_for
 
 ENV = {k: v for k, v in os.environ.items() if k not in ("FERRY_ADMIN_TOKEN", "FERRY_CONTROL_PLANE")}
@@ -50,7 +50,7 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def ctl(up: dict[str, Any], *args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", up["ready_file"], *args],
+    result = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", up["ready_file"], *args],
                             capture_output=True, text=True, timeout=60, env=ENV)
     assert result.returncode == 0, result.stderr
     return result.stdout

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import grpc
 
-from ferry.cli.up.main import wait_routable
 from ferry.process import read_ready_file
 from ferry.procs import Child
 from ferry.v1 import common_pb2, inference_pb2
+from ferry_cli.up.ready import wait_routable
 from tests.e2e.harness import wait_for
 from tests.e2e.test_drain import SLOW_REPLICA, TOKENS, run_stream
 

@@ -52,8 +52,8 @@ from dataplane.envoy.bootstrap import (
 )
 from dataplane.envoy.process import EnvoyProcess, envoy_binary, start_envoy, write_endpoints
 from dataplane.epp.protocol import ANSWER_NAMESPACE
-from ferry import tlsgen
 from ferry.errors import ConfigError
+from harness import tlsgen
 from tests.security.test_client_reload import SecretMount
 
 PICKERS = ["127.0.0.1:9001", "127.0.0.1:9002"]
@@ -428,7 +428,7 @@ class Replica:
 
 
 def _tls_files(tmp_path: Path) -> TlsFiles:
-    """A throw-away CA in ``tmp_path/pki`` and a certificate for 127.0.0.1 (:mod:`ferry.tlsgen`)."""
+    """A throw-away CA in ``tmp_path/pki`` and a certificate for 127.0.0.1 (:mod:`harness.tlsgen`)."""
     tlsgen.generate(tmp_path / "pki", ("envoy",))
     return TlsFiles(cert_path=str(tmp_path / "pki" / "envoy.pem"), key_path=str(tmp_path / "pki" / "envoy.key"))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ferry.etcd import LocalEtcd, etcd_binary
+from harness.etcd import LocalEtcd, etcd_binary
 from tests.etcd.harness import EtcdFleet
 
 

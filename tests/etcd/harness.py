@@ -20,12 +20,12 @@ from typing import Any
 import grpc
 from tomli_w import dumps
 
-from ferry.cli.ctl.main import AdminClient
-from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
-from ferry.etcd import LocalEtcd
 from ferry.procs import Child, stop_all
 from ferry.v1 import admin_pb2, common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli.ctl.client import AdminClient
+from ferry_cli.up.ready import wait_routable
+from harness.etcd import LocalEtcd
 from tests.e2e.harness import wait_for
 from tools.process_fleet import FAST_REPLICA
 

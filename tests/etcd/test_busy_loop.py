@@ -17,7 +17,7 @@ import pytest
 from controlplane.cluster.election import Election
 from controlplane.store.etcd import EtcdStore, LoopLate
 from ferry.errors import Unavailable
-from ferry.etcd import LocalEtcd
+from harness.etcd import LocalEtcd
 
 BLOCK = 3.0  # seconds the loop is held
 TTL = 2.0

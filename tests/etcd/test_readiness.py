@@ -13,8 +13,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tomli_w import dumps
 
-from ferry.etcd import LocalEtcd
 from ferry.procs import Child
+from harness.etcd import LocalEtcd
 from tests.e2e.harness import wait_for
 from tests.e2e.test_drain import NOT_SERVING, SERVING, health
 

@@ -16,8 +16,8 @@ from controlplane.scaling.service import ScalingService, ScalingSettings
 from controlplane.store.etcd import EtcdStore
 from controlplane.tables.usage import Figures
 from ferry.errors import Unavailable
-from ferry.etcd import LocalEtcd
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
+from harness.etcd import LocalEtcd
 
 T0 = 20_000 * DAY
 

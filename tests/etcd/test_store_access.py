@@ -14,10 +14,10 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.store.etcd import EtcdStore, parse_endpoint
 from controlplane.store.etcdaccess import EtcdAccess, TokenAuth
 from ferry.errors import ConfigError, Unavailable
-from ferry.etcd import LocalEtcd, etcd_binary, free_port
 from ferry.procs import Child
 from ferry.tls import TLSConfig
-from ferry.tlsgen import generate
+from harness.etcd import LocalEtcd, etcd_binary, free_port
+from harness.tlsgen import generate
 from tests.e2e.harness import wait_for
 from tests.etcd.test_store_up import store_up
 

@@ -12,7 +12,7 @@ import pytest
 from controlplane.store.base import LeaseNotFound
 from controlplane.store.etcd import EtcdStore, parse_endpoint
 from ferry.errors import Overloaded, Unavailable
-from ferry.etcd import LocalEtcd
+from harness.etcd import LocalEtcd
 from tests.controlplane.store_suite import *  # noqa: F403  (the shared behaviour, run on this backend)
 from tests.controlplane.store_suite import Backend, until
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tomli_w import dumps
 
-from ferry.etcd import LocalEtcd
 from ferry.procs import Child
+from harness.etcd import LocalEtcd
 from tests.e2e.harness import wait_for
 
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ferry.cli.up.main import wait_routable
 from ferry.procs import Child
+from ferry_cli.up.ready import wait_routable
 from tools.process_fleet import Fleet
 
 SETTINGS = settings(max_examples=500, deadline=None, derandomize=True,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ferry import tls, tlsgen
+from ferry import tls
+from harness import tlsgen
 
 ROLES = ("controlplane", "proxy", "agent", "admin", "node")
 

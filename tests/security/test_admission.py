@@ -20,10 +20,10 @@ from controlplane.config import ControlPlaneSettings
 from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.server import ControlPlane
 from ferry import tls
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
 from ferry.errors import Overloaded
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
+from ferry_cli.ctl.client import AdminClient
 from tests.controlplane.fakes import GRACE, TOKEN, FakeAgent, FakeClock, Harness, fleet_with, register, replica
 
 JOIN = "fjt_secret-join-token"

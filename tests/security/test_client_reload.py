@@ -1,4 +1,4 @@
-"""Client certificates renewed without a restart, over real mutual TLS (certificates from :mod:`ferry.tlsgen`).
+"""Client certificates renewed without a restart, over real mutual TLS (certificates from :mod:`harness.tlsgen`).
 
 The client's files live in a directory laid out as the kubelet mounts a Secret (:class:`SecretMount`:
 ``ca.crt``, ``tls.crt``, ``tls.key`` are symlinks into ``..data``, a symlink to a timestamped directory
@@ -36,10 +36,11 @@ from controlplane.api.join import Admission
 from controlplane.config import ControlPlaneSettings
 from controlplane.server import ControlPlane
 from dataplane.forward.clients import ClientPool, default_factory
-from ferry import tls, tlsgen
+from ferry import tls
 from ferry.errors import ConfigError
 from ferry.grpcutil import start_server
 from ferry.v1 import fleet_pb2_grpc
+from harness import tlsgen
 from tests.agent.helpers import until
 from tests.controlplane.fakes import FakeClock
 
@@ -81,7 +82,7 @@ class SecretMount:
             shutil.rmtree(previous)
 
     def write_files(self, directory: Path, name: str) -> None:
-        """The CA of ``directory`` and ``name``'s certificate and key there (as :mod:`ferry.tlsgen` wrote them)."""
+        """The CA of ``directory`` and ``name``'s certificate and key there (as :mod:`harness.tlsgen` wrote them)."""
         self.write((directory / "ca.pem").read_bytes(), (directory / f"{name}.pem").read_bytes(),
                    (directory / f"{name}.key").read_bytes())
 

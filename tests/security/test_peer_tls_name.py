@@ -18,8 +18,8 @@ import pytest
 
 from controlplane.cluster.election import PlaneInfo
 from controlplane.cluster.leaderlink import LeaderLink
-from ferry.tlsgen import generate
 from ferry.v1 import admin_pb2, admin_pb2_grpc
+from harness.tlsgen import generate
 
 pytestmark = pytest.mark.timeout(30)
 

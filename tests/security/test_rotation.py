@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ferry import tlsgen
 from ferry.procs import Child
+from harness import tlsgen
 from tests.e2e.harness import wait_for
 
 

@@ -41,7 +41,7 @@ def ferry(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 
 def ctl(*args: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("FERRY_")}
-    code = "import sys; from ferry.cli.ctl.main import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from ferry_cli.ctl.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60, env=clean)
 
 

@@ -67,7 +67,7 @@ def test_routes_unary_and_streams_to_real_triton_then_survives_drain_and_kill(tr
         assert len(chunks) >= 3, "a real decoupled model streams several responses"
 
         # Telemetry from real Triton is visible to operators.
-        listing = subprocess.run([sys.executable, "-c", "import sys; from ferry.cli.ctl.main import main; "
+        listing = subprocess.run([sys.executable, "-c", "import sys; from ferry_cli.ctl.main import main; "
                                   "sys.exit(main(sys.argv[1:]))", "--control-plane", fleet.cp_address,
                                   "--admin-token", fleet.admin_token, "replicas", "--json"],
                                  capture_output=True, text=True, timeout=30)

@@ -51,11 +51,11 @@ from tomli_w import dumps
 
 from controlplane.fleet.view import FleetView
 from controlplane.tables.compute import RouteRows, compute_tables
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
-from ferry.etcd import LocalEtcd
 from ferry.procs import Child, cpu_seconds, stop_all
 from ferry.v1 import admin_pb2, fleet_pb2
+from ferry_cli.ctl.client import AdminClient
+from harness.etcd import LocalEtcd
 from tools.bench.store import Agents, Proxies, etcd_counters, loads, ms, registration, routed
 from tools.drills import rss_bytes
 

@@ -36,10 +36,10 @@ from typing import Any
 from tomli_w import dumps
 
 from agent.replica.engine import EngineParams
-from ferry.cli.ctl.engines import FACTS, STEP_PARAMS, fitted_params
-from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
+from ferry_cli.ctl.engines import FACTS, STEP_PARAMS, fitted_params
+from ferry_cli.up.ready import wait_routable
 from tools.fetch_traces import BUNDLED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,10 +141,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"replay failed:\n{replay.stdout}\n{replay.stderr}")
             time.sleep(2.0)  # the last intervals: sent within a telemetry interval, relayed within a tick
             reply = subprocess.run(
-                [sys.executable, "-m", "ferry.cli.ctl.main", "--control-plane", cp_addr, "--admin-token", token,
+                [sys.executable, "-m", "ferry_cli.ctl.main", "--control-plane", cp_addr, "--admin-token", token,
                  "engines", "--json"], cwd=ROOT, capture_output=True, text=True, check=True)
             human = subprocess.run(
-                [sys.executable, "-m", "ferry.cli.ctl.main", "--control-plane", cp_addr, "--admin-token", token,
+                [sys.executable, "-m", "ferry_cli.ctl.main", "--control-plane", cp_addr, "--admin-token", token,
                  "engines"], cwd=ROOT, capture_output=True, text=True, check=True)
         finally:
             stop_all(children)

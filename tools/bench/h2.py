@@ -75,11 +75,11 @@ from typing import Any
 
 from tomli_w import dumps
 
-from ferry.cli.up.main import wait_routable
-from ferry.etcd import free_port
 from ferry.grpcutil import split_address
 from ferry.procs import Child, stop_all
 from ferry.v1 import common_pb2, inference_pb2
+from ferry_cli.up.ready import wait_routable
+from harness.etcd import free_port
 from tools.bench.overhead import direct_request, served
 from tools.bench.rig import MODEL, PROMPT, ROOT, Fleet, proxy_ids, rig_config
 from tools.peers.procs import cpu_seconds, tree

@@ -26,7 +26,7 @@ the workers share the machine's cores, so the ratio is bounded by the CPU
 left to the proxies, not by the proxies alone.
 ``--trace`` runs the proxies with every request traced (:mod:`dataplane.tracing`),
 exported to an OTLP receiver in the load generator that only counts the traces
-(:class:`ferry.cli.up.traces.TraceSink`): run it with and without to read
+(:class:`ferry_cli.up.traces.TraceSink`): run it with and without to read
 tracing's cost per request (docs/operations.md, Traces).
 Writes ``bench-results/overhead.json``.
 """
@@ -46,9 +46,9 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ferry.cli.up.traces import TraceSink, proxy_settings
 from ferry.procs import cpu_seconds
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli.up.traces import TraceSink, proxy_settings
 from tools.bench.rig import PROMPT, ROOT, Fleet, compare, difference, one_replica_fleet, print_rows
 
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="connections per proxy in the workers comparison (each calling task keeps one)")
     p.add_argument("--trace", action="store_true",
                    help="trace every request (dataplane.tracing) to an OTLP receiver in this process, which "
-                        "counts what it is sent (ferry.cli.up.traces)")
+                        "counts what it is sent (ferry_cli.up.traces)")
     p.add_argument("--out", default=str(ROOT / "bench-results" / "overhead.json"))
     args = p.parse_args(argv)
     if not 1 <= args.workers <= 64 or not 1 <= args.channels <= 256:

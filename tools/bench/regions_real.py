@@ -55,10 +55,10 @@ import grpc
 from tomli_w import dumps
 
 from agent.replica.engine import EngineParams
-from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli.up.ready import wait_routable
 from tools.sim.regions import replica_capacity
 
 REPLICA = {"max_running": 16, "decode_base_seconds": 0.02, "decode_seconds_per_request": 0.0,

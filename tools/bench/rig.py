@@ -26,9 +26,9 @@ from typing import Any
 
 from tomli_w import dumps
 
-from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
 from ferry.procs import Child, stop_all
+from ferry_cli.up.ready import wait_routable
 from tools.report import percentile
 
 ROOT = Path(__file__).resolve().parents[2]

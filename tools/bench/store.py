@@ -75,13 +75,13 @@ from controlplane.tables.compute import TableVersions, compute_tables
 from controlplane.tables.delta import table_delta
 from controlplane.tables.feed import stamp
 from ferry.backoff import Backoff
-from ferry.cli.ctl.main import AdminClient
 from ferry.config import ModelConfig
-from ferry.etcd import LocalEtcd
 from ferry.grpcutil import StreamWriter
 from ferry.procs import Child, stop_all
 from ferry.tabledelta import DeltaMismatch, apply_delta
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2, fleet_pb2_grpc, tables_pb2
+from ferry_cli.ctl.client import AdminClient
+from harness.etcd import LocalEtcd
 from tools.report import percentile
 
 ROOT = Path(__file__).resolve().parents[2]

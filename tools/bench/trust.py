@@ -105,7 +105,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def ferryctl(ready: Path, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
     """``ferryctl --ready-file READY ARGS`` as an operator runs it; raises with its stderr on failure."""
-    done = subprocess.run([sys.executable, "-m", "ferry.cli.ctl.main", "--ready-file", str(ready), *args],
+    done = subprocess.run([sys.executable, "-m", "ferry_cli.ctl.main", "--ready-file", str(ready), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     if done.returncode:
         raise ProcFailed(f"ferryctl {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-800:]}")

@@ -27,9 +27,9 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.views import print_table
 
 HELP = "tenants kept in the store: list, add NAME, set NAME, remove NAME (API keys are stored as sha256)"
 ACTIONS = ("list", "add", "set", "remove")

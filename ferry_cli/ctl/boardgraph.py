@@ -2,7 +2,7 @@
 
 Pure: :func:`to_dot` reads a :class:`Snapshot` and returns a string; the I/O
 (asking the Admin API, scraping metrics, running ``dot``) is
-:mod:`ferry.cli.ctl.board`. Layout is Graphviz's ``dot`` (ranked, left to
+:mod:`ferry_cli.ctl.board`. Layout is Graphviz's ``dot`` (ranked, left to
 right: services, proxies, tier queues, nodes, then the control side),
 not placed by hand; the legend is the graph's label, under the picture.
 

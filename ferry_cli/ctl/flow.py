@@ -26,8 +26,8 @@ from typing import Any
 
 import grpc
 
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.views import print_table
 
 Connect = Callable[[str], AbstractContextManager[Any]]
 TIER_COLUMNS = ["region", "tier", "reserved_share", "reserved", "quota", "lent", "rate_per_s", "offered_per_s",
@@ -97,14 +97,15 @@ def cmd_spill(stub: Any, args: argparse.Namespace, connect: Connect, timeout: fl
           "no region pairs: one region, or no round trips configured (region_rtt_ms)")
 
 
-def add_commands(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``tiers`` and ``spill`` with ferryctl's ``add(name, help)``."""
-    add("tiers", "per region and tier: quota (reserved, lent) and the proxies' rate, queue, p99, shed").add_argument(
-        "--region", default="", help="only this region")
-    add("spill", "per region pair: spill weight, round trip and the rate spilled").add_argument(
-        "--region", default="", help="only pairs from this region")
+TIERS_HELP = "per region and tier: quota (reserved, lent) and the proxies' rate, queue, p99, shed"
+SPILL_HELP = "per region pair: spill weight, round trip and the rate spilled"
 
 
-COMMANDS: dict[str, Callable[[Any, argparse.Namespace, Connect, float], None]] = {
-    "tiers": cmd_tiers, "spill": cmd_spill,
-}
+def tiers_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl tiers``'s arguments."""
+    parser.add_argument("--region", default="", help="only this region")
+
+
+def spill_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl spill``'s arguments."""
+    parser.add_argument("--region", default="", help="only pairs from this region")

@@ -7,7 +7,7 @@ second, the share of them that repeated a payload the same proxy had seen
 within the window, the GPU-seconds those duplicates took (what a cache would
 have saved: per second and over the window), the cache hits per second, and
 on how many of the reporting proxies the cache is on. Asked of the leader
-(it holds every proxy's report; :func:`ferry.cli.ctl.flow.leader`). Human
+(it holds every proxy's report; :func:`ferry_cli.ctl.flow.leader`). Human
 table by default; ``--json`` prints the rows as a JSON list.
 """
 
@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from typing import Any
 
-from ferry.cli.ctl.flow import Connect, human, leader
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.flow import Connect, human, leader
+from ferry_cli.ctl.views import print_table
 
 HELP = "per model (or tenant): duplicate rate of deterministic requests, GPU-seconds a cache saves, cache on/off"
 COLUMNS = ["model", "tenant", "deterministic_per_s", "duplicate_share", "saved_gpu_s_per_s", "saved_gpu_s",
@@ -53,8 +52,7 @@ def cmd_cache(stub: Any, args: argparse.Namespace, connect: Connect, timeout: fl
         print("no measurement yet: no proxy has reported a deterministic request (temperature 0 or a seed)")
 
 
-def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``cache`` with ferryctl's ``add(name, help)``."""
-    p = add("cache", HELP)
-    p.add_argument("--model", default="", help="only this model")
-    p.add_argument("--by-tenant", action="store_true", help="one row per (model, tenant)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl cache``'s arguments."""
+    parser.add_argument("--model", default="", help="only this model")
+    parser.add_argument("--by-tenant", action="store_true", help="one row per (model, tenant)")

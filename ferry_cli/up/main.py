@@ -28,14 +28,14 @@ port chosen by the kernel, the others bind the same one (gRPC servers set
 ``--trace-stdout`` traces every request of the proxies and pickers and
 prints each finished trace's span tree with durations to standard output
 (``--trace-file PATH``: appended to PATH), through an OTLP receiver in this
-process (:mod:`ferry.cli.up.traces`; ``traces`` in the ready file).
+process (:mod:`ferry_cli.up.traces`; ``traces`` in the ready file).
 It makes up a fresh admin token for the Admin API, hands it to its control
 planes in a file of the workdir (mode 0600, ``--admin-token-file``) and puts
 it in the ready file, where ``ferryctl --ready-file`` finds it.
 
 ``--store`` chooses where the fleet's state lives: ``memory`` (the default:
 the embedded store, one control plane), ``etcd`` (a local etcd started
-through :mod:`ferry.etcd`, a child like the others, in a temporary data dir
+through :mod:`harness.etcd`, a child like the others, in a temporary data dir
 that is deleted at the end, stopped after the control planes; the ready file
 gains ``etcd``, its client address, and ``pids["etcd"]``) or ``etcd://host:port`` (an external one).
 With etcd, the control planes elect a leader and every proxy and node is
@@ -44,7 +44,7 @@ one, so the agents spread over them).
 
 Transport: by default every child runs with ``--insecure`` (plain text on
 loopback). ``--tls`` makes a throw-away CA and certificates in the workdir
-(:mod:`ferry.tlsgen`: ``controlplane``, ``proxy``, ``agent``, ``admin``), runs
+(:mod:`harness.tlsgen`: ``controlplane``, ``proxy``, ``agent``, ``admin``), runs
 every child with its certificate (mutual TLS inside, TLS on the public API)
 and adds ``tls`` (``ca``, ``client_cert``, ``client_key``: the operator's
 certificate, common name ``admin``) to the ready file, where ``ferry call``
@@ -67,20 +67,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-import grpc
 from prometheus_client import start_http_server
 from tomli_w import dumps
 
-from ferry import clienttls, tlsgen
-from ferry.cli.ctl.main import AdminClient
-from ferry.cli.up.regions import region_names, with_regions
-from ferry.cli.up.traces import TraceSink, proxy_settings
 from ferry.config import hash_api_key
-from ferry.etcd import LocalEtcd, etcd_binary
 from ferry.process import write_ready_file
 from ferry.procs import Child, ChildFailed, stop_all
 from ferry.supervise import Supervisor
-from ferry.v1 import admin_pb2
+from ferry_cli import clienttls
+from ferry_cli.up.ready import served_models, wait_routable
+from ferry_cli.up.regions import region_names, with_regions
+from ferry_cli.up.traces import TraceSink, proxy_settings
+from harness import tlsgen
+from harness.etcd import LocalEtcd, etcd_binary
 
 DEFAULT_MODELS = ("chat-large", "chat-small")
 MODEL_GPUS = {"chat-large": 8, "chat-small": 1}
@@ -103,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", default="local")
     parser.add_argument("--regions", type=int, default=1,
                         help="lay out N regions a, b, c, … with a proxy each and round trips between them "
-                             "(ferry.cli.up.regions; default 1: --region only)")
+                             "(ferry_cli.up.regions; default 1: --region only)")
     parser.add_argument("--config", help="a config file; its tenants and models replace the made-up ones")
     parser.add_argument("--ready-file", help="write the addresses and API keys here once everything is ready")
     parser.add_argument("--workdir", help="keep config, ready files and logs here (default: a temporary folder)")
@@ -123,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "without it the children run with --insecure")
     parser.add_argument("--trace-stdout", action="store_true",
                         help="trace every request of the proxies and pickers and print each finished trace's spans, "
-                             "with their durations, as an indented tree (ferry.cli.up.traces)")
+                             "with their durations, as an indented tree (ferry_cli.up.traces)")
     parser.add_argument("--trace-file", metavar="PATH",
                         help="as --trace-stdout, into PATH (appended) instead of standard output")
     parser.add_argument("--batch-gpus", type=int, default=0, metavar="N",
@@ -158,7 +157,7 @@ def write_config(user_path: str | None, models: list[str], regions: list[str],
                  trace_endpoint: str = "") -> tuple[dict[str, Any], dict[str, str]]:
     """Write the run's config file at ``path``: the user's ``--config`` (if any) with the made-up tenants,
     models and region layout it lacks, and with ``trace_endpoint``, the proxies' traces sent there
-    (:func:`ferry.cli.up.traces.proxy_settings`). Returns the config written and the API keys made up."""
+    (:func:`ferry_cli.up.traces.proxy_settings`). Returns the config written and the API keys made up."""
     user = tomllib.loads(Path(user_path).read_text(encoding="utf-8")) if user_path else {}
     config, keys = build_config(user, models, answer_tokens)
     config = with_regions(config, regions)
@@ -407,53 +406,6 @@ class Fleet:
             self.traces.stop()
         if self._trace_out is not None:
             self._trace_out.close()
-
-
-def wait_routable(cp_addr: str, expected: set[str], proxy_id: str, timeout: float, children: list[Child],
-                  *, nodes_with_any: set[str] | None = None, admin_token: str | None = None,
-                  credentials: grpc.ChannelCredentials | None = None) -> None:
-    """Poll the Admin API until every expected replica is in the table and the proxy applied it.
-
-    ``nodes_with_any`` names nodes whose replicas are discovered (adopted endpoints):
-    each must have at least one replica in the table.
-    """
-    deadline = time.monotonic() + timeout
-    last = "no answer yet"
-    with clienttls.sync_channel(cp_addr, credentials) as channel:
-        admin = AdminClient(channel, admin_token)
-        while time.monotonic() < deadline:
-            for child in children:
-                if not child.alive():
-                    raise ChildFailed(f"{child.name} exited with {child.returncode()}:\n{child.log_tail()}")
-            try:
-                reps = admin.ListReplicas(admin_pb2.ListReplicasRequest(), timeout=2)
-                routable = {r.replica_id for r in reps.replicas if r.in_table}
-                adopted = {r.node for r in reps.replicas if r.in_table}
-                table = admin.GetTable(admin_pb2.GetTableRequest(), timeout=2)
-                versions = {t.region: t.version for t in table.regions}
-                synced = any(p.proxy_id == proxy_id and p.connected and p.applied_version == versions.get(p.region)
-                             for p in table.proxies)
-                if expected <= routable and (nodes_with_any or set()) <= adopted and synced:
-                    return
-                last = f"{len(expected & routable)}/{len(expected)} replicas routable, proxy synced: {synced}"
-            except grpc.RpcError as exc:
-                last = f"{exc.code().name}: {exc.details()}"
-            time.sleep(0.05)
-    raise ChildFailed(f"fleet not ready after {timeout:.0f} s: {last}")
-
-
-def ordered_models(asked: list[str], routable: set[str]) -> list[str]:
-    """The models of ``routable`` replicas: those ``asked`` for first, in their order, then the others sorted."""
-    return [m for m in asked if m in routable] + sorted(routable - set(asked))
-
-
-def served_models(cp_addr: str, asked: list[str], *, admin_token: str | None = None,
-                  credentials: grpc.ChannelCredentials | None = None) -> list[str]:
-    """The models the control plane's tables route to (Admin ``ListReplicas``, replicas in a table), ordered
-    by :func:`ordered_models`: adopted endpoints bring models ``--models`` never named."""
-    with clienttls.sync_channel(cp_addr, credentials) as channel:
-        reps = AdminClient(channel, admin_token).ListReplicas(admin_pb2.ListReplicasRequest(), timeout=5)
-    return ordered_models(asked, {r.model for r in reps.replicas if r.in_table})
 
 
 def run(args: argparse.Namespace) -> int:

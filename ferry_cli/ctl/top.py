@@ -1,7 +1,7 @@
 """``ferryctl top``: a live view per model and region, refreshed every second.
 
 Each frame asks ``Admin.GetUsage(by_tier=true)`` of the leader once
-(:func:`ferry.cli.ctl.flow.leader`). Columns:
+(:func:`ferry_cli.ctl.flow.leader`). Columns:
 
 - from the proxies' usage reports over their last window (one second,
   merged by the leader, :mod:`controlplane.tables.usage`): ``rate_per_s`` (requests
@@ -41,9 +41,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ferry.cli.ctl.flow import human, p99_ms
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.flow import human, p99_ms
+from ferry_cli.ctl.views import print_table
 
 ALL = "all"
 COLUMNS = ["model", "region", "ready", "rate_per_s", "p99_ms", "guard_ms", "queue", "running", "kv_util", "gpu_util",

@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.traffic import duration_arg
 from ferry.errors import ConfigError
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.traffic import duration_arg
 
 if TYPE_CHECKING:
     from dataplane.config import ProxySettings
@@ -138,10 +138,10 @@ def remote(run_local: Any, stub: Any, args: argparse.Namespace, connect: Any, ti
     """Run ``what-if`` or ``tune`` (``run_local``) on the control plane's recording of the last ``--since``
     seconds: its rows, its fitted engines, and (without ``--baseline``) the proxies' default router config.
     Says on stderr what it fetched. UsageError when nothing was recorded."""
-    from ferry.cli.ctl import engines as ctlengines
-    from ferry.cli.ctl import traffic as ctltraffic
-    from ferry.cli.ctl.flow import leader
     from ferry.v1 import admin_pb2
+    from ferry_cli.ctl import engines as ctlengines
+    from ferry_cli.ctl import traffic as ctltraffic
+    from ferry_cli.ctl.flow import leader
     from tools.sim import whatif
 
     lines, dropped, _ = ctltraffic.fetch(stub, connect, timeout, since=args.since)

@@ -1,4 +1,4 @@
-"""ferry.tasks: start tasks, cancel all and await them, CancelledError swallowed, other errors logged."""
+"""controlplane.tasks: start tasks, cancel all and await them, CancelledError swallowed, other errors logged."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from ferry.tasks import TaskGroup, cancel_and_wait
+from controlplane.tasks import TaskGroup, cancel_and_wait
 
 
 async def test_stop_cancels_and_awaits_every_task() -> None:
@@ -43,7 +43,7 @@ async def test_an_error_is_logged_not_raised_and_the_others_are_still_awaited(
     group.start(fails(), name="fails")
     slow = group.start(sleeps(), name="sleeps")
     await asyncio.sleep(0)
-    with caplog.at_level(logging.ERROR, logger="ferry.tasks"):
+    with caplog.at_level(logging.ERROR, logger="controlplane.tasks"):
         await group.stop()
     assert slow.cancelled()
     assert any("fails" in r.getMessage() and r.exc_info for r in caplog.records)

@@ -8,7 +8,7 @@ scale-down cool-down) and ``promote`` (standby nodes to give the model now),
 with the rates behind them; and per region the warm pool: standby nodes
 (registered with no replica), how many to keep, and the measured start-up
 and replacement times. Asked of the leader (pointed at a follower, ferryctl
-asks the leader it names, :func:`ferry.cli.ctl.flow.leader`). ``--json``
+asks the leader it names, :func:`ferry_cli.ctl.flow.leader`). ``--json``
 prints ``{"models": [...], "regions": [...], "sampled_at"}``.
 """
 
@@ -18,9 +18,9 @@ import argparse
 import json
 from typing import Any
 
-from ferry.cli.ctl.flow import Connect, human, leader
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.flow import Connect, human, leader
+from ferry_cli.ctl.views import print_table
 
 HELP = "per model and region: replicas needed now and for the next ramp, desired; per region: the warm pool"
 MODEL_COLUMNS = ["model", "region", "current", "ready", "needed_now", "needed_for_ramp", "desired", "promote",

@@ -3,8 +3,8 @@
 ``ferryctl board [--out DIR] [--window S] [--watch [--interval S] [--count N]]``
 writes ``DIR/board.dot``, ``DIR/board.svg`` and ``DIR/board.png`` (each
 replaced whole, so a viewer never reads half a file). What the picture shows
-and how it is laid out: :mod:`ferry.cli.ctl.boardgraph` (pure: a
-:class:`~ferry.cli.ctl.boardgraph.Snapshot` to DOT); this module is the edge
+and how it is laid out: :mod:`ferry_cli.ctl.boardgraph` (pure: a
+:class:`~ferry_cli.ctl.boardgraph.Snapshot` to DOT); this module is the edge
 that fetches, measures and renders.
 
 A frame is two samples :class:`Sample` ``--window`` seconds apart (with
@@ -12,15 +12,15 @@ A frame is two samples :class:`Sample` ``--window`` seconds apart (with
 seconds later); :func:`snapshot` (pure) turns them into rates. Each sample
 asks the Admin API what ``status``, ``nodes``, ``replicas``, ``tiers`` and
 ``spill`` ask (the same merged status of every control plane,
-:func:`ferry.cli.ctl.main.gather_status`, and the same rows,
-:mod:`ferry.cli.ctl.views` and :mod:`ferry.cli.ctl.flow`, of the leader),
+:func:`ferry_cli.ctl.fleet.gather_status`, and the same rows,
+:mod:`ferry_cli.ctl.views` and :mod:`ferry_cli.ctl.flow`, of the leader),
 and scrapes the Prometheus endpoints ``ferry up``'s ready file lists
 (``metrics``), parsed by :mod:`agent.promtext`. Rates:
 
 - requests/s into a proxy and tokens/s it streams back: the change of its
   ``ferry_proxy_requests_total`` and ``ferry_proxy_generation_tokens_total``;
   without its metrics, the requests its region's proxies report to the
-  leader (``top``'s rate, :func:`ferry.cli.ctl.top.frame_rows`) shared
+  leader (``top``'s rate, :func:`ferry_cli.ctl.top.frame_rows`) shared
   evenly, and tokens unmeasured (``?``);
 - requests/s into a node: the change of its replicas' ``requests_total``
   (agent telemetry), the way ``top`` counts ``replica_rate_per_s``;
@@ -60,13 +60,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.promtext import Samples, parse
-from ferry.cli.ctl import boardgraph as g
-from ferry.cli.ctl import flow as ctlflow
-from ferry.cli.ctl import top as ctltop
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.views import node_row, replica_row
 from ferry.process import read_ready_file
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl import boardgraph as g
+from ferry_cli.ctl import flow as ctlflow
+from ferry_cli.ctl import top as ctltop
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.views import node_row, replica_row
 
 HELP = "draw the running fleet (SVG and PNG): components, flows with live rates, requirements served"
 TIMEOUT = 5.0

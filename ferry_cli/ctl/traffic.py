@@ -1,6 +1,6 @@
 """``ferryctl traffic export --since 1h [--model M] [-o FILE]``: the recorded traffic as a Mooncake-layout trace.
 
-Asks the leader (:func:`ferry.cli.ctl.flow.leader`; it keeps every proxy's
+Asks the leader (:func:`ferry_cli.ctl.flow.leader`; it keeps every proxy's
 rows, :mod:`controlplane.traffic`) for ``Admin.ExportTraffic`` and writes one
 JSON object a line (to ``-o FILE``, else stdout), sorted by arrival, in the
 layout the simulator and ``tools.replay`` read (:func:`tools.trace.load`):
@@ -27,11 +27,11 @@ import datetime as dt
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import IO, Any
 
-from ferry.cli.ctl.flow import Connect, leader
 from ferry.v1 import admin_pb2, tables_pb2
+from ferry_cli.ctl.flow import Connect, leader
 
 HELP = "the proxies' recorded traffic: export it as a Mooncake-layout trace (JSON Lines)"
 KEYS = ("timestamp", "input_length", "output_length", "hash_ids", "arrival", "model", "tier", "tenant", "max_tokens",
@@ -129,10 +129,9 @@ def run(stub: Any, args: argparse.Namespace, connect: Connect, timeout: float) -
         export(stub, args, connect, timeout)
 
 
-def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``traffic export`` with ferryctl's ``add(name, help)``."""
-    p = add("traffic", HELP)
-    sub = p.add_subparsers(dest="traffic_command", required=True, metavar="ACTION")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl traffic``'s actions and their arguments (``export``)."""
+    sub = parser.add_subparsers(dest="traffic_command", required=True, metavar="ACTION")
     e = sub.add_parser("export", help="write the recorded rows as JSON Lines (Mooncake's trace layout plus fields)",
                        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,6 +1,6 @@
 """The ``ferry`` command: runs components, the whole system, or one call.
 
-``ferry up`` runs everything on one machine (see :mod:`ferry.cli.up.main`);
+``ferry up`` runs everything on one machine (see :mod:`ferry_cli.up.main`);
 ``ferry call`` sends one request; ``ferry controlplane``, ``ferry proxy``, ``ferry picker``, ``ferry envoy``,
 ``ferry node`` and ``ferry batch-runtime`` run one component each and forward
 their arguments to the component's own ``main``.
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.main(argv[1:]))
     parser = argparse.ArgumentParser(prog="ferry", description="Ferry, an inference router for GPU fleets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from ferry.cli import call
-    from ferry.cli.up import main as up
+    from ferry_cli import call
+    from ferry_cli.up import main as up
 
     up.add_arguments(sub.add_parser("up", help="run the whole system on this machine"))
     call.add_arguments(sub.add_parser("call", help="send one request to a data plane"))

@@ -23,9 +23,9 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.views import print_table
 
 TIMEOUT = 30.0
 HELP = ("router config rollouts: rollout FILE --canary P under a guard, promote, rollback, show [VERSION]; "

@@ -7,7 +7,7 @@ rest with its bootstrap interval, and proposes it (``-o``: a TOML
 ``[proxy]`` fragment with only the changed keys) only when that interval is
 wholly above zero; else it says "no change is significantly better" and
 writes nothing. Method: :mod:`tools.sim.tune`. Runs locally, without a
-control plane; inputs as ``what-if``'s (:func:`ferry.cli.ctl.whatif.inputs`).
+control plane; inputs as ``what-if``'s (:func:`ferry_cli.ctl.whatif.inputs`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import argparse
 import json
 from pathlib import Path
 
-from ferry.cli.ctl import whatif as ctlwhatif
-from ferry.cli.ctl.errors import UsageError
 from ferry.errors import ConfigError
+from ferry_cli.ctl import whatif as ctlwhatif
+from ferry_cli.ctl.errors import UsageError
 
 HELP = "search the decision's [proxy] parameters in the fleet simulator on recorded traffic; propose a change"
 

@@ -18,9 +18,9 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from ferry import clienttls
 from ferry.process import read_ready_file
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from ferry_cli import clienttls
 
 TIERS = {"interactive": common_pb2.TIER_INTERACTIVE, "standard": common_pb2.TIER_STANDARD,
          "batch": common_pb2.TIER_BATCH}

@@ -1,4 +1,4 @@
-"""A local etcd server for ``ferry up``, the benchmarks and the tests (a shared helper: it imports no plane).
+"""A local etcd server for ``ferry up``, the benchmarks and the tests (the local harness: it imports no plane).
 
 :class:`LocalEtcd` is a :class:`ferry.procs.Child` named ``etcd``: one
 ``etcd`` process on 127.0.0.1 with a data dir of its own (a fresh temporary
@@ -11,7 +11,7 @@ bring it back on the same data dir and port. Readiness is ``GET /health``
 answering ``"health": "true"``, polled every 20 ms up to a deadline; never a
 sleep.
 
-With ``tls_dir`` (a directory :func:`ferry.tlsgen.generate` filled with the
+With ``tls_dir`` (a directory :func:`harness.tlsgen.generate` filled with the
 names ``etcd`` and ``client``), etcd serves https with ``etcd.pem`` and
 requires a client certificate signed by ``ca.pem`` (``--client-cert-auth``);
 its own readiness check and admin calls show ``client.pem``.

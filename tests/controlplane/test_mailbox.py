@@ -1,4 +1,4 @@
-"""ferry.mailbox: bounded FIFO and keep-latest policies, close, next."""
+"""controlplane.mailbox: bounded FIFO and keep-latest policies, close, next."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ferry.mailbox import Mailbox
+from controlplane.mailbox import Mailbox
 
 
 async def test_fifo_keeps_order_and_refuses_beyond_capacity() -> None:

@@ -9,7 +9,7 @@ replicas report (KV blocks, block size, batch slots, step token budget). A
 parameter the samples cannot tell is named with the reason instead of a
 number; a kind whose replicas send no step counters shows "no samples".
 Asked of the leader (it sees every node's samples;
-:func:`ferry.cli.ctl.flow.leader`).
+:func:`ferry_cli.ctl.flow.leader`).
 
 ``--json`` prints ``{"engines": [row, ...]}``, each row (:func:`row`)::
 
@@ -30,13 +30,13 @@ import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from agent.replica.engine import EngineParams
-from ferry.cli.ctl.flow import Connect, leader
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.flow import Connect, leader
+from ferry_cli.ctl.views import print_table
 
 HELP = "per model and replica kind: the engine's step parameters fitted from telemetry, with their errors"
 STEP_PARAMS = ("prefill_base_seconds", "prefill_seconds_per_token", "decode_base_seconds",
@@ -145,7 +145,6 @@ def cmd_engines(stub: Any, args: argparse.Namespace, connect: Connect, timeout: 
         print("\n(a follower: only the nodes connected to it; ask the leader for the whole fleet)")
 
 
-def add_arguments(add: Callable[[str, str], argparse.ArgumentParser]) -> None:
-    """Register ``engines`` with ferryctl's ``add(name, help)``."""
-    p = add("engines", HELP)
-    p.add_argument("--model", default="", help="only this model")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``ferryctl engines``'s arguments."""
+    parser.add_argument("--model", default="", help="only this model")

@@ -17,9 +17,9 @@ import argparse
 import json
 from typing import Any
 
-from ferry.cli.ctl.errors import UsageError
-from ferry.cli.ctl.views import print_table
 from ferry.v1 import admin_pb2
+from ferry_cli.ctl.errors import UsageError
+from ferry_cli.ctl.views import print_table
 
 TIMEOUT = 10.0
 COLUMNS = ["model", "state", "stable", "canary", "canary_pct", "default", "ready", "share"]

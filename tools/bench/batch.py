@@ -61,7 +61,7 @@ from tritonclient.grpc import InferInput
 
 from agent.batch.reference import transform
 from agent.batch.server import FAULT_MODEL
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from ferry.cli.up.main import wait_routable
 from ferry.config import hash_api_key
 from ferry.procs import Child, cpu_seconds, stop_all

@@ -15,7 +15,7 @@ asks the Admin API what ``status``, ``nodes``, ``replicas``, ``tiers`` and
 :func:`ferry.cli.ctl.main.gather_status`, and the same rows,
 :mod:`ferry.cli.ctl.views` and :mod:`ferry.cli.ctl.flow`, of the leader),
 and scrapes the Prometheus endpoints ``ferry up``'s ready file lists
-(``metrics``), parsed by :mod:`agent.promtext`. Rates:
+(``metrics``), parsed by :mod:`agent.scrape` (``prometheus_client``'s parser). Rates:
 
 - requests/s into a proxy and tokens/s it streams back: the change of its
   ``ferry_proxy_requests_total`` and ``ferry_proxy_generation_tokens_total``;
@@ -59,7 +59,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from ferry.cli.ctl import boardgraph as g
 from ferry.cli.ctl import flow as ctlflow
 from ferry.cli.ctl import top as ctltop

@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from agent.replica.answer import Limit, answer_limit
-from agent.replica.engine import Admission, Engine, EngineRequest, Finished, StepResult
+from agent.replica.engine import Engine, EngineRequest, Finished, StepResult, SubmitOutcome
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.tokens import WHITESPACE, Tokenizer
 
@@ -137,10 +137,10 @@ class EngineRunner:
         req = EngineRequest(request_id=engine_id, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                             block_hashes=block_hashes, output_tokens=output)
         admission = self.engine.submit(req, self._clock())
-        if admission is Admission.QUEUE_FULL:
+        if admission is SubmitOutcome.QUEUE_FULL:
             self.stats.rejected += 1
             raise Overloaded(f"replica queue full ({self.engine.params.max_queue} waiting)", self._retry_after)
-        if admission is Admission.TOO_LONG:
+        if admission is SubmitOutcome.TOO_LONG:
             self.stats.rejected += 1
             p = self.engine.params
             raise InvalidArgument("max_tokens", (

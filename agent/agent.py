@@ -39,9 +39,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from tritonclient.utils import InferenceServerException
 
 from agent.config import AgentSettings, clamp_interval
-from agent.httptext import HttpError
 from agent.inventory import Inventory, ReplicaSpec, merge_discovered
 from agent.openai import OpenAIEndpoint
+from agent.scrape import HttpError
 from agent.states import Command, Observed, State, command, observe
 from agent.triton import TritonEndpoint
 from ferry import __version__

@@ -19,11 +19,14 @@ Once everything serves, the ready file gets
 and, with the batch runtime, ``"batch_runtime": {"address", "metrics", "models"}``.
 SIGUSR1 toggles a tenfold slowdown of every simulated replica of the node
 (fault injection for the outlier tests: each engine step takes 10x longer).
-Every simulated replica also serves its HTTP face (:mod:`agent.replica.httpface`:
-OpenAI ``/v1/completions`` and ``/v1/chat/completions``, SGLang ``/generate``)
-and registers its ``host:port`` as ``http_address`` (engine ``simulated``), so a
-proxy in front of HTTP can forward OpenAI requests to it untouched; ``--no-http``
-turns the faces off, and so does mutual TLS (the face serves plain text only).
+Given a ``face`` (:class:`agent.replica.server.FaceFactory`; the ``ferry``
+command gives ``ferry node`` the HTTP face of ``tools.peers.replicaface``:
+OpenAI ``/v1/completions`` and ``/v1/chat/completions``, SGLang ``/generate``),
+every simulated replica also serves it and registers its ``host:port`` as
+``http_address`` (engine ``simulated``), so a proxy in front of HTTP can forward
+OpenAI requests to it untouched; ``--no-http`` turns the faces off, and so does
+mutual TLS (the face serves plain text only). Without a face (``main`` called
+with none) the replicas serve gRPC and metrics only.
 ``--openai URL`` (repeatable) registers an engine that serves OpenAI HTTP
 itself (:mod:`agent.openai`): ``--engine`` ``vllm``, ``sglang`` or ``trtllm``,
 ``--metrics URL`` its Prometheus endpoint, ``--openai-model NAME`` the model
@@ -63,7 +66,7 @@ from agent.config import AgentSettings
 from agent.inventory import ReplicaSpec
 from agent.openai import ENGINES, http_address
 from agent.replica.engine import EngineParams
-from agent.replica.server import SimulatedReplica
+from agent.replica.server import FaceFactory, SimulatedReplica
 from agent.replica.tensors import DECLARED
 from ferry import logs, tls
 from ferry.config import load_file
@@ -165,7 +168,8 @@ def openai_endpoints(args: argparse.Namespace) -> list[Endpoint]:
     return endpoints
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, face: FaceFactory | None = None) -> int:
+    """``ferry node`` with ``argv``; ``face``: the simulated replicas' face beside gRPC (None: none)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.configure(logging.INFO, args.log_format)
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ferry node: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(args, control_planes, replicas, params, settings, batch))
+        asyncio.run(serve(args, control_planes, replicas, params, settings, batch, face=face))
     except ConfigError as exc:  # the batch function could not be loaded
         print(f"ferry node: {exc}", file=sys.stderr)
         return 2
@@ -234,15 +238,16 @@ def watch_slowdown(replicas: list[SimulatedReplica]) -> None:
 
 
 async def serve(args: argparse.Namespace, control_planes: list[str], models: list[tuple[str, str]],
-                params: EngineParams, settings: AgentSettings, batch: RuntimeSpec | None = None) -> None:
-    """Run the replicas, the batch runtime and the agent until SIGTERM or SIGINT."""
+                params: EngineParams, settings: AgentSettings, batch: RuntimeSpec | None = None, *,
+                face: FaceFactory | None = None) -> None:
+    """Run the replicas (with ``face`` beside gRPC), the batch runtime and the agent until SIGTERM or SIGINT."""
     stop = stop_event()
     replicas: list[SimulatedReplica] = []
     agent: Agent | None = None
     hosted: HostedRuntime | None = None
     gpus_each = max(1, args.gpus // max(1, len(models)))
     # The HTTP face serves plain text only: with mutual TLS it stays off (its requests would bypass the certificate).
-    http = not getattr(args, "no_http", False) and args.transport is None
+    http = face is not None and not getattr(args, "no_http", False) and args.transport is None
 
     def batch_changed() -> None:
         if agent is not None:
@@ -255,7 +260,7 @@ async def serve(args: argparse.Namespace, control_planes: list[str], models: lis
         for i, (model, version) in enumerate(models):
             replica = SimulatedReplica(model, version, params=params, host=args.listen_host,
                                        replica_id=f"{args.node}-r{i}", tls=args.transport,
-                                       warmup_seconds=args.warmup_seconds, http=http,
+                                       warmup_seconds=args.warmup_seconds, face=face if http else None,
                                        tokenizer=getattr(args, "tokenizers", Tokenizers()).get(model))
             replicas.append(replica)
             await replica.start()

@@ -60,14 +60,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from agent import stepcounters
-from agent.httptext import HttpError
+from agent.scrape import MAX_BODY_BYTES, HttpError, fetch
 from agent.triton import EndpointLoad, ModelEntry, ModelKey, ModelLoad
 
 ENGINES = ("vllm", "sglang", "trtllm")  # the engines an OpenAI-HTTP endpoint may name (ReplicaInfo.engine)
 OPENAI_VERSION = "v1"  # the version an OpenAI-HTTP replica registers (the API names no version)
 KV_FRACTION_BLOCKS = 1000  # nominal blocks of an engine that exports only a KV use fraction
 MAX_MODELS = 16  # model ids read from one /v1/models
-MAX_BODY_BYTES = 8 * 1024 * 1024  # a metrics scrape or a model list larger than this is refused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,14 +198,7 @@ class OpenAIEndpoint:
 
     async def _get(self, url: str) -> tuple[int, str]:
         """(status, body) of ``GET url``; raises HttpError when there is no answer in time or it is too large."""
-        try:
-            async with self._client().get(url) as response:
-                body = await response.content.read(MAX_BODY_BYTES + 1)
-                if len(body) > MAX_BODY_BYTES:
-                    raise HttpError(f"{url}: body over the limit of {MAX_BODY_BYTES} bytes")
-                return response.status, body.decode("utf-8", errors="replace")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise HttpError(f"{url}: {type(exc).__name__} {exc}".strip()) from exc
+        return await fetch(self._client(), url, max_bytes=MAX_BODY_BYTES)
 
     async def discover(self) -> list[ModelEntry]:
         """The models the server serves (the names given, else ``/v1/models``); raises HttpError without an answer."""

@@ -1,7 +1,7 @@
 """The agent's adapter to any KServe v2 / Triton endpoint, a real Triton server or a ferry replica.
 
 Through ``tritonclient.grpc.aio.InferenceServerClient`` and one HTTP scrape of
-the endpoint's Prometheus text (:mod:`agent.httptext`, :mod:`agent.promtext`):
+the endpoint's Prometheus text (:mod:`agent.scrape`: aiohttp and ``prometheus_client``'s parser):
 
 - :meth:`TritonEndpoint.discover`: RepositoryIndex, then per model
   ModelMetadata, ModelReady and ModelConfig. Only LLM models are adopted:
@@ -47,13 +47,13 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import aiohttp
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from agent import stepcounters
-from agent.httptext import HttpError, get_text
-from agent.promtext import Samples, parse
+from agent.scrape import HttpError, Samples, get_text, parse
 from ferry.grpcutil import channel_options
 from ferry.tls import Renewing, TLSConfig
 
@@ -130,9 +130,13 @@ class TritonEndpoint:
                                          creds=tls.channel_credentials() if tls is not None else None)
 
         self._clients = Renewing(make, tls)
+        self._session: aiohttp.ClientSession | None = None  # the scrapes' connections, made on first use
 
     async def close(self) -> None:
         await self._clients.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def _call(self, call: Callable[[InferenceServerClient], Awaitable[Any]]) -> Any:
         """``call`` on the current client."""
@@ -184,7 +188,9 @@ class TritonEndpoint:
         samples, error = None, ""
         if self.metrics_url:
             try:
-                text = await get_text(self.metrics_url, timeout_seconds=self.timeout)
+                if self._session is None:
+                    self._session = aiohttp.ClientSession()
+                text = await get_text(self.metrics_url, session=self._session, timeout_seconds=self.timeout)
                 samples = Samples(parse(text, names=METRICS_READ))
             except HttpError as exc:
                 error = str(exc)

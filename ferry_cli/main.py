@@ -24,6 +24,11 @@ COMPONENTS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "node":  # its simulated replicas also speak the peers' HTTP APIs (test scaffolding)
+        from agent.main import main as node
+        from tools.peers.replicaface import HttpFace
+
+        return node(argv[1:], face=HttpFace)
     if argv and argv[0] in COMPONENTS:
         module = importlib.import_module(COMPONENTS[argv[0]][0])
         return int(module.main(argv[1:]))

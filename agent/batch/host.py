@@ -23,12 +23,12 @@ model, aging on at 200 ms, fault injection off.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import grpc
+from aiohttp import web
 
 from agent.batch import metrics
 from agent.batch.budget import LatencyBudget, derive
@@ -122,7 +122,7 @@ def spec_from_args(args: argparse.Namespace, *, gpus: int, prefix: str = "") -> 
 class HostedRuntime:
     """A started runtime with its gRPC server and metrics endpoint; :meth:`stop` ends all three."""
 
-    def __init__(self, runtime: BatchRuntime, server: grpc.aio.Server, http: asyncio.Server, *, host: str,
+    def __init__(self, runtime: BatchRuntime, server: grpc.aio.Server, http: web.AppRunner, *, host: str,
                  port: int, metrics_port: int) -> None:
         self.runtime, self._server, self._http = runtime, server, http
         self.address = f"{host}:{port}"
@@ -148,5 +148,4 @@ class HostedRuntime:
         """Stop taking calls (in-flight ones get ``grace`` seconds), then the runtime and the metrics endpoint."""
         await self._server.stop(grace=grace)
         await self.runtime.stop()
-        self._http.close()
-        await self._http.wait_closed()
+        await self._http.cleanup()

@@ -5,7 +5,7 @@ hold the runtime beside its agent and simulated replicas, and a test process
 many runtimes, without two owners of one metric name. Load figures are read
 from the runtime when scraped (:class:`LoadCollector` over a
 :class:`~agent.batch.telemetry.RuntimeLoad` snapshot); :func:`serve` answers
-scrapes on the runtime's own event loop, so a snapshot never races a batch.
+scrapes (``aiohttp.web``) on the runtime's own event loop, so a snapshot never races a batch.
 
 Under Triton's names, so the agent reads the runtime as any KServe v2 endpoint
 (:func:`agent.triton.from_metrics`):
@@ -33,15 +33,14 @@ Cost of a scrape: O(models + GPUs × recent batches).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, UnknownMetricFamily
 
 from agent.batch.telemetry import RuntimeLoad
-from agent.httptext import serve_text
 from ferry.grpcutil import split_address
 from ferry.metrics import name
 
@@ -110,7 +109,20 @@ class BatchMetrics:
         return str(generate_latest(self.registry).decode())
 
 
-async def serve(listen: str, metrics: BatchMetrics) -> tuple[asyncio.Server, int]:
-    """Serve ``metrics`` at ``http://listen/metrics`` on the running loop; returns the server and its port."""
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+async def serve(listen: str, metrics: BatchMetrics) -> tuple[web.AppRunner, int]:
+    """Serve ``metrics`` at ``http://listen/metrics`` on the running loop (``aiohttp.web``; 404 for another
+    path, 405 for another method); returns the runner (``cleanup()`` stops it) and the bound port."""
     host, port = split_address(listen)
-    return await serve_text(host, port, {"/metrics": metrics.render})
+
+    async def scrape(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render().encode("utf-8"), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape, allow_head=False)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, int(runner.addresses[0][1])

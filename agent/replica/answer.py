@@ -1,8 +1,9 @@
 """Where a simulated replica's answer ends: its natural end, a stop string, or ``max_tokens``.
 
 Both faces of a replica (KServe v2 in :mod:`agent.replica.server`, HTTP in
-:mod:`agent.replica.httpface`) settle a request's :class:`Limit` with
-:func:`answer_limit` when they admit it, and the engine is given that length
+``tools.peers.replicaface``) settle a request's :class:`Limit` with
+:func:`answer_limit` when they admit it
+(:meth:`agent.replica.runner.EngineRunner.submit_prompt`), and the engine is given that length
 (:attr:`agent.replica.engine.EngineRequest.output_tokens`), so the steps and
 the KV blocks follow the answer a client really gets.
 

@@ -10,7 +10,7 @@ Model (iteration-level scheduling, as continuous-batching engines such as Tensor
 - **Admission** (:meth:`Engine.submit`): a request waits in a FIFO queue of
   at most ``max_queue`` entries; a full queue, or a request whose prompt plus
   ``max_tokens`` exceeds ``max_context_tokens`` or the whole KV cache, is
-  refused with an :class:`Admission` reason and nothing changes.
+  refused with a :class:`SubmitOutcome` reason and nothing changes.
 - **Scheduling** (:meth:`Engine.start_step`): requests move from the head of
   the queue into the running batch while there is a free slot (at most
   ``max_running``) and enough free KV blocks for their prompt plus
@@ -139,8 +139,8 @@ class EngineRequest:
         return self.output_tokens or self.max_tokens
 
 
-class Admission(enum.StrEnum):
-    """Outcome of :meth:`Engine.submit`."""
+class SubmitOutcome(enum.StrEnum):
+    """What :meth:`Engine.submit` did with a request: queued it, or refused it (queue full, or it can never fit)."""
 
     QUEUED = "queued"
     QUEUE_FULL = "queue_full"
@@ -240,7 +240,7 @@ class Engine:
         """KV blocks a request of ``max_tokens`` output tokens reserves: its prompt plus all its output."""
         return blocks_for(prompt_tokens + max_tokens, self.params.kv_block_tokens)
 
-    def submit(self, req: EngineRequest, now: float) -> Admission:
+    def submit(self, req: EngineRequest, now: float) -> SubmitOutcome:
         """Queue ``req``; refused (nothing changes) when the queue is full or the request can never fit."""
         if req.prompt_tokens < 0 or req.max_tokens < 1 or not 0 <= req.output_tokens <= req.max_tokens:
             raise ValueError(f"request {req.request_id}: prompt_tokens >= 0, max_tokens >= 1 and "
@@ -251,13 +251,13 @@ class Engine:
         if (req.prompt_tokens + req.max_tokens > p.max_context_tokens
                 or self.blocks_needed(req.prompt_tokens, req.length) > p.kv_blocks_total):
             self._rejected += 1
-            return Admission.TOO_LONG
+            return SubmitOutcome.TOO_LONG
         if len(self._queue) >= p.max_queue:
             self._rejected += 1
-            return Admission.QUEUE_FULL
+            return SubmitOutcome.QUEUE_FULL
         self._queue.append(_Active(req=req, submitted=now))
         self._ids.add(req.request_id)
-        return Admission.QUEUED
+        return SubmitOutcome.QUEUED
 
     def cancel(self, request_id: str) -> bool:
         """Drop a queued or running request and free its blocks; False when it is not here."""

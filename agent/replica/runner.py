@@ -26,7 +26,10 @@ between two steps counts too), is summed in ``RunnerStats.step_seconds``
 time plus the last step's lateness, which is what the control plane fits the
 step parameters from.
 
-Each submitted request gets a :class:`Ticket`. A ticket holds where its
+Each submitted request gets a :class:`Ticket`; :meth:`EngineRunner.submit_prompt` is
+how every face of a replica (the gRPC servicer, the HTTP face of
+``tools.peers.replicaface``) turns a prompt into one, so a request's tokens,
+cached tokens and answer do not depend on the face it came through. A ticket holds where its
 answer ends (:class:`agent.replica.answer.Limit`: the engine generates that
 many tokens, at least one), a counter of tokens not yet taken by its
 consumer (never past the answer's words) and, at the end, the engine's
@@ -49,10 +52,10 @@ import dataclasses
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from agent.replica.answer import Limit
-from agent.replica.engine import Admission, Engine, EngineRequest, Finished, StepResult
+from agent.replica.answer import Limit, answer_limit
+from agent.replica.engine import Engine, EngineRequest, Finished, StepResult, SubmitOutcome
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.tokens import WHITESPACE, Tokenizer
 
@@ -134,10 +137,10 @@ class EngineRunner:
         req = EngineRequest(request_id=engine_id, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
                             block_hashes=block_hashes, output_tokens=output)
         admission = self.engine.submit(req, self._clock())
-        if admission is Admission.QUEUE_FULL:
+        if admission is SubmitOutcome.QUEUE_FULL:
             self.stats.rejected += 1
             raise Overloaded(f"replica queue full ({self.engine.params.max_queue} waiting)", self._retry_after)
-        if admission is Admission.TOO_LONG:
+        if admission is SubmitOutcome.TOO_LONG:
             self.stats.rejected += 1
             p = self.engine.params
             raise InvalidArgument("max_tokens", (
@@ -147,6 +150,34 @@ class EngineRunner:
         self._tickets[engine_id] = ticket
         self._wake.set()
         return ticket
+
+    def submit_prompt(self, prompt: str, max_tokens: int | None, *, stops: Sequence[str] = (),
+                      ignore_eos: bool = False, prompt_field: str = "prompt",
+                      script: tuple[str, ...] | None = None) -> tuple[Ticket, int]:
+        """Queue ``prompt`` (every face of a replica admits prompts this way); returns the ticket and the prompt's
+        tokens.
+
+        Tokens are the runner's tokenizer (a model's ``tokenizer.json``, else
+        whitespace words), cut into KV blocks of ``kv_block_tokens`` and hashed
+        as the proxy does (:meth:`ferry.tokens.Tokenizer.encode`), so a proxy
+        block of 512 tokens is whole engine blocks whenever the engine's block
+        size divides 512, and with the default (512) the very same hashes.
+        ``max_tokens`` None is the context left after the prompt (vLLM's
+        default; InvalidArgument naming ``prompt_field`` when none is left).
+        Where the answer ends (``ticket.answer``) is :func:`agent.replica.answer.answer_limit`
+        of the prompt, the budget, ``stops``, ``ignore_eos`` and the answer's
+        ``script`` (:mod:`agent.replica.model`; None: words), with the engine's
+        ``answer_tokens`` settings.
+        """
+        params = self.engine.params
+        encoded = self.tokenizer.encode(prompt, block_tokens=params.kv_block_tokens)
+        if max_tokens is None:
+            max_tokens = params.max_context_tokens - encoded.count
+            if max_tokens < 1:
+                raise InvalidArgument(prompt_field, f"prompt of {encoded.count} tokens leaves no room for an answer "
+                                                    f"in the context of {params.max_context_tokens} tokens")
+        answer = answer_limit(prompt, max_tokens, stops, params=params, ignore_eos=ignore_eos, script=script)
+        return self.submit(encoded.count, max_tokens, encoded.hashes, answer), encoded.count
 
     def cancel(self, ticket: Ticket) -> None:
         """Stop a request that is not finished (its client went away); counted as cancelled."""

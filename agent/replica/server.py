@@ -24,11 +24,13 @@ parameters of docs/CONTRACTS.md:
 
 :class:`SimulatedReplica` runs one replica: the gRPC server, the engine task
 (:class:`agent.replica.runner.EngineRunner`) and a Prometheus text endpoint
-(:mod:`agent.replica.metrics`) at ``/metrics``; with ``http=True`` also an
-HTTP face (:mod:`agent.replica.httpface`: SGLang's ``/generate``, OpenAI's
-``/v1/completions``) on the same runner. Both faces admit prompts with
-:func:`agent.replica.httpface.submit_prompt`, so a request's text, cached tokens and
-the prefix-cache counters do not depend on the face it came through.
+(:mod:`agent.replica.metrics`) at ``/metrics``, served with ``aiohttp.web``;
+given a ``face`` (a :class:`FaceFactory`, such as the HTTP face of
+``tools.peers.replicaface``, which speaks SGLang's and OpenAI's APIs for the
+peer routers' benchmarks), also that face on the same runner. Every face
+admits prompts with :meth:`agent.replica.runner.EngineRunner.submit_prompt`,
+so a request's text, cached tokens and the prefix-cache counters do not
+depend on the face it came through.
 """
 
 from __future__ import annotations
@@ -37,19 +39,18 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
+from aiohttp import web
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from agent.httptext import serve_text
 from agent.replica import logprobs, model, tensors
 from agent.replica import metrics as replica_metrics
 from agent.replica.answer import Limit, answer_limit
 from agent.replica.engine import Engine, EngineParams, Finished
-from agent.replica.httpface import HttpFace, submit_prompt
 from agent.replica.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, NotFound, Unavailable
 from ferry.grpcutil import start_server, status_for
@@ -58,6 +59,26 @@ from ferry.tokens import WHITESPACE, Tokenizer
 
 SERVICE = "inference.GRPCInferenceService"
 PLATFORM = "ferry_simulated_llm"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Face(Protocol):
+    """A face of a replica beside its gRPC one, on the same engine runner: started on a host, stopped once."""
+
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen on ``host:port`` (0: the system picks); returns the bound port."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop listening and end what runs (its requests are cancelled in the engine)."""
+        ...
+
+
+class FaceFactory(Protocol):
+    """Makes a replica's :class:`Face`: its ``model`` name, the ``runner`` it admits prompts on, and ``loaded``
+    (false while the model loads)."""
+
+    def __call__(self, *, model: str, runner: EngineRunner, loaded: Callable[[], bool]) -> Face: ...
 
 
 def _logprob_outputs(parsed: tensors.LlmRequest, ticket: Ticket, start: int,
@@ -249,9 +270,9 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
             parsed = tensors.parse_request(request)
             guided = parsed.sampling.get("guided_json")
             script = model.kserve_script(parsed.prompt, guided if isinstance(guided, tuple) else None)
-            ticket, _ = submit_prompt(self.runner, parsed.prompt, parsed.max_tokens, stops=_stops(parsed),
-                                      ignore_eos=parsed.ignore_eos, prompt_field="text_input",
-                                      script=script.tokens if script is not None else None)
+            ticket, _ = self.runner.submit_prompt(parsed.prompt, parsed.max_tokens, stops=_stops(parsed),
+                                                  ignore_eos=parsed.ignore_eos, prompt_field="text_input",
+                                                  script=script.tokens if script is not None else None)
             return ticket, parsed
         except FerryError as exc:
             await context.abort(status_for(exc), str(exc))
@@ -293,24 +314,31 @@ class ReplicaServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
 
 
 class SimulatedReplica:
-    """One simulated replica: gRPC server, engine task, metrics endpoint and (``http``) HTTP face, all on ``host``."""
+    """One simulated replica: gRPC server, engine task, metrics endpoint and (given a ``face``) one more face, all on
+    ``host``."""
 
     def __init__(self, model: str, version: str = "v1", *, params: EngineParams | None = None,
                  host: str = "127.0.0.1", replica_id: str = "", tls: TLSConfig | None = None,
-                 warmup_seconds: float = 0.0, http: bool = False, tokenizer: Tokenizer = WHITESPACE) -> None:
+                 warmup_seconds: float = 0.0, face: FaceFactory | None = None,
+                 tokenizer: Tokenizer = WHITESPACE) -> None:
         self.model, self.version, self.host = model, version, host
         self.tokenizer = tokenizer  # the model's tokens, as the proxy counts them (ferry.tokens)
-        self.http = http  # also serve the HTTP face (agent.replica.httpface) on the same runner
+        self.face = face  # also serve this face (an HTTP one: tools.peers.replicaface) on the same runner
         self.warmup_seconds = warmup_seconds  # ModelReady says false (inference UNAVAILABLE) this long after start
         self.tls = tls  # mutual TLS with the node's certificate (None: plain text)
         self.params = params or EngineParams()
         self.replica_id = replica_id or f"{model}-{version}"
         self.runner: EngineRunner | None = None
         self._server: grpc.aio.Server | None = None
-        self._http: asyncio.Server | None = None
+        self._metrics: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
-        self._face: HttpFace | None = None
+        self._face: Face | None = None
         self.port = self.metrics_port = self.http_port = 0
+
+    @property
+    def http(self) -> bool:
+        """Whether the replica serves a face beside gRPC (its ``http_port``, ``http_url``)."""
+        return self.face is not None
 
     @property
     def address(self) -> str:
@@ -331,23 +359,37 @@ class SimulatedReplica:
     def http_url(self) -> str:
         """``http://host:port`` of the HTTP face (raises when it is off)."""
         if not self.http:
-            raise RuntimeError(f"replica {self.replica_id}: the HTTP face is off (http=False)")
+            raise RuntimeError(f"replica {self.replica_id}: the HTTP face is off (no face given)")
         return f"http://{self.host}:{self.http_port}"
 
     async def start(self) -> SimulatedReplica:
-        """Start the engine task, the gRPC server, the metrics endpoint and the HTTP face (ports the system picks)."""
+        """Start the engine task, the gRPC server, the metrics endpoint and the face (ports the system picks)."""
         runner = self.runner = EngineRunner(Engine(self.params), tokenizer=self.tokenizer)
         self._task = asyncio.create_task(runner.run(), name=f"engine-{self.replica_id}")
         ready_at = time.monotonic() + self.warmup_seconds
         servicer = ReplicaServicer(model=self.model, version=self.version, runner=runner, ready_at=ready_at)
-        if self.http:
-            self._face = HttpFace(model=self.model, runner=runner, loaded=lambda: time.monotonic() >= ready_at)
+        if self.face is not None:
+            self._face = self.face(model=self.model, runner=runner, loaded=lambda: time.monotonic() >= ready_at)
             self.http_port = await self._face.start(self.host)
         add = service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server
         creds = self.tls.server_credentials(require_client_cert=True) if self.tls else None
         self._server, self.port = await start_server([(add, servicer, SERVICE)], f"{self.host}:0", credentials=creds)
-        self._http, self.metrics_port = await serve_text(self.host, 0, {"/metrics": self.render_metrics})
+        self._metrics, self.metrics_port = await self._serve_metrics()
         return self
+
+    async def _serve_metrics(self) -> tuple[web.AppRunner, int]:
+        """``GET /metrics`` (:meth:`render_metrics`) with ``aiohttp.web`` on ``host`` (a port the system picks)."""
+
+        async def scrape(_: web.Request) -> web.Response:
+            return web.Response(body=self.render_metrics().encode("utf-8"),
+                                headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+        app = web.Application()
+        app.router.add_get("/metrics", scrape, allow_head=False)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, self.host, 0).start()
+        return runner, int(runner.addresses[0][1])
 
     def render_metrics(self) -> str:
         """The replica's Prometheus text."""
@@ -357,18 +399,17 @@ class SimulatedReplica:
             utilization=self.runner.utilization(), gpu_uuid=f"GPU-sim-{self.replica_id}")
 
     async def stop(self, grace: float = 0.5) -> None:
-        """Stop serving (in-flight gRPC calls get ``grace`` seconds; HTTP requests are cancelled), then the engine
-        task and the metrics endpoint."""
+        """Stop serving (in-flight gRPC calls get ``grace`` seconds; the face's requests are cancelled), then the
+        engine task and the metrics endpoint."""
         if self._face is not None:
             await self._face.stop()
             self._face = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
-        if self._http is not None:
-            self._http.close()
-            await self._http.wait_closed()
-            self._http = None
+        if self._metrics is not None:
+            await self._metrics.cleanup()
+            self._metrics = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

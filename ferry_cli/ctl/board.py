@@ -15,7 +15,7 @@ asks the Admin API what ``status``, ``nodes``, ``replicas``, ``tiers`` and
 :func:`ferry_cli.ctl.fleet.gather_status`, and the same rows,
 :mod:`ferry_cli.ctl.views` and :mod:`ferry_cli.ctl.flow`, of the leader),
 and scrapes the Prometheus endpoints ``ferry up``'s ready file lists
-(``metrics``), parsed by :mod:`agent.promtext`. Rates:
+(``metrics``), parsed by :mod:`agent.scrape` (``prometheus_client``'s parser). Rates:
 
 - requests/s into a proxy and tokens/s it streams back: the change of its
   ``ferry_proxy_requests_total`` and ``ferry_proxy_generation_tokens_total``;
@@ -59,7 +59,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from ferry.process import read_ready_file
 from ferry.v1 import admin_pb2
 from ferry_cli.ctl import boardgraph as g

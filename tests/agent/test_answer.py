@@ -9,7 +9,7 @@ import pytest
 
 from agent.replica import tensors
 from agent.replica.answer import Limit, _window, answer_limit, natural_length
-from agent.replica.engine import Admission, Engine, EngineParams, EngineRequest
+from agent.replica.engine import Engine, EngineParams, EngineRequest, SubmitOutcome
 from ferry.config import parse
 from ferry.errors import ConfigError
 from tests.agent.helpers import with_natural
@@ -127,7 +127,7 @@ P = EngineParams(max_running=4, max_queue=8, kv_block_tokens=16, kv_blocks_total
 def test_the_engine_stops_at_output_tokens_and_reserves_blocks_for_them():
     engine = Engine(P)
     assert engine.submit(EngineRequest(request_id="a", prompt_tokens=10, max_tokens=900, output_tokens=3),
-                         0.0) is Admission.QUEUED  # 910 tokens would need 57 blocks of the 8: only 13 are held
+                         0.0) is SubmitOutcome.QUEUED  # 910 tokens would need 57 blocks of the 8: only 13 are held
     now, steps = 0.0, 0
     while (duration := engine.start_step(now)) is not None:
         if steps == 0:
@@ -142,7 +142,7 @@ def test_the_engine_stops_at_output_tokens_and_reserves_blocks_for_them():
 def test_the_context_is_checked_against_max_tokens_not_the_real_length():
     engine = Engine(P)
     over = EngineRequest(request_id="a", prompt_tokens=10, max_tokens=991, output_tokens=3)
-    assert engine.submit(over, 0.0) is Admission.TOO_LONG
+    assert engine.submit(over, 0.0) is SubmitOutcome.TOO_LONG
 
 
 def test_output_tokens_past_max_tokens_is_a_programming_error():

@@ -19,7 +19,7 @@ from agent.batch.reference import transform
 from agent.batch.runtime import BatchRuntime, HostedModel
 from agent.batch.server import serve
 from agent.main import BATCH_PREFIX, batch_endpoint, build_parser
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from agent.triton import from_metrics
 from ferry.errors import ConfigError
 from ferry.v1 import common_pb2

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from agent.replica.engine import Admission, Engine, EngineParams, EngineRequest, Finished
+from agent.replica.engine import Engine, EngineParams, EngineRequest, Finished, SubmitOutcome
 from agent.replica.prefix_cache import PrefixCache
 from ferry.config import parse
 from ferry.errors import ConfigError
@@ -42,7 +42,7 @@ def run_until_idle(engine: Engine, now: float = 0.0) -> tuple[float, list[Finish
 @pytest.mark.parametrize("prompt_tokens", [1, 100, 1000, 10000], ids=lambda n: f"prompt{n}")
 def test_prefill_time_grows_with_uncached_tokens(prompt_tokens):
     engine = Engine(P)
-    assert engine.submit(req("a", prompt_tokens), 0.0) is Admission.QUEUED
+    assert engine.submit(req("a", prompt_tokens), 0.0) is SubmitOutcome.QUEUED
     assert engine.start_step(0.0) == pytest.approx(0.002 + 1e-5 * prompt_tokens)
 
 
@@ -98,7 +98,7 @@ def test_finished_request_reports_cached_tokens_and_times():
 def test_kv_cache_bounds_admission(kv_blocks, prompt, max_tokens, submitted, running):
     engine = Engine(dataclasses.replace(P, kv_blocks_total=kv_blocks))
     for i in range(submitted):
-        assert engine.submit(req(f"r{i}", prompt, max_tokens), 0.0) is Admission.QUEUED
+        assert engine.submit(req(f"r{i}", prompt, max_tokens), 0.0) is SubmitOutcome.QUEUED
     engine.start_step(0.0)
     load = engine.load()
     assert (load.running, load.queued) == (running, submitted - running)
@@ -130,9 +130,9 @@ def test_prefill_and_decode_share_a_step():
 @pytest.mark.parametrize(
     ("max_queue", "prompt", "max_tokens", "expected"),
     [
-        (8, 10, 10, [Admission.QUEUED] * 8 + [Admission.QUEUE_FULL] * 2),
-        (0, 10, 10, [Admission.QUEUE_FULL]),
-        (8, 16000, 1000, [Admission.TOO_LONG]),
+        (8, 10, 10, [SubmitOutcome.QUEUED] * 8 + [SubmitOutcome.QUEUE_FULL] * 2),
+        (0, 10, 10, [SubmitOutcome.QUEUE_FULL]),
+        (8, 16000, 1000, [SubmitOutcome.TOO_LONG]),
     ],
     ids=["queue-of-8", "no-queue", "over-max-context"],
 )
@@ -140,12 +140,12 @@ def test_queue_bound_and_refusals(max_queue, prompt, max_tokens, expected):
     engine = Engine(dataclasses.replace(P, max_queue=max_queue))
     got = [engine.submit(req(f"r{i}", prompt, max_tokens), 0.0) for i in range(len(expected))]
     assert got == expected
-    assert engine.load().rejected == sum(a is not Admission.QUEUED for a in expected)
+    assert engine.load().rejected == sum(a is not SubmitOutcome.QUEUED for a in expected)
 
 
 def test_request_over_the_whole_kv_cache_is_refused():
     engine = Engine(dataclasses.replace(P, kv_blocks_total=2))
-    assert engine.submit(req("a", 1000, 100), 0.0) is Admission.TOO_LONG
+    assert engine.submit(req("a", 1000, 100), 0.0) is SubmitOutcome.TOO_LONG
 
 
 @pytest.mark.parametrize("where", ["queued", "running", "in-step"])
@@ -239,13 +239,13 @@ def test_chunked_prefill_interleaves_a_long_prompt_with_decoding() -> None:
     """A 10,000-token prompt behind a running request, 4,096 prompt tokens a step: three steps of prefill, each
     also decoding the running request, the first token at the end of the third."""
     engine = Engine(dataclasses.replace(P, max_step_tokens=4096))
-    assert engine.submit(req("short", 10, max_tokens=8), 0.0) is Admission.QUEUED
+    assert engine.submit(req("short", 10, max_tokens=8), 0.0) is SubmitOutcome.QUEUED
     now = 0.0
     duration = engine.start_step(now)
     assert duration is not None
     now += duration
     engine.finish_step(now)
-    assert engine.submit(req("long", 10_000, max_tokens=2), now) is Admission.QUEUED
+    assert engine.submit(req("long", 10_000, max_tokens=2), now) is SubmitOutcome.QUEUED
     steps, first_at = [], None
     while first_at is None:
         duration = engine.start_step(now)
@@ -263,7 +263,7 @@ def test_chunked_prefill_interleaves_a_long_prompt_with_decoding() -> None:
 def test_a_step_admits_no_new_request_once_its_prefill_budget_is_spent() -> None:
     engine = Engine(dataclasses.replace(P, max_step_tokens=1000))
     for rid in ("a", "b"):
-        assert engine.submit(req(rid, 1000), 0.0) is Admission.QUEUED
+        assert engine.submit(req(rid, 1000), 0.0) is SubmitOutcome.QUEUED
     assert engine.start_step(0.0) == pytest.approx(0.002 + 1000e-5)
     assert engine.load().running == 1 and engine.load().queued == 1
     assert engine.finish_step(0.012).first == ("a",)

@@ -9,14 +9,15 @@ from prometheus_client import CollectorRegistry
 
 from agent.agent import Agent, AgentMetrics, Endpoint, NodeInfo
 from agent.config import AgentSettings
-from agent.httptext import HttpError
 from agent.main import build_parser, openai_endpoints
 from agent.openai import KV_FRACTION_BLOCKS, OpenAIEndpoint, http_address, load_from_metrics
 from agent.replica.server import SimulatedReplica
+from agent.scrape import HttpError
 from agent.triton import ModelLoad
 from ferry.v1 import common_pb2
 from tests.agent.helpers import FAST
 from tests.agent.test_agent import FakeFleet, start_fleet
+from tools.peers.replicaface import HttpFace
 
 pytestmark = pytest.mark.timeout(15)
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -144,7 +145,7 @@ def test_a_url_that_is_not_http_is_refused() -> None:
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 async def test_a_simulated_replica_reads_the_same_under_each_engines_names(engine: str) -> None:
-    async with SimulatedReplica("chat", params=FAST, http=True) as replica:
+    async with SimulatedReplica("chat", params=FAST, face=HttpFace) as replica:
         assert replica.runner is not None
         ticket = replica.runner.submit(8, 64, [])  # one request running
         try:
@@ -159,7 +160,7 @@ async def test_a_simulated_replica_reads_the_same_under_each_engines_names(engin
 
 
 async def test_the_endpoint_lists_polls_and_sees_the_server_go() -> None:
-    replica = await SimulatedReplica("chat", params=FAST, http=True).start()
+    replica = await SimulatedReplica("chat", params=FAST, face=HttpFace).start()
     endpoint = OpenAIEndpoint(replica.http_url, replica.metrics_url, engine="vllm", timeout_seconds=1.0)
     try:
         assert endpoint.address == f"127.0.0.1:{replica.http_port}"
@@ -180,7 +181,7 @@ async def test_the_endpoint_lists_polls_and_sees_the_server_go() -> None:
 
 
 async def test_health_503_while_loading_reads_not_ready_and_given_names_are_not_listed() -> None:
-    async with SimulatedReplica("chat", params=FAST, http=True, warmup_seconds=30) as replica:
+    async with SimulatedReplica("chat", params=FAST, face=HttpFace, warmup_seconds=30) as replica:
         endpoint = OpenAIEndpoint(replica.http_url, None, engine="sglang", models=("served-name",))
         try:
             assert [e.name for e in await endpoint.discover()] == ["served-name"]
@@ -193,7 +194,7 @@ async def test_health_503_while_loading_reads_not_ready_and_given_names_are_not_
 async def test_the_agent_registers_an_openai_replica_with_its_http_address_and_no_kserve_address() -> None:
     fake = FakeFleet()
     server, port = await start_fleet(fake)
-    async with SimulatedReplica("chat", params=FAST, http=True) as replica:
+    async with SimulatedReplica("chat", params=FAST, face=HttpFace) as replica:
         agent = Agent(node=NodeInfo(node="n1"), control_planes=[f"127.0.0.1:{port}"],
                       endpoints=[Endpoint(openai_url=replica.http_url, metrics_url=replica.metrics_url,
                                           engine="vllm", adopt=True)],

@@ -8,7 +8,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from agent.triton import METRICS_READ, TritonEndpoint, from_metrics
 from ferry.grpcutil import start_server
 

@@ -12,10 +12,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from agent.httptext import HttpError, get_text
-from agent.promtext import Samples, parse
 from agent.replica import tensors
 from agent.replica.server import ReplicaServicer, SimulatedReplica
+from agent.scrape import HttpError, Samples, get_text, parse
 from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until, with_natural
 
 

@@ -25,7 +25,8 @@ from agent.replica.server import SimulatedReplica
 from dataplane.api import tools as hermes
 from dataplane.api.chat import ChatTemplates
 from tests.agent.helpers import FAST, llm_inputs, params_of, text_of
-from tests.agent.test_httpface import call
+from tests.tools.test_replicaface import call
+from tools.peers.replicaface import HttpFace
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,7 +63,7 @@ def validate(value: Any, schema: Any) -> None:
 
 @pytest.fixture
 async def replica():
-    async with SimulatedReplica("chat", "v1", params=FAST, replica_id="r1", http=True) as rep:
+    async with SimulatedReplica("chat", "v1", params=FAST, replica_id="r1", face=HttpFace) as rep:
         yield rep
 
 

@@ -6,10 +6,10 @@ import pytest
 
 from agent.inventory import Inventory, ReplicaSpec
 from agent.openai import load_from_metrics
-from agent.promtext import Samples, parse
 from agent.replica import metrics as replica_metrics
 from agent.replica.engine import Engine, EngineParams, EngineRequest
 from agent.replica.runner import RunnerStats
+from agent.scrape import Samples, parse
 from agent.stepcounters import COUNTERS, Counts, Reading, advance, delta, read, sample
 from agent.triton import METRICS_READ, ModelLoad, from_metrics
 

@@ -11,9 +11,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from agent.httptext import HttpError, get_text
-from agent.promtext import Samples, parse
 from agent.replica.server import SimulatedReplica
+from agent.scrape import HttpError, Samples, get_text, parse
 from agent.triton import ModelEntry, TritonEndpoint, from_metrics, pinned_gpus
 from ferry.grpcutil import start_server
 from tests.agent.helpers import FAST, llm_inputs, until

@@ -29,7 +29,7 @@ from tritonclient.grpc import InferInput
 
 from agent.batch.reference import transform
 from agent.batch.server import FAULT_MODEL
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from ferry.v1 import common_pb2, inference_pb2
 from tests.e2e.harness import wait_for
 from tools.process_fleet import Fleet

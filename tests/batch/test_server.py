@@ -22,7 +22,7 @@ from agent.batch.gpusched import SchedulerConfig
 from agent.batch.reference import batchstring, transform
 from agent.batch.runtime import BatchRuntime, HostedModel
 from agent.batch.server import FAULT_MODEL, serve
-from agent.httptext import get_text
+from agent.scrape import get_text
 from tests.batch.fakes import GatedBackend
 
 pytestmark = pytest.mark.timeout(30)
@@ -183,8 +183,7 @@ async def test_metrics_endpoint_exposes_batch_metrics() -> None:
         try:
             body = await get_text(f"http://127.0.0.1:{port}/metrics")
         finally:
-            server.close()
-            await server.wait_closed()
+            await server.cleanup()
     for name in ("nv_inference_pending_request_count", "ferry_batch_size_bucket", "ferry_batch_flushes_total",
                  "ferry_gpu_idle_drain_seconds_total", "ferry_gpus_in_use", "ferry_batch_running_requests",
                  "ferry_batch_aborted_total", "nv_gpu_utilization"):

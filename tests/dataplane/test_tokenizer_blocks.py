@@ -18,7 +18,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent.replica.engine import Engine, EngineParams
-from agent.replica.httpface import submit_prompt
 from agent.replica.runner import EngineRunner
 from agent.replica.server import SimulatedReplica
 from dataplane.config import ProxySettings
@@ -50,7 +49,7 @@ async def test_replica_blocks_are_the_proxys_blocks(tokenizers: Tokenizers) -> N
         return None
 
     runner.submit = submit  # type: ignore[method-assign]
-    _, count = submit_prompt(runner, PROMPT, 4)
+    _, count = runner.submit_prompt(PROMPT, 4)
     valid = validate_request(request(prompt=PROMPT), Limits(), tokenizer=t)
     assert EngineParams().kv_block_tokens == BLOCK_TOKENS
     assert count == valid.prompt_tokens == 1200

@@ -157,8 +157,8 @@ async def test_http_load_connection_refused() -> None:
 
 async def test_http_load_against_simulated_replicas() -> None:
     replicas = pytest.importorskip("tools.peers.replicas")
-    from agent.promtext import Samples, parse
     from agent.replica.engine import EngineParams
+    from agent.scrape import Samples, parse
 
     params = EngineParams(max_running=8, prefill_base_seconds=0.001, prefill_seconds_per_token=1e-6,
                           decode_base_seconds=0.002, decode_seconds_per_request=0.0001)

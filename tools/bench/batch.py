@@ -61,7 +61,7 @@ from tritonclient.grpc import InferInput
 
 from agent.batch.reference import transform
 from agent.batch.server import FAULT_MODEL
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from ferry.config import hash_api_key
 from ferry.procs import Child, cpu_seconds, stop_all
 from ferry.v1 import common_pb2, inference_pb2, inference_pb2_grpc

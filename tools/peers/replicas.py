@@ -2,7 +2,7 @@
 
 The peer routers are measured in front of the replicas Ferry routes to:
 each :class:`agent.replica.server.SimulatedReplica` here serves KServe v2 gRPC (for
-Ferry), the HTTP face of :mod:`agent.replica.httpface` (SGLang ``/generate``, OpenAI
+Ferry), the HTTP face of :mod:`tools.peers.replicaface` (SGLang ``/generate``, OpenAI
 ``/v1/completions``, for the peer routers) and Prometheus text, all on one
 engine, so a request costs the same whichever way it arrives.
 
@@ -39,6 +39,7 @@ from agent.replica.engine import EngineParams
 from agent.replica.server import SimulatedReplica
 from ferry.errors import ConfigError
 from ferry.process import stop_event, write_ready_file
+from tools.peers.replicaface import HttpFace
 
 MAX_COUNT = 256
 
@@ -52,7 +53,7 @@ async def start_replicas(count: int, model: str, params: EngineParams | None = N
     try:
         for i in range(count):
             started.append(await SimulatedReplica(model, params=params, host=host, replica_id=f"r{i}",
-                                                  http=True).start())
+                                                  face=HttpFace).start())
     except BaseException:
         await stop_replicas(started)
         raise

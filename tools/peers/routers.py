@@ -64,7 +64,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent.promtext import Samples, parse
+from agent.scrape import Samples, parse
 from tools.peers import load
 from tools.peers.procs import Proc, ProcFailed, free_port, http_get, wait_http, wait_json
 
@@ -189,7 +189,7 @@ class Replicas:
 def counters(samples: Samples) -> ReplicaCounters:
     """Sums over every label set of the counters a replica exports."""
     def total(name: str) -> float:
-        return sum(s.value for s in samples.all(name))
+        return float(sum(s.value for s in samples.all(name)))
     return ReplicaCounters(hit_blocks=total("ferry_replica_prefix_hit_blocks_total"),
                            lookup_blocks=total("ferry_replica_prefix_lookup_blocks_total"),
                            success=total("nv_inference_request_success"),

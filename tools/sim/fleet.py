@@ -55,7 +55,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 
-from agent.replica.engine import Admission, Engine, EngineLoad, EngineParams, EngineRequest, StepResult
+from agent.replica.engine import Engine, EngineLoad, EngineParams, EngineRequest, StepResult, SubmitOutcome
 from dataplane.pick.ring import DEFAULT_LOAD_FACTOR
 from dataplane.table.local import Table, TableParams, build_table
 from ferry.v1 import common_pb2, tables_pb2
@@ -233,7 +233,7 @@ class Fleet:
         admission = self.engines[i].submit(
             EngineRequest(request_id=str(n), prompt_tokens=req.prompt_tokens, max_tokens=req.max_tokens,
                           block_hashes=req.hash_ids), self.now)
-        if admission is not Admission.QUEUED:
+        if admission is not SubmitOutcome.QUEUED:
             if policy.refused(req, replica_id, self.now):
                 self._attempt(n, (*tried, replica_id))
                 return

@@ -32,7 +32,7 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 
-from agent.replica.engine import Admission, Engine, EngineParams, EngineRequest
+from agent.replica.engine import Engine, EngineParams, EngineRequest, SubmitOutcome
 from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
 from ferry.config import TIERS
 
@@ -199,7 +199,7 @@ class TierSim:
         engine = self.engines[i]
         got = engine.submit(EngineRequest(request_id=str(rid), prompt_tokens=out.req.prompt_tokens,
                                           max_tokens=out.req.max_tokens), now)
-        if got is not Admission.QUEUED:
+        if got is not SubmitOutcome.QUEUED:
             self.queues.finish(ticket)
             self._refuse(rid, str(got), now)
             return

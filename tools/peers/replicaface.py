@@ -1,14 +1,18 @@
 """The HTTP face of a simulated replica: SGLang's native API and OpenAI completions and chat on the gRPC face's engine.
 
-:class:`HttpFace` serves one :class:`agent.replica.runner.EngineRunner` (the very
-runner behind the replica's KServe v2 gRPC face) over HTTP/1.1 on asyncio
-streams, so that HTTP routers can be measured in front of the same replicas
-Ferry routes to over gRPC. Both faces admit a prompt with
-:func:`submit_prompt` (whitespace tokens, chained block hashes of the
-engine's block size) and write the answer :mod:`agent.replica.model` gives
-(words, JSON, a tool call), so a request's text, token counts, cached
-tokens and the engine's prefix-cache counters are the same whichever face it
-came through.
+Test and benchmark scaffolding, not part of the agent: :class:`HttpFace` serves
+one :class:`agent.replica.runner.EngineRunner` (the very runner behind the
+replica's KServe v2 gRPC face) over HTTP/1.1 with ``aiohttp.web``, so that HTTP
+routers (the peers of :mod:`tools.peers`) can be measured in front of the same
+replicas Ferry routes to over gRPC. It is a
+:class:`agent.replica.server.FaceFactory`: ``SimulatedReplica(..., face=HttpFace)``
+starts it, as :func:`tools.peers.replicas.start_replicas` and ``ferry node``
+(which the ``ferry`` command gives this face) do. Both faces admit a prompt with
+:meth:`agent.replica.runner.EngineRunner.submit_prompt` (the model's tokens,
+chained block hashes of the engine's block size) and write the answer
+:mod:`agent.replica.model` gives (words, JSON, a tool call), so a request's
+text, token counts, cached tokens and the engine's prefix-cache counters are
+the same whichever face it came through.
 
 Routes (``model`` is the replica's model name):
 
@@ -82,19 +86,21 @@ parameters, ``temperature`` ...) are ignored, but ``echo`` true is refused.
 Errors are JSON ``{"error": {"message", "type", "param", "code"}}`` whose
 ``param`` names the field at fault: 400 malformed JSON or field, 404 unknown
 path or model, 405 method, 408 body too slow, 411 a chunked request body
-(``Content-Length`` is required), 413 body over ``max_body_bytes``, 429 engine queue full
-(with ``Retry-After``), 431 head over ``MAX_HEAD_BYTES``, 503 model loading
-or ``max_connections`` open.
+(``Content-Length`` is required), 413 body over ``max_body_bytes``, 429 engine
+queue full (with ``Retry-After``), 503 model loading or ``max_connections``
+open. A request head aiohttp cannot parse (a bad request line or header, a
+line over ``MAX_HEAD_BYTES``) gets aiohttp's own 400 and the connection is closed.
 
-Connections: keep-alive (HTTP/1.1's default; HTTP/1.0 and ``Connection:
-close`` close after the response), one request at a time. The next request's
-head must arrive within ``idle_seconds`` of the last response (longer than
-the 90 s idle pools of common clients, so the server is not the side that
-closes a pooled connection), its body within ``BODY_TIMEOUT_SECONDS``. While
-a generation runs the connection is watched: a client that closes it (a
-half-close counts) cancels its request in the engine, which frees the KV
-blocks. The first byte of a pipelined next request ends the watch and is
-kept for the next parse.
+Connections (aiohttp's): keep-alive (HTTP/1.1's default, said in a
+``Connection: keep-alive`` header; HTTP/1.0 and ``Connection: close`` close
+after the response), pipelined requests answered in order. A connection may
+stay idle ``idle_seconds`` between requests (longer than the 90 s idle pools
+of common clients, so the server is not the side that closes a pooled
+connection); a body must arrive within ``BODY_TIMEOUT_SECONDS``. A client
+that closes its connection while its request runs cancels the request's
+handler (aiohttp's ``handler_cancellation``), which cancels its requests in
+the engine and frees their KV blocks. :meth:`HttpFace.stop` ends every
+connection at once.
 
 Defaults: ``max_body_bytes`` 8 MiB (a 130 k-word prompt), ``max_connections``
 1024, ``idle_seconds`` 300.
@@ -109,7 +115,6 @@ cache by its budget.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
@@ -119,20 +124,21 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from aiohttp import web
+
 from agent.replica import choices, logprobs
 from agent.replica import model as simulated
-from agent.replica.answer import answer_limit
 from agent.replica.engine import Finished
 from agent.replica.model import Script
 from agent.replica.runner import EngineRunner, Ticket
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
 from ferry.tokens import tokenize
 
-MAX_HEAD_BYTES = 32 * 1024
+MAX_HEAD_BYTES = 32 * 1024  # a request line or a header line longer than this is refused (aiohttp's 400)
 MAX_HEADERS = 100
 BODY_TIMEOUT_SECONDS = 30.0
-LINGER_SECONDS = 1.0  # after closing its side, the server discards what the client still sends this long ...
-LINGER_BYTES = 1024 * 1024  # ... or up to this much, so the close does not reset the connection before it is read
+LINGER_SECONDS = 1.0  # after a refusal that closes, the request body still coming is read and dropped this long
+STOP_SECONDS = 0.0  # stop() gives the requests that run this long before it cancels them (none: at once)
 GENERATE_DEFAULT_TOKENS = 128  # SGLang's default max_new_tokens
 MAX_STOPS = 16  # stop strings per request (as many as the KServe face's stop_words tensor takes)
 MAX_STOP_CHARS = 256
@@ -140,38 +146,8 @@ MAX_CHOICES = 16  # n, the choices of one OpenAI request
 MAX_COMPLETION_LOGPROBS = 5  # /v1/completions logprobs: alternatives per token, as OpenAI bounds it
 EOS_TOKEN_ID = 2  # what SGLang's finish_reason names as matched at a natural end (Llama's </s>)
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-            411: "Length Required", 413: "Content Too Large", 429: "Too Many Requests",
-            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 _T = TypeVar("_T")
-
-
-def submit_prompt(runner: EngineRunner, prompt: str, max_tokens: int | None, *, stops: Sequence[str] = (),
-                  ignore_eos: bool = False, prompt_field: str = "prompt",
-                  script: tuple[str, ...] | None = None) -> tuple[Ticket, int]:
-    """Queue ``prompt`` in the engine (both faces do it this way); returns the ticket and the prompt's tokens.
-
-    Tokens are the runner's tokenizer (a model's ``tokenizer.json``, else
-    whitespace words), cut into KV blocks of ``kv_block_tokens`` and hashed
-    as the proxy does (:meth:`ferry.tokens.Tokenizer.encode`), so a proxy
-    block of 512 tokens is whole engine blocks whenever the engine's block
-    size divides 512, and with the default (512) the very same hashes.
-    ``max_tokens`` None is the context left after the prompt (vLLM's
-    default; InvalidArgument naming ``prompt_field`` when none is left).
-    Where the answer ends (``ticket.answer``) is :func:`agent.replica.answer.answer_limit`
-    of the prompt, the budget, ``stops``, ``ignore_eos`` and the answer's
-    ``script`` (:mod:`agent.replica.model`; None: words), with the engine's
-    ``answer_tokens`` settings.
-    """
-    params = runner.engine.params
-    encoded = runner.tokenizer.encode(prompt, block_tokens=params.kv_block_tokens)
-    if max_tokens is None:
-        max_tokens = params.max_context_tokens - encoded.count
-        if max_tokens < 1:
-            raise InvalidArgument(prompt_field, f"prompt of {encoded.count} tokens leaves no room for an answer "
-                                                f"in the context of {params.max_context_tokens} tokens")
-    answer = answer_limit(prompt, max_tokens, stops, params=params, ignore_eos=ignore_eos, script=script)
-    return runner.submit(encoded.count, max_tokens, encoded.hashes, answer), encoded.count
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def token_ids(prompt: str) -> list[int]:
@@ -217,165 +193,35 @@ class HttpReject(Exception):
         self.status, self.param, self.message, self.close, self.headers = status, param, message, close, headers
 
 
-class ClientGone(Exception):
-    """The client closed the connection while its request ran."""
+def _json_response(status: int, body: bytes, headers: tuple[tuple[str, str], ...] = ()) -> web.Response:
+    """A JSON response whose body is already encoded."""
+    return web.Response(status=status, body=body, headers={"Content-Type": "application/json", **dict(headers)})
 
 
-@dataclasses.dataclass(frozen=True)
-class _Request:
-    """One parsed HTTP request: method, path, body, and whether the connection stays open."""
-
-    method: str
-    path: str
-    body: bytes
-    keep_alive: bool
+def _send_json(payload: object, status: int = 200) -> web.Response:
+    return _json_response(status, json.dumps(payload, separators=(",", ":")).encode("utf-8"))
 
 
-class _Conn:
-    """One client connection: reads requests, writes sized or streamed responses, watches for the client leaving."""
+class _Events:
+    """A server-sent event stream: one ``data:`` event per write (one chunk on HTTP/1.1), then ``data: [DONE]``."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.pushback = b""  # the first byte of a pipelined request, read by the watch
-        self.closed = False  # the client closed its side
-        self.chunked = True  # HTTP/1.1: streamed bodies are chunked
-        self._watch: asyncio.Future[bytes] | None = None
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                               "Cache-Control": "no-cache"})
 
-    async def read_request(self, idle_seconds: float, max_body: int) -> _Request | None:
-        """The next request; None when the client closed or stayed idle too long."""
-        try:
-            head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), idle_seconds)
-        except asyncio.IncompleteReadError as exc:
-            self.closed = True
-            if exc.partial.strip() or self.pushback:
-                raise HttpReject(400, "request", "connection closed inside the request head", close=True) from None
-            return None
-        except asyncio.LimitOverrunError:
-            raise HttpReject(431, "headers", f"request head over {MAX_HEAD_BYTES} bytes", close=True) from None
-        except TimeoutError:
-            return None
-        lines = (self.pushback + head).decode("latin-1").split("\r\n")
-        self.pushback = b""
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[1].startswith("/"):
-            raise HttpReject(400, "request line", f"expected 'METHOD /path HTTP/1.1', got {lines[0][:80]!r}",
-                             close=True)
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                raise HttpReject(400, "headers", f"malformed header line {line[:80]!r}", close=True)
-            headers[name.lower()] = value.strip()
-        if len(headers) > MAX_HEADERS:
-            raise HttpReject(431, "headers", f"more than {MAX_HEADERS} header fields", close=True)
-        self.chunked = version == "HTTP/1.1"
-        keep_alive = self.chunked and headers.get("connection", "").lower() != "close"
-        if "transfer-encoding" in headers:
-            raise HttpReject(411, "Transfer-Encoding", "request bodies must be sent with a Content-Length",
-                             close=True)
-        raw = headers.get("content-length", "0")
-        if not (raw.isascii() and raw.isdigit()):
-            raise HttpReject(400, "Content-Length", f"not a byte count: {raw[:40]!r}", close=True)
-        if int(raw) > max_body:
-            raise HttpReject(413, "Content-Length", f"body of {raw} bytes over the limit of {max_body}", close=True)
-        if int(raw) and headers.get("expect", "").lower() == "100-continue":
-            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        try:
-            body = await asyncio.wait_for(self.reader.readexactly(int(raw)), BODY_TIMEOUT_SECONDS)
-        except TimeoutError:
-            raise HttpReject(408, "body", f"not received within {BODY_TIMEOUT_SECONDS:g} s", close=True) from None
-        except asyncio.IncompleteReadError:
-            self.closed = True
-            return None
-        return _Request(method, target.split("?", 1)[0], body, keep_alive)
-
-    def _head(self, status: int, content_type: str, keep_alive: bool, extra: tuple[tuple[str, str], ...]) -> str:
-        lines = [f"HTTP/1.1 {status} {_REASONS[status]}", f"Content-Type: {content_type}",
-                 f"Connection: {'keep-alive' if keep_alive else 'close'}", *(f"{k}: {v}" for k, v in extra)]
-        return "\r\n".join(lines) + "\r\n"
-
-    async def send_json(self, status: int, payload: object, *, keep_alive: bool,
-                        headers: tuple[tuple[str, str], ...] = ()) -> None:
-        await self.send_raw(status, json.dumps(payload, separators=(",", ":")).encode("utf-8"),
-                            keep_alive=keep_alive, headers=headers)
-
-    async def send_raw(self, status: int, body: bytes, *, keep_alive: bool,
-                       headers: tuple[tuple[str, str], ...] = ()) -> None:
-        """A JSON response whose body is already encoded."""
-        head = self._head(status, "application/json", keep_alive, headers) + f"Content-Length: {len(body)}\r\n\r\n"
-        self.writer.write(head.encode("latin-1") + body)
-        await self.writer.drain()
-
-    def start_events(self, keep_alive: bool) -> None:
-        """The head of a server-sent event stream (chunked on HTTP/1.1; HTTP/1.0 ends it by closing)."""
-        extra = (("Cache-Control", "no-cache"),) + ((("Transfer-Encoding", "chunked"),) if self.chunked else ())
-        self.writer.write((self._head(200, "text/event-stream", keep_alive, extra) + "\r\n").encode("latin-1"))
+    async def start(self) -> None:
+        await self.response.prepare(self.request)
 
     async def event(self, payload: bytes) -> None:
         """One ``data:`` event, flushed."""
-        data = b"data: " + payload + b"\n\n"
-        self.writer.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
-        await self.writer.drain()
+        await self.response.write(b"data: " + payload + b"\n\n")
 
-    async def end_events(self) -> None:
-        """``data: [DONE]``, then the end of the chunked body."""
+    async def end(self) -> web.StreamResponse:
+        """``data: [DONE]``, then the end of the body."""
         await self.event(b"[DONE]")
-        if self.chunked:
-            self.writer.write(b"0\r\n\r\n")
-            await self.writer.drain()
-
-    async def linger(self) -> None:
-        """Close the server's side, then discard what the client still sends (bounded in bytes and time)."""
-        if self.closed or self.writer.is_closing():
-            return
-        with contextlib.suppress(TimeoutError, ConnectionError, OSError, RuntimeError):
-            self.writer.write_eof()
-            async with asyncio.timeout(LINGER_SECONDS):
-                left = LINGER_BYTES
-                while left > 0 and (data := await self.reader.read(min(64 * 1024, left))):
-                    left -= len(data)
-
-    def watch(self) -> None:
-        """Start watching for the client closing the connection."""
-        self._watch = asyncio.ensure_future(self.reader.read(1))
-
-    async def wait(self, awaitable: Awaitable[_T]) -> _T:
-        """Await ``awaitable``; raises ClientGone if the client closes the connection first."""
-        task = asyncio.ensure_future(awaitable)
-        while self._watch is not None:
-            try:
-                await asyncio.wait((task, self._watch), return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-            if task.done():
-                return task.result()
-            self._settle()
-            if self.closed:
-                task.cancel()
-                raise ClientGone
-        return await task
-
-    async def unwatch(self) -> None:
-        """Stop watching (a byte it read is kept for the next request)."""
-        if self._watch is not None and not self._watch.done():
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-        self._settle()
-
-    def _settle(self) -> None:
-        watch, self._watch = self._watch, None
-        if watch is None or not watch.done() or watch.cancelled():
-            return
-        data = b"" if watch.exception() is not None else watch.result()
-        if data:
-            self.pushback = data
-        else:
-            self.closed = True
+        await self.response.write_eof()
+        return self.response
 
 
 def _json_body(body: bytes) -> dict[str, Any]:
@@ -415,7 +261,7 @@ def _prompt(value: object, field: str) -> str:
 
 
 class HttpFace:
-    """HTTP/1.1 server of one replica's engine; see the module docstring for the routes."""
+    """HTTP/1.1 server (``aiohttp.web``) of one replica's engine; see the module docstring for the routes."""
 
     def __init__(self, *, model: str, runner: EngineRunner, loaded: Callable[[], bool] = lambda: True,
                  max_body_bytes: int = 8 * 1024 * 1024, max_connections: int = 1024,
@@ -423,97 +269,93 @@ class HttpFace:
         self.model, self.runner, self._loaded = model, runner, loaded
         self.max_body_bytes, self.max_connections, self.idle_seconds = max_body_bytes, max_connections, idle_seconds
         self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._runner: web.AppRunner | None = None
         self._get: dict[str, Callable[[], object]] = {
             "/health": self._health, "/health_generate": self._health, "/get_load": self._load,
             "/server_info": self._server_info, "/get_server_info": self._server_info,
             "/model_info": self._model_info, "/get_model_info": self._model_info, "/v1/models": self._models,
         }
-        self._post: dict[str, Callable[[_Conn, _Request], Awaitable[None]]] = {
+        self._post: dict[str, Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]] = {
             "/generate": self._generate, "/v1/completions": self._completions, "/v1/chat/completions": self._chat,
             "/v1/completions/render": self._render, "/tokenize": self._tokenize,
         }
 
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._refusals])
+        for path, read in self._get.items():
+            app.router.add_get(path, self._getter(path, read), allow_head=False)
+        for path, post in self._post.items():
+            app.router.add_post(path, self._poster(post))
+        app.on_response_prepare.append(_say_keep_alive)
+        return app
+
     async def start(self, host: str, port: int = 0) -> int:
         """Listen on ``host:port`` (0: the system picks); returns the bound port."""
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEAD_BYTES)
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._runner = web.AppRunner(
+            self._app(), access_log=None, handler_cancellation=True, shutdown_timeout=STOP_SECONDS,
+            keepalive_timeout=self.idle_seconds, max_line_size=MAX_HEAD_BYTES, max_field_size=MAX_HEAD_BYTES,
+            max_headers=MAX_HEADERS, lingering_time=LINGER_SECONDS)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def stop(self) -> None:
         """Stop listening and end every connection (their requests are cancelled in the engine)."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
-    # -- connections ----------------------------------------------------------------------------------------------
+    # -- requests -------------------------------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        conn = _Conn(reader, writer)
+    @web.middleware
+    async def _refusals(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        """Every refusal as the JSON error of the module docstring: the face's own, aiohttp's 404 and 405, and the
+        connections over ``max_connections``."""
         try:
-            if len(self._tasks) > self.max_connections:
-                await self._send_error(conn, HttpReject(503, "connection", f"{self.max_connections} connections "
-                                                        "already open", close=True), keep_alive=False)
-            else:
-                await self._converse(conn)
-            await conn.linger()
-        except (ClientGone, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            pass  # stop() ends connections; a cancelled handler task would be logged as an error by asyncio
-        finally:
-            self._tasks.discard(task)
-            writer.close()
-            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
-                await writer.wait_closed()
+            server = self._runner.server if self._runner is not None else None
+            if server is not None and len(server.connections) > self.max_connections:
+                raise HttpReject(503, "connection", f"{self.max_connections} connections already open", close=True)
+            return await handler(request)
+        except HttpReject as exc:
+            return _error(request, exc)
+        except web.HTTPNotFound:
+            routes = ", ".join([*self._get, *self._post])
+            return _error(request, HttpReject(404, "path", f"no route {request.path}; routes: {routes}"))
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return _error(request, HttpReject(405, "method", f"{request.method} {request.path}: only {allowed}",
+                                              headers=(("Allow", allowed),)))
 
-    async def _converse(self, conn: _Conn) -> None:
-        """Serve requests on ``conn`` until either side ends the conversation."""
-        while not conn.closed:
-            keep = False
-            try:
-                request = await conn.read_request(self.idle_seconds, self.max_body_bytes)
-                if request is None:
-                    return
-                keep = request.keep_alive
-                await self._dispatch(conn, request)
-            except HttpReject as exc:
-                keep = keep and not exc.close
-                await self._send_error(conn, exc, keep_alive=keep)
-            if not keep:
-                return
-
-    async def _send_error(self, conn: _Conn, exc: HttpReject, *, keep_alive: bool) -> None:
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        payload = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}}
-        await conn.send_json(exc.status, payload, keep_alive=keep_alive, headers=exc.headers)
-
-    async def _dispatch(self, conn: _Conn, request: _Request) -> None:
-        get, post = self._get.get(request.path), self._post.get(request.path)
-        if get is None and post is None:
-            raise HttpReject(404, "path", f"no route {request.path}; routes: {', '.join([*self._get, *self._post])}")
-        if get is not None and request.method == "GET":
-            if request.path.startswith("/health") and not self._loaded():
+    def _getter(self, path: str, read: Callable[[], object]) -> _Handler:
+        async def handle(_: web.Request) -> web.StreamResponse:
+            if path.startswith("/health") and not self._loaded():
                 raise HttpReject(503, "model", f"model {self.model} is loading")
-            await conn.send_json(200, get(), keep_alive=request.keep_alive)
-        elif post is not None and request.method == "POST":
+            return _send_json(read())
+
+        return handle
+
+    def _poster(self, post: Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]) -> _Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if "Transfer-Encoding" in request.headers:
+                raise HttpReject(411, "Transfer-Encoding", "request bodies must be sent with a Content-Length",
+                                 close=True)
+            size = request.content_length or 0
+            if size > self.max_body_bytes:
+                raise HttpReject(413, "Content-Length", f"body of {size} bytes over the limit of "
+                                                        f"{self.max_body_bytes}", close=True)
             try:
-                await post(conn, request)
+                async with asyncio.timeout(BODY_TIMEOUT_SECONDS):
+                    raw = await request.read()
+            except TimeoutError:
+                raise HttpReject(408, "body", f"not received within {BODY_TIMEOUT_SECONDS:g} s",
+                                 close=True) from None
+            try:
+                return await post(request, _json_body(raw))
             except FerryError as exc:
                 raise _rejection(exc) from None
-        else:
-            allowed = "GET" if get is not None else "POST"
-            raise HttpReject(405, "method", f"{request.method} {request.path}: only {allowed}",
-                             headers=(("Allow", allowed),))
+
+        return handle
 
     # -- metadata -------------------------------------------------------------------------------------------------
 
@@ -542,8 +384,7 @@ class HttpFace:
 
     # -- tokens ---------------------------------------------------------------------------------------------------
 
-    async def _render(self, conn: _Conn, request: _Request) -> None:
-        body = _json_body(request.body)
+    async def _render(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         model = _typed(body, "model", str, self.model)
         if model != self.model:
             raise NotFound("model", model)
@@ -552,14 +393,13 @@ class HttpFace:
         rendered = json.dumps({"request_id": f"cmpl-{uuid.uuid4().hex}", "model": self.model,
                                "sampling_params": {"max_tokens": max_tokens}}, separators=(",", ":"))
         payload = f'[{rendered[:-1]},"token_ids":{ids}}}]'
-        await conn.send_raw(200, payload.encode("utf-8"), keep_alive=request.keep_alive)
+        return _json_response(200, payload.encode("utf-8"))
 
-    async def _tokenize(self, conn: _Conn, request: _Request) -> None:
-        body = _json_body(request.body)
+    async def _tokenize(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         field = "prompt" if body.get("prompt") is not None or body.get("text") is None else "text"
         count, ids = _RENDERED.get(_prompt(body.get(field), field))
         payload = f'{{"count":{count},"max_model_len":{self.runner.engine.params.max_context_tokens},"tokens":{ids}}}'
-        await conn.send_raw(200, payload.encode("utf-8"), keep_alive=request.keep_alive)
+        return _json_response(200, payload.encode("utf-8"))
 
     # -- generation -----------------------------------------------------------------------------------------------
 
@@ -573,8 +413,8 @@ class HttpFace:
         prompt_tokens = 0
         try:
             for _ in range(n):
-                ticket, prompt_tokens = submit_prompt(
-                    self.runner, prompt, budget.max_tokens, stops=budget.stops, ignore_eos=budget.ignore_eos,
+                ticket, prompt_tokens = self.runner.submit_prompt(
+                    prompt, budget.max_tokens, stops=budget.stops, ignore_eos=budget.ignore_eos,
                     prompt_field=prompt_field, script=script.tokens if script is not None else None)
                 tickets.append(ticket)
         except BaseException as exc:
@@ -585,30 +425,28 @@ class HttpFace:
             raise
         return tickets, prompt_tokens
 
-    async def _follow(self, conn: _Conn, tickets: Sequence[Ticket],
+    async def _follow(self, tickets: Sequence[Ticket],
                       on_delta: Callable[[int, int, Finished | None], Awaitable[None]] | None = None
                       ) -> list[Finished]:
         """Wait for ``tickets`` to finish, one after the other, calling ``on_delta(choice, tokens, finished)`` per
-        delta (a later ticket's tokens wait in it, and come in one delta); cancels them if the client leaves."""
-        conn.watch()
+        delta (a later ticket's tokens wait in it, and come in one delta); cancels them if the client leaves (the
+        handler is cancelled) or a write fails."""
         done: list[Finished] = []
         try:
             for i, ticket in enumerate(tickets):
                 finished: Finished | None = None
                 while finished is None:
-                    count, finished = await conn.wait(ticket.next())
+                    count, finished = await ticket.next()
                     if on_delta is not None:
                         await on_delta(i, count, finished)
                 done.append(finished)
             return done
         finally:
-            await conn.unwatch()
             for ticket in tickets:
                 if ticket.finished is None:
                     self.runner.cancel(ticket)
 
-    async def _generate(self, conn: _Conn, request: _Request) -> None:
-        body = _json_body(request.body)
+    async def _generate(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if body.get("text") is None and body.get("input_ids") is not None:
             raise InvalidArgument("text", "required (input_ids are not served: prompts are whitespace words)")
         prompt = _prompt(body.get("text"), "text")
@@ -627,21 +465,19 @@ class HttpFace:
             return info
 
         if not stream:
-            (f,) = await self._follow(conn, [ticket])
-            await conn.send_json(200, {"text": ticket.answer.text(0, ticket.emitted), "meta_info": meta(f)},
-                                 keep_alive=request.keep_alive)
-            return
+            (f,) = await self._follow([ticket])
+            return _send_json({"text": ticket.answer.text(0, ticket.emitted), "meta_info": meta(f)})
 
         async def delta(_: int, count: int, finished: Finished | None) -> None:
             text = ticket.answer.text(0, ticket.emitted)
-            await conn.event(json.dumps({"text": text, "meta_info": meta(finished)}).encode())
+            await events.event(json.dumps({"text": text, "meta_info": meta(finished)}).encode())
 
-        conn.start_events(request.keep_alive)
-        await self._follow(conn, [ticket], delta)
-        await conn.end_events()
+        events = _Events(request)
+        await events.start()
+        await self._follow([ticket], delta)
+        return await events.end()
 
-    async def _completions(self, conn: _Conn, request: _Request) -> None:
-        body = _json_body(request.body)
+    async def _completions(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         model = _typed(body, "model", str, self.model)
         if model != self.model:
             raise NotFound("model", model)
@@ -671,25 +507,23 @@ class HttpFace:
                     "finish_reason": answer.reason if finished else None}
 
         if not stream:
-            done = await self._follow(conn, tickets)
-            answer = {**head, "choices": [choice(i, t.emitted, f)
-                                          for i, (t, f) in enumerate(zip(tickets, done, strict=True))],
-                      "usage": _usage(prompt_tokens, tickets, done)}
-            await conn.send_json(200, answer, keep_alive=request.keep_alive)
-            return
+            done = await self._follow(tickets)
+            return _send_json({**head, "choices": [choice(i, t.emitted, f)
+                                                   for i, (t, f) in enumerate(zip(tickets, done, strict=True))],
+                               "usage": _usage(prompt_tokens, tickets, done)})
 
         async def delta(i: int, count: int, finished: Finished | None) -> None:
-            await conn.event(json.dumps({**head, "choices": [choice(i, count, finished)]}).encode())
+            await events.event(json.dumps({**head, "choices": [choice(i, count, finished)]}).encode())
 
-        conn.start_events(request.keep_alive)
-        done = await self._follow(conn, tickets, delta)
+        events = _Events(request)
+        await events.start()
+        done = await self._follow(tickets, delta)
         if usage_too:
             usage = _usage(prompt_tokens, tickets, done)
-            await conn.event(json.dumps({**head, "choices": [], "usage": usage}).encode())
-        await conn.end_events()
+            await events.event(json.dumps({**head, "choices": [], "usage": usage}).encode())
+        return await events.end()
 
-    async def _chat(self, conn: _Conn, request: _Request) -> None:
-        body = _json_body(request.body)
+    async def _chat(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         model = _typed(body, "model", str, self.model)
         if model != self.model:
             raise NotFound("model", model)
@@ -712,15 +546,13 @@ class HttpFace:
                                 "model": self.model}
 
         if not stream:
-            done = await self._follow(conn, tickets)
+            done = await self._follow(tickets)
             answers = [choices.message(script, t.answer, t.emitted) for t in tickets]
-            answer = {**head, "object": "chat.completion",
-                      "choices": [{"index": i, "message": message, "finish_reason": finish,
-                                   "logprobs": chat_logprobs(i, 0, tickets[i].emitted)}
-                                  for i, (message, finish) in enumerate(answers)],
-                      "usage": _usage(prompt_tokens, tickets, done)}
-            await conn.send_json(200, answer, keep_alive=request.keep_alive)
-            return
+            return _send_json({**head, "object": "chat.completion",
+                               "choices": [{"index": i, "message": message, "finish_reason": finish,
+                                            "logprobs": chat_logprobs(i, 0, tickets[i].emitted)}
+                                           for i, (message, finish) in enumerate(answers)],
+                               "usage": _usage(prompt_tokens, tickets, done)})
         chunk_head = {**head, "object": "chat.completion.chunk"}
         tail: dict[str, Any] = {"usage": None} if usage_too else {}  # OpenAI: null in every chunk but the last
         streams = [choices.Deltas(script, t.answer) for t in tickets]
@@ -729,7 +561,7 @@ class HttpFace:
 
         async def chunk(i: int, delta: dict[str, Any], finish: str | None, found: dict[str, Any] | None = None) -> None:
             choice = {"index": i, "delta": delta, "logprobs": found, "finish_reason": finish}
-            await conn.event(json.dumps({**chunk_head, "choices": [choice], **tail}).encode())
+            await events.event(json.dumps({**chunk_head, "choices": [choice], **tail}).encode())
 
         async def on_delta(i: int, count: int, finished: Finished | None) -> None:
             delta = streams[i].feed(count) if count else None
@@ -739,14 +571,15 @@ class HttpFace:
             if finished is not None:
                 await chunk(i, {}, streams[i].finish_reason)
 
-        conn.start_events(request.keep_alive)
+        events = _Events(request)
+        await events.start()
         for i, deltas in enumerate(streams):
             await chunk(i, deltas.first(), None)
-        done = await self._follow(conn, tickets, on_delta)
+        done = await self._follow(tickets, on_delta)
         if usage_too:
-            await conn.event(json.dumps({**chunk_head, "choices": [],
-                                         "usage": _usage(prompt_tokens, tickets, done)}).encode())
-        await conn.end_events()
+            await events.event(json.dumps({**chunk_head, "choices": [],
+                                           "usage": _usage(prompt_tokens, tickets, done)}).encode())
+        return await events.end()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -834,3 +667,19 @@ def _rejection(exc: FerryError) -> HttpReject:
     if isinstance(exc, Unavailable):
         return HttpReject(503, "model", str(exc))
     return HttpReject(400, "request", str(exc))
+
+
+def _error(request: web.Request, exc: HttpReject) -> web.Response:
+    """The JSON error of a refusal; the connection closes after it when ``exc.close``."""
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    payload = {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status}}
+    response = _json_response(exc.status, json.dumps(payload, separators=(",", ":")).encode("utf-8"), exc.headers)
+    if exc.close:
+        response.force_close()
+    return response
+
+
+async def _say_keep_alive(request: web.Request, response: web.StreamResponse) -> None:
+    """Name keep-alive in the head (aiohttp leaves HTTP/1.1's default unsaid), as a pooled client reads it."""
+    if request.keep_alive and response.keep_alive is not False and request.version >= (1, 1):
+        response.headers.setdefault("Connection", "keep-alive")

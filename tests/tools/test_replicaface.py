@@ -1,4 +1,4 @@
-"""The simulated replica's HTTP face over real loopback, with a plain asyncio HTTP/1.1 client."""
+"""The simulated replica's HTTP face (tools.peers.replicaface) over real loopback, with a plain asyncio client."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 import tritonclient.grpc.aio as triton
 
 from agent.replica import tensors
-from agent.replica.httpface import EOS_TOKEN_ID, token_ids
 from agent.replica.server import SimulatedReplica
 from tests.agent.helpers import FAST, llm_inputs, params_of, text_of, until, with_natural
+from tools.peers.replicaface import EOS_TOKEN_ID, HttpFace, token_ids
 from tools.peers.replicas import start_replicas, stop_replicas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +95,7 @@ async def open_stream(port: int, path: str, body: dict) -> tuple[asyncio.StreamR
 
 @pytest.fixture
 async def replica():
-    async with SimulatedReplica("chat", "v1", params=FAST, replica_id="r0", http=True) as rep:
+    async with SimulatedReplica("chat", "v1", params=FAST, replica_id="r0", face=HttpFace) as rep:
         yield rep
 
 
@@ -131,12 +131,12 @@ async def test_off_by_default_and_http_url_names_the_face():
     async with SimulatedReplica("chat", params=FAST) as plain:
         with pytest.raises(RuntimeError, match="HTTP face is off"):
             _ = plain.http_url
-    async with SimulatedReplica("chat", params=FAST, http=True) as rep:
+    async with SimulatedReplica("chat", params=FAST, face=HttpFace) as rep:
         assert rep.http_url == f"http://127.0.0.1:{rep.http_port}" and rep.http_port not in (rep.port, 0)
 
 
 async def test_health_is_503_while_the_model_loads():
-    async with SimulatedReplica("chat", params=FAST, http=True, warmup_seconds=30) as rep:
+    async with SimulatedReplica("chat", params=FAST, face=HttpFace, warmup_seconds=30) as rep:
         assert (await call(rep.http_port, "GET", "/health")).status == 503
         refused = await call(rep.http_port, "POST", "/generate", generate_body("a b", 2))
         assert refused.status == 503 and refused.json()["error"]["param"] == "model"
@@ -323,13 +323,9 @@ async def test_an_oversized_body_is_refused_from_its_content_length(port):
 
 
 @pytest.mark.parametrize("head,status,param", [
-    (b"POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411, "Transfer-Encoding"),
-    (b"POST /generate HTTP/1.1\r\nContent-Length: ten\r\n\r\n", 400, "Content-Length"),
-    (b"GARBAGE\r\n\r\n", 400, "request line"),
-    (b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n", 400, "headers"),
-    (b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", 431, "headers"),
+    (b"POST /generate HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n", 411, "Transfer-Encoding"),
 ])
-async def test_malformed_requests_are_refused_and_closed(port, head, status, param):
+async def test_a_chunked_request_body_is_refused_and_closed(port, head, status, param):
     async with asyncio.timeout(5):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(head)
@@ -337,6 +333,22 @@ async def test_malformed_requests_are_refused_and_closed(port, head, status, par
         assert await reader.read() == b""
         writer.close()
     assert response.status == status and response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /generate HTTP/1.1\r\nContent-Length: ten\r\n\r\n",
+    b"GARBAGE\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nno colon here\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n",
+], ids=["content-length", "request-line", "header-line", "header-over-limit"])
+async def test_a_head_aiohttp_cannot_parse_gets_its_400_and_is_closed(port, head):
+    async with asyncio.timeout(5):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head)
+        response = await _read_response(reader)
+        assert await reader.read() == b""
+        writer.close()
+    assert response.status == 400
 
 
 # -- both faces, one engine ---------------------------------------------------------------------------------------
@@ -357,7 +369,7 @@ async def test_cached_token_accounting_does_not_depend_on_the_face():
     prefix = words(2 * FAST.kv_block_tokens)
     prompts = [prefix + " a", prefix + " b c", words(5, "z")]
     async with (SimulatedReplica("chat", params=FAST) as by_grpc,
-                SimulatedReplica("chat", params=FAST, http=True) as by_http):
+                SimulatedReplica("chat", params=FAST, face=HttpFace) as by_http):
         grpc_seen, http_seen = [], []
         async with triton.InferenceServerClient(by_grpc.address) as client:
             for p in prompts:
@@ -498,7 +510,7 @@ ANSWERS = dataclasses.replace(FAST, answer_tokens=12, answer_min_tokens=4)
 
 @pytest.fixture
 async def answering():
-    async with SimulatedReplica("chat", "v1", params=ANSWERS, replica_id="r1", http=True) as rep:
+    async with SimulatedReplica("chat", "v1", params=ANSWERS, replica_id="r1", face=HttpFace) as rep:
         yield rep
 
 

@@ -38,8 +38,8 @@ from controlplane.api import join as admission
 from controlplane.api.auth import AdminAuth
 from controlplane.api.join import Admission
 from controlplane.config import ControlPlaneSettings
-from controlplane.scaling.service import ScalingSettings
 from controlplane.server import ControlPlane
+from controlplane.services.scaling import ScalingSettings
 from controlplane.store.etcd import EtcdStore, parse_endpoint
 from ferry import logs, tls
 from ferry.config import ModelConfig, TenantConfig, load_file

@@ -49,7 +49,7 @@ from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
 from controlplane.metrics import Metrics
-from controlplane.scaling.service import ScalingSettings
+from controlplane.services.scaling import ScalingSettings
 from controlplane.store.base import Store, StoreHealth
 from controlplane.store.memory import MemoryStore
 from ferry.config import ModelConfig, TenantConfig

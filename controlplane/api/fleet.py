@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.allocation.service import AllocationService
-from controlplane.fleet.service import FleetService
-from controlplane.tables.service import TableService
+from controlplane.services.allocation import AllocationService
+from controlplane.services.fleet import FleetService
+from controlplane.services.tables import TableService
 from ferry.grpcutil import answer
 from ferry.v1 import admin_pb2
 

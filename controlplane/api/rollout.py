@@ -1,6 +1,6 @@
 """``Admin.Rollout`` and ``Admin.ListRollouts``: translation only.
 
-:class:`RolloutRpcs` holds the :class:`controlplane.rollout.service.RolloutService`
+:class:`RolloutRpcs` holds the :class:`controlplane.services.rollout.RolloutService`
 (validation, the store write through the intent writer, the per-region view)
 and maps a :class:`ferry.errors.FerryError` to its status
 (:func:`ferry.grpcutil.status_for`): INVALID_ARGUMENT naming the field,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.rollout.service import RolloutService
+from controlplane.services.rollout import RolloutService
 from ferry.grpcutil import answer
 from ferry.v1 import admin_pb2
 

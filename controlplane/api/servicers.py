@@ -1,7 +1,7 @@
 """gRPC servicers of ``ferry.v1.Fleet``, ``Tables`` and ``Admin``: translation only.
 
-Each servicer holds the services it calls (:mod:`controlplane.fleet.service`,
-:mod:`controlplane.tables.service`, :mod:`controlplane.cluster.service`, ...) and
+Each servicer holds the services it calls (:mod:`controlplane.services.fleet`,
+:mod:`controlplane.services.tables`, :mod:`controlplane.services.peers`, ...) and
 turns wire messages into calls on them and their answers into wire messages;
 a :class:`ferry.errors.FerryError` becomes the status chosen by
 :func:`ferry.grpcutil.status_for`, with the message naming the field. Policy
@@ -11,7 +11,7 @@ usage to :class:`controlplane.api.usage.UsageRpcs`, tenants to
 :class:`controlplane.api.tenants.TenantRpcs`, rollouts to
 :class:`controlplane.api.rollout.RolloutRpcs` and engine fits to
 :class:`controlplane.api.engines.EngineRpcs`. ``Fleet.Connect`` hands each
-telemetry message's engine samples to :class:`controlplane.engines.service.EngineService`.
+telemetry message's engine samples to :class:`controlplane.services.engines.EngineService`.
 
 Bidirectional streams (``Fleet.Connect``, ``Tables.Watch``, ``Admin.Follow``)
 read the first message within ``first_message_seconds`` (it must be
@@ -41,14 +41,14 @@ from controlplane.api.router import RouterRpcs
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
-from controlplane.cluster.service import PeerService
-from controlplane.cluster.statusservice import StatusService
-from controlplane.engines.service import EngineService
 from controlplane.fleet.agents import AgentSession
-from controlplane.fleet.service import FleetService
 from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.metrics import Metrics
-from controlplane.tables.service import TableService
+from controlplane.services.engines import EngineService
+from controlplane.services.fleet import FleetService
+from controlplane.services.peers import PeerService
+from controlplane.services.status import StatusService
+from controlplane.services.tables import TableService
 from controlplane.tables.watchers import Send
 from ferry.errors import DeadlineExceeded, FerryError, InvalidArgument, Overloaded, Unauthenticated, Unavailable
 from ferry.grpcutil import answer, status_for
@@ -395,7 +395,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return await self._rollout_rpcs.ListRollouts(request, context)
 
     async def GetScale(self, request: admin_pb2.GetScaleRequest, context: Any) -> admin_pb2.GetScaleResponse:
-        """The scaling plan (controlplane.scaling.service): translation only."""
+        """The scaling plan (controlplane.services.scaling): translation only."""
         def call() -> admin_pb2.GetScaleResponse:
             if self._scale is None:
                 raise Unavailable("no scaling plan on this control plane")

@@ -1,6 +1,6 @@
 """``Admin.ListTenants``, ``PutTenant`` and ``DeleteTenant``: translation only.
 
-:class:`TenantRpcs` holds the :class:`controlplane.tenants.service.TenantService`;
+:class:`TenantRpcs` holds the :class:`controlplane.services.tenants.TenantService`;
 each handler calls one of its methods and maps a
 :class:`ferry.errors.FerryError` to its status (:func:`ferry.grpcutil.status_for`):
 INVALID_ARGUMENT naming the field, NOT_FOUND, ALREADY_EXISTS (the name with
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.tenants.service import TenantService
+from controlplane.services.tenants import TenantService
 from ferry.grpcutil import answer
 from ferry.v1 import admin_pb2
 

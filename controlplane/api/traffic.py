@@ -20,9 +20,9 @@ from typing import Any
 
 import grpc
 
-from controlplane.api import validate
-from controlplane.cluster.service import PeerService
-from controlplane.traffic.service import TrafficService
+from controlplane import validate
+from controlplane.services.peers import PeerService
+from controlplane.services.traffic import TrafficService
 from ferry.errors import FerryError, InvalidArgument
 from ferry.grpcutil import chunks_within, status_for
 from ferry.v1 import admin_pb2

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.api import validate
-from controlplane.fleet.service import FleetService
+from controlplane import validate
+from controlplane.services.fleet import FleetService
+from controlplane.services.tables import TableService
 from controlplane.tables.cachestats import cache_views, merge_cache
-from controlplane.tables.service import TableService
 from controlplane.tables.usage import spill_views, tier_views, usage_rows
 from ferry.grpcutil import answer
 from ferry.v1 import admin_pb2

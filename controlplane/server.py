@@ -37,12 +37,15 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
+from controlplane.api.cluster import ClusterRpcs
 from controlplane.api.engines import EngineRpcs
 from controlplane.api.fleet import FleetRpcs
 from controlplane.api.join import Admission
 from controlplane.api.rollout import RolloutRpcs
 from controlplane.api.router import RouterRpcs
+from controlplane.api.scaling import ScaleRpcs
 from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer, add_tables_servicer
+from controlplane.api.tables import TableRpcs
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
@@ -121,15 +124,17 @@ class ControlPlane:
         """Sync, compute, serve on ``listen``, join the election; returns the bound port."""
         await self.controller.start()
         c = self.controller
-        admin = AdminServicer(
-            fleet=c.fleet_service, tables=c.table_service, peers=c.peers, status=c.status_service,
-            fleet_rpcs=FleetRpcs(c.fleet_service, c.table_service, c.allocation_service),
-            usage_rpcs=UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
-            tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
-            scale=c.scaling_service.scale, traffic_rpcs=TrafficRpcs(c.traffic, c.peers, wall=self._wall),
-            router_rpcs=RouterRpcs(c.router_service),
-            engine_rpcs=EngineRpcs(c.engines, leading=lambda: c.peers.leading,
-                                   max_name_bytes=self.settings.max_name_bytes),
+        admin = AdminServicer(  # the Admin RPCs, each concern's handlers registering their own
+            FleetRpcs(c.fleet_service, c.allocation_service),
+            TableRpcs(c.table_service),
+            ClusterRpcs(c.status_service, c.peers),
+            UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
+            TenantRpcs(c.tenant_service),
+            RolloutRpcs(c.rollout_service),
+            RouterRpcs(c.router_service),
+            ScaleRpcs(c.scaling_service.scale),
+            EngineRpcs(c.engines, leading=lambda: c.peers.leading, max_name_bytes=self.settings.max_name_bytes),
+            TrafficRpcs(c.traffic, c.peers, wall=self._wall),
         )
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server,

@@ -1,4 +1,4 @@
-"""Checks of domain values (names, addresses, registrations, reports, subscriptions): ``InvalidArgument`` naming the field.
+"""Checks of domain values (names, addresses, registrations, reports, subscriptions), each naming the field.
 
 Pure functions over the generated messages and :class:`ControlPlaneSettings`
 bounds, called by the services and the records that take these values (the

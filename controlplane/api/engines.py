@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from controlplane import validate
+from controlplane.api.status import answer
 from controlplane.services.engines import EngineService
-from ferry.grpcutil import answer
 from ferry.v1 import admin_pb2
 
 

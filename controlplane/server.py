@@ -15,7 +15,7 @@ the ``Admin`` service must carry the admin token of ``admin_auth``
 everything); a follower presents it to the leader on ``Admin.Follow``.
 With ``tls`` (:mod:`ferry.tls`) the port is mutual TLS and a client
 certificate with common name ``admin`` also opens the Admin API; agents are
-admitted by ``admission`` (:mod:`controlplane.api.join`: join token or
+admitted by ``join_check`` (:mod:`controlplane.api.join`: join token or
 certificate common name ``agent``).
 
 Readiness (:mod:`ferry.readiness`): the gRPC health is SERVING only while
@@ -40,7 +40,7 @@ from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
 from controlplane.api.cluster import ClusterRpcs
 from controlplane.api.engines import EngineRpcs
 from controlplane.api.fleet import FleetRpcs
-from controlplane.api.join import Admission
+from controlplane.api.join import JoinCheck
 from controlplane.api.rollout import RolloutRpcs
 from controlplane.api.router import RouterRpcs
 from controlplane.api.scaling import ScaleRpcs
@@ -84,13 +84,13 @@ class ControlPlane:
         elect: bool = False,
         admin_auth: AdminAuth | None = None,
         tls: TLSConfig | None = None,
-        admission: Admission | None = None,
+        join_check: JoinCheck | None = None,
         tenants: Sequence[TenantConfig] = (),
         scaling: ScalingSettings | None = None,
     ) -> None:
         self.settings = settings or ControlPlaneSettings()
         self.tls = tls  # mutual TLS on the port (every peer shows a certificate of the CA) and to the leader
-        self.admission = admission if admission is not None else Admission(
+        self.join_check = join_check if join_check is not None else JoinCheck(
             self.settings.join_token_sha256, mutual_tls=tls is not None)
         self.admin_auth = admin_auth if admin_auth is not None else AdminAuth(self.settings.admin_token_sha256)
         self.store: Store = store if store is not None else MemoryStore(clock=clock)
@@ -138,7 +138,7 @@ class ControlPlane:
         )
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server,
-             FleetServicer(c.fleet_service, c.metrics, self.admission, engines=c.engines), SERVICE_NAMES[0]),
+             FleetServicer(c.fleet_service, c.metrics, self.join_check, engines=c.engines), SERVICE_NAMES[0]),
             (add_tables_servicer, TablesServicer(c.table_service, c.metrics),
              SERVICE_NAMES[1]),
             (admin_pb2_grpc.add_AdminServicer_to_server, admin, SERVICE_NAMES[2]),

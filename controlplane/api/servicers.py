@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from controlplane.api.join import Admission
+from controlplane.api.join import JoinCheck
 from controlplane.api.status import abort, serve
 from controlplane.api.streams import body_error, duplex, first_message
 from controlplane.errors import Aborted
@@ -53,11 +53,11 @@ from ferry.v1 import admin_pb2, admin_pb2_grpc, fleet_pb2, fleet_pb2_grpc, table
 class FleetServicer(fleet_pb2_grpc.FleetServicer):
     """``Fleet.Connect``: one stream per agent."""
 
-    def __init__(self, fleet: FleetService, metrics: Metrics, admission: Admission | None = None, *,
+    def __init__(self, fleet: FleetService, metrics: Metrics, join_check: JoinCheck | None = None, *,
                  engines: EngineService | None = None) -> None:
         self._fleet = fleet
         self._metrics = metrics
-        self._admission = admission or Admission()
+        self._join_check = join_check or JoinCheck()
         self._engines = engines
 
     async def Connect(self, request_iterator: AsyncIterator[fleet_pb2.AgentMessage], context: Any) -> None:
@@ -80,7 +80,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServicer):
             got = first.WhichOneof("body") or "an empty message"
             raise InvalidArgument("register", f"the first message must be register, got {got}")
         try:
-            self._admission.check(first.register.join_token, peer_common_name(context))
+            self._join_check.check(first.register.join_token, peer_common_name(context))
         except Unauthenticated:
             self._metrics.reject("register_unauthenticated")
             raise

@@ -13,8 +13,6 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
-from controlplane.allocation.gang import Policy
-from controlplane.regions.weights import parse_rtt
 from controlplane.store.etcdaccess import EtcdAccess, load_access
 from ferry.errors import ConfigError
 from ferry.readiness import DrainTimes
@@ -68,7 +66,7 @@ class ControlPlaneSettings:
     # The agents' join token: its sha256 in hex (the token itself may come from --join-token-file or
     # FERRY_JOIN_TOKEN, see controlplane.api.join). Without one and without mutual TLS, any agent may join.
     join_token_sha256: str = ""
-    # Regions (controlplane.regions.planner): round trips between regions, "a:b" = ms (symmetric); none: no spill.
+    # Regions (controlplane.tables.spill): round trips between regions, "a:b" = ms (symmetric); none: no spill.
     region_rtt_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     spill_budget_ms: float = 500.0  # the interactive latency budget a spilled request must still fit
     spill_headroom: float = 0.9  # a region keeps work up to this share of its capacity, takes spill up to it
@@ -148,3 +146,34 @@ class ControlPlaneSettings:
         """The gang allocator's policy from the ``alloc_*`` keys."""
         return Policy(gang_gpus=self.alloc_gang_gpus, replica_weight=self.alloc_replica_weight,
                       drain_budget=self.alloc_drain_budget, aging_seconds=self.alloc_aging_seconds)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Policy:
+    """The allocator's knobs (``[controlplane]`` keys ``alloc_*``)."""
+
+    gang_gpus: int = 8  # a request of at least this many GPUs is large: it may drain small replicas
+    replica_weight: float = 10.0  # a moved replica costs as much as this many requests in flight
+    drain_budget: float = 40.0  # a young large request drains a node only up to this cost
+    aging_seconds: float = 30.0  # from this age on, a large request drains the cheapest node at any cost
+
+    def __post_init__(self) -> None:
+        if self.gang_gpus < 1:
+            raise ConfigError("controlplane.alloc_gang_gpus", "must be >= 1")
+        for key in ("replica_weight", "drain_budget", "aging_seconds"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"controlplane.alloc_{key}", "must be >= 0")
+    # The planner itself: controlplane.allocation.gang.plan.
+
+
+def parse_rtt(config: Mapping[str, float]) -> dict[tuple[str, str], float]:
+    """``{"a:b": 40}`` to a symmetric map ``{("a", "b"): 40, ("b", "a"): 40}``; raises ConfigError."""
+    out: dict[tuple[str, str], float] = {}
+    for key, value in config.items():
+        a, sep, b = key.partition(":")
+        if not sep or not a or not b or a == b:
+            raise ConfigError("controlplane.region_rtt_ms", f"key {key!r}: expected 'region:region'")
+        if not float(value) >= 0:
+            raise ConfigError("controlplane.region_rtt_ms", f"{key}: must be >= 0 ms")
+        out[(a, b)] = out[(b, a)] = float(value)
+    return out

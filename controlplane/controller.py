@@ -3,22 +3,22 @@
 :class:`Controller` owns no operation of its own: each lives in the service
 that holds its state (see each module):
 
-- :class:`controlplane.cluster.service.PeerService`: leadership, the shared fleet,
+- :class:`controlplane.services.peers.PeerService`: leadership, the shared fleet,
   ``Admin.Follow`` both ways;
-- :class:`controlplane.tables.service.TableService`: the computation loop, the
+- :class:`controlplane.services.tables.TableService`: the computation loop, the
   table versions, the proxies' watch streams;
-- :class:`controlplane.store.writer.IntentWriter`: every operator write of
+- :class:`controlplane.intent.writer.IntentWriter`: every operator write of
   intent (check the store, conditional put, echo, the leader's tables);
-- :class:`controlplane.fleet.service.FleetService`: agents, members, drains,
+- :class:`controlplane.services.fleet.FleetService`: agents, members, drains,
   cordons, node, replica and model views;
-- :class:`controlplane.scaling.service.ScalingService`: the scaling plan (replicas
+- :class:`controlplane.services.scaling.ScalingService`: the scaling plan (replicas
   needed now and for the next ramp, standby to keep), on the leader;
-- :class:`controlplane.routerconfig.service.RouterService`: router config
+- :class:`controlplane.services.routerconfig.RouterService`: router config
   rollouts, their tables' part and the guard's tick on the leader;
-- :class:`controlplane.tenants.service.TenantService`,
-  :class:`controlplane.rollout.service.RolloutService`,
-  :class:`controlplane.allocation.service.AllocationService`,
-  :class:`controlplane.cluster.statusservice.StatusService`.
+- :class:`controlplane.services.tenants.TenantService`,
+  :class:`controlplane.services.rollout.RolloutService`,
+  :class:`controlplane.services.allocation.AllocationService`,
+  :class:`controlplane.services.status.StatusService`.
 
 The state they share is built here: members (:class:`FleetView`), intent
 (owned by the store, mirrored by :class:`IntentCache`), telemetry in memory,
@@ -40,31 +40,31 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.allocation.allocator import GangAllocator
-from controlplane.allocation.service import AllocationService
-from controlplane.cluster.service import PeerService
-from controlplane.cluster.statusservice import StatusService
 from controlplane.config import ControlPlaneSettings
-from controlplane.engines.service import EngineService
 from controlplane.fleet.agents import Agents
 from controlplane.fleet.members import MemberLeases
-from controlplane.fleet.service import FleetService
 from controlplane.fleet.view import FleetView, is_live
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import IntentWriter
 from controlplane.metrics import Metrics
-from controlplane.regions.planner import SpillPlanner
-from controlplane.rollout.service import RolloutService
-from controlplane.routerconfig.service import RouterService
-from controlplane.scaling.service import ScalingService, ScalingSettings
+from controlplane.services.allocation import AllocationService
+from controlplane.services.allocator import GangAllocator
+from controlplane.services.engines import EngineService
+from controlplane.services.fleet import FleetService
+from controlplane.services.peers import PeerService
+from controlplane.services.rollout import RolloutService
+from controlplane.services.routerconfig import RouterService
+from controlplane.services.scaling import ScalingService, ScalingSettings
+from controlplane.services.status import StatusService
+from controlplane.services.tables import TableService
+from controlplane.services.tenants import TenantService
+from controlplane.services.traffic import TrafficService
 from controlplane.store.base import Store
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import IntentWriter
 from controlplane.tables.compute import TableVersions, initial_version
-from controlplane.tables.service import TableService
+from controlplane.tables.spill import SpillPlanner
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watchers
 from controlplane.tasks import TaskGroup
-from controlplane.tenants.service import TenantService
-from controlplane.traffic.service import TrafficService
 from ferry.config import ModelConfig, TenantConfig
 from ferry.errors import Unavailable
 from ferry.tls import TLSConfig
@@ -108,7 +108,7 @@ class Controller:
                                       registry=metrics.registry)
         self.tables = TableVersions(initial_version(wall()), history=s.table_history)
         spill = SpillPlanner(s.region_rtt_ms, budget_ms=s.spill_budget_ms, headroom=s.spill_headroom,
-                             service_ms=s.spill_service_ms)  # region spill weights (controlplane.regions.planner)
+                             service_ms=s.spill_service_ms)  # region spill weights (controlplane.tables.spill)
         self.intent = IntentCache(store, on_change=self.notify, on_drain=self._drain_changed)
         allocator = GangAllocator(store, self.intent, s.alloc_policy(), wall=wall, clock=clock,
                                   grace_seconds=s.grace_seconds, timeout=s.store_timeout_seconds,
@@ -130,7 +130,7 @@ class Controller:
             spill=spill, intent=self.intent, peers=self.peers, metrics=metrics, clock=clock, wall=wall,
             before_pass=self._before_pass, traffic=self.traffic,
         )
-        self.writer = IntentWriter(store, self.intent, self.table_service, timeout=s.store_timeout_seconds)
+        self.writer = IntentWriter(store, self.intent, self.table_service.reflect, timeout=s.store_timeout_seconds)
         self.fleet_service = FleetService(
             s, catalog=catalog, fleet=self.fleet, agents=self.agents, leases=leases, intent=self.intent,
             writer=self.writer, peers=self.peers, tables=self.tables, metrics=metrics, clock=clock, wall=wall,

@@ -34,12 +34,12 @@ import sys
 from prometheus_client import REGISTRY
 
 from controlplane.api import auth as adminauth
-from controlplane.api import join as admission
+from controlplane.api import join
 from controlplane.api.auth import AdminAuth
-from controlplane.api.join import Admission
+from controlplane.api.join import JoinCheck
 from controlplane.config import ControlPlaneSettings
-from controlplane.scaling.service import ScalingSettings
 from controlplane.server import ControlPlane
+from controlplane.services.scaling import ScalingSettings
 from controlplane.store.etcd import EtcdStore, parse_endpoint
 from ferry import logs, tls
 from ferry.config import ModelConfig, TenantConfig, load_file
@@ -78,12 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, settings: ControlPlaneSettings, catalog: tuple[ModelConfig, ...],
                 admin_auth: AdminAuth | None = None, transport: TLSConfig | None = None,
-                joining: Admission | None = None, tenants: tuple[TenantConfig, ...] = (),
+                joining: JoinCheck | None = None, tenants: tuple[TenantConfig, ...] = (),
                 scaling: ScalingSettings | None = None) -> int:
     stop = stop_event()
     store = open_store(args.store, settings)
     cp = ControlPlane(settings, catalog=catalog, registry=REGISTRY, store=store, elect=isinstance(store, EtcdStore),
-                      admin_auth=admin_auth, tls=transport, admission=joining, tenants=tenants, scaling=scaling)
+                      admin_auth=admin_auth, tls=transport, join_check=joining, tenants=tenants, scaling=scaling)
     try:
         port = await cp.start(args.listen, advertise=args.advertise)
     except (OSError, FerryError) as exc:
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             settings.store_access()  # the store_* keys' files and password, refused here naming the key
         admin_auth = adminauth.load(settings.admin_token_sha256, args.admin_token_file)
         transport = tls.from_args(args)
-        joining = admission.load(settings.join_token_sha256, args.join_token_file, mutual_tls=transport is not None)
+        joining = join.load(settings.join_token_sha256, args.join_token_file, mutual_tls=transport is not None)
     except ConfigError as exc:
         print(f"ferry controlplane: {exc}", file=sys.stderr)
         return 2

@@ -83,7 +83,7 @@ class Metrics:
         self.registry = registry  # for the collectors of a concern of its own (controlplane.traffic)
         self.members = Gauge(name("controlplane_members"), "Live nodes in the fleet.", registry=registry)
         self.spill_weight = Gauge(name("controlplane_spill_weight"),
-                                  "Share of a region's interactive traffic spilled to another (regions.planner).",
+                                  "Share of a region's interactive traffic spilled to another (tables.spill).",
                                   ["source", "target"], registry=registry)
         self.tier_quota = Gauge(name("controlplane_tier_quota"), "Concurrency slots a tier may run (table quota).",
                                 ["region", "tier"], registry=registry)

@@ -15,7 +15,7 @@ the ``Admin`` service must carry the admin token of ``admin_auth``
 everything); a follower presents it to the leader on ``Admin.Follow``.
 With ``tls`` (:mod:`ferry.tls`) the port is mutual TLS and a client
 certificate with common name ``admin`` also opens the Admin API; agents are
-admitted by ``admission`` (:mod:`controlplane.api.join`: join token or
+admitted by ``join_check`` (:mod:`controlplane.api.join`: join token or
 certificate common name ``agent``).
 
 Readiness (:mod:`ferry.readiness`): the gRPC health is SERVING only while
@@ -37,19 +37,22 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from controlplane.api.auth import AdminAuth, AdminAuthInterceptor
+from controlplane.api.cluster import ClusterRpcs
 from controlplane.api.engines import EngineRpcs
 from controlplane.api.fleet import FleetRpcs
-from controlplane.api.join import Admission
+from controlplane.api.join import JoinCheck
 from controlplane.api.rollout import RolloutRpcs
 from controlplane.api.router import RouterRpcs
+from controlplane.api.scaling import ScaleRpcs
 from controlplane.api.servicers import AdminServicer, FleetServicer, TablesServicer, add_tables_servicer
+from controlplane.api.tables import TableRpcs
 from controlplane.api.tenants import TenantRpcs
 from controlplane.api.traffic import TrafficRpcs
 from controlplane.api.usage import UsageRpcs
 from controlplane.config import ControlPlaneSettings
 from controlplane.controller import Controller
 from controlplane.metrics import Metrics
-from controlplane.scaling.service import ScalingSettings
+from controlplane.services.scaling import ScalingSettings
 from controlplane.store.base import Store, StoreHealth
 from controlplane.store.memory import MemoryStore
 from ferry.config import ModelConfig, TenantConfig
@@ -81,13 +84,13 @@ class ControlPlane:
         elect: bool = False,
         admin_auth: AdminAuth | None = None,
         tls: TLSConfig | None = None,
-        admission: Admission | None = None,
+        join_check: JoinCheck | None = None,
         tenants: Sequence[TenantConfig] = (),
         scaling: ScalingSettings | None = None,
     ) -> None:
         self.settings = settings or ControlPlaneSettings()
         self.tls = tls  # mutual TLS on the port (every peer shows a certificate of the CA) and to the leader
-        self.admission = admission if admission is not None else Admission(
+        self.join_check = join_check if join_check is not None else JoinCheck(
             self.settings.join_token_sha256, mutual_tls=tls is not None)
         self.admin_auth = admin_auth if admin_auth is not None else AdminAuth(self.settings.admin_token_sha256)
         self.store: Store = store if store is not None else MemoryStore(clock=clock)
@@ -121,19 +124,21 @@ class ControlPlane:
         """Sync, compute, serve on ``listen``, join the election; returns the bound port."""
         await self.controller.start()
         c = self.controller
-        admin = AdminServicer(
-            fleet=c.fleet_service, tables=c.table_service, peers=c.peers, status=c.status_service,
-            fleet_rpcs=FleetRpcs(c.fleet_service, c.table_service, c.allocation_service),
-            usage_rpcs=UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
-            tenant_rpcs=TenantRpcs(c.tenant_service), rollout_rpcs=RolloutRpcs(c.rollout_service),
-            scale=c.scaling_service.scale, traffic_rpcs=TrafficRpcs(c.traffic, c.peers, wall=self._wall),
-            router_rpcs=RouterRpcs(c.router_service),
-            engine_rpcs=EngineRpcs(c.engines, leading=lambda: c.peers.leading,
-                                   max_name_bytes=self.settings.max_name_bytes),
+        admin = AdminServicer(  # the Admin RPCs, each concern's handlers registering their own
+            FleetRpcs(c.fleet_service, c.allocation_service),
+            TableRpcs(c.table_service),
+            ClusterRpcs(c.status_service, c.peers),
+            UsageRpcs(c.fleet_service, c.table_service, wall=self._wall),
+            TenantRpcs(c.tenant_service),
+            RolloutRpcs(c.rollout_service),
+            RouterRpcs(c.router_service),
+            ScaleRpcs(c.scaling_service.scale),
+            EngineRpcs(c.engines, leading=lambda: c.peers.leading, max_name_bytes=self.settings.max_name_bytes),
+            TrafficRpcs(c.traffic, c.peers, wall=self._wall),
         )
         services = [
             (fleet_pb2_grpc.add_FleetServicer_to_server,
-             FleetServicer(c.fleet_service, c.metrics, self.admission, engines=c.engines), SERVICE_NAMES[0]),
+             FleetServicer(c.fleet_service, c.metrics, self.join_check, engines=c.engines), SERVICE_NAMES[0]),
             (add_tables_servicer, TablesServicer(c.table_service, c.metrics),
              SERVICE_NAMES[1]),
             (admin_pb2_grpc.add_AdminServicer_to_server, admin, SERVICE_NAMES[2]),

@@ -24,7 +24,6 @@ def test_generated_stubs_are_fresh():
 SERVICERS = [
     (fleet_pb2.DESCRIPTOR.services_by_name["Fleet"], "controlplane.api.servicers", "FleetServicer"),
     (tables_pb2.DESCRIPTOR.services_by_name["Tables"], "controlplane.api.servicers", "TablesServicer"),
-    (admin_pb2.DESCRIPTOR.services_by_name["Admin"], "controlplane.api.servicers", "AdminServicer"),
     (inference_pb2.DESCRIPTOR.services_by_name["Inference"], "dataplane.api.service", "InferenceServicer"),
     (service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"], "agent.replica.server", "ReplicaServicer"),
 ]
@@ -40,6 +39,25 @@ def test_every_rpc_has_a_handler(service, module, cls):
         if owner is None or owner.__module__.endswith("_pb2_grpc"):
             missing.append(method.name)
     assert missing == [], f"{cls} has no handler for {missing}"
+
+
+def test_every_admin_rpc_has_exactly_one_handler():
+    """``Admin`` is composed from the concerns' handler classes (``controlplane.api.*``, named ``...Rpcs``)."""
+    import pkgutil
+
+    import controlplane.api
+
+    owners: dict[str, list[str]] = {}
+    for info in pkgutil.iter_modules(controlplane.api.__path__):
+        module = importlib.import_module(f"controlplane.api.{info.name}")
+        for name, cls in vars(module).items():
+            if isinstance(cls, type) and name.endswith("Rpcs") and cls.__module__ == module.__name__:
+                for method in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods:
+                    if method.name in vars(cls):
+                        owners.setdefault(method.name, []).append(name)
+    names = [m.name for m in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods]
+    assert [n for n in names if n not in owners] == [], "Admin RPCs without a handler"
+    assert {n: o for n, o in owners.items() if len(o) > 1} == {}, "Admin RPCs with two handlers"
 
 
 PLANES = ("controlplane", "dataplane", "agent")

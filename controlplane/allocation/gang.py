@@ -50,27 +50,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from controlplane.allocation.records import Allocation
-from ferry.errors import ConfigError
+from controlplane.config import Policy
 
 Branch = Literal["fit", "drain", "aged"]
 BRANCHES: tuple[Branch, ...] = ("fit", "drain", "aged")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Policy:
-    """The allocator's knobs (``[controlplane]`` keys ``alloc_*``)."""
-
-    gang_gpus: int = 8  # a request of at least this many GPUs is large: it may drain small replicas
-    replica_weight: float = 10.0  # a moved replica costs as much as this many requests in flight
-    drain_budget: float = 40.0  # a young large request drains a node only up to this cost
-    aging_seconds: float = 30.0  # from this age on, a large request drains the cheapest node at any cost
-
-    def __post_init__(self) -> None:
-        if self.gang_gpus < 1:
-            raise ConfigError("controlplane.alloc_gang_gpus", "must be >= 1")
-        for key in ("replica_weight", "drain_budget", "aging_seconds"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"controlplane.alloc_{key}", "must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)

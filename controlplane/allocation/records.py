@@ -17,7 +17,7 @@ replica's, or fall outside ``0 .. node_gpus - 1``, raises
 :class:`AllocationConflict`; allocating a replica again replaces its slot.
 
 Control planes keep every record in memory through the intent mirror
-(:class:`controlplane.store.intent.IntentCache`), so a restarted control plane finds
+(:class:`controlplane.intent.cache.IntentCache`), so a restarted control plane finds
 them again. Cost: O(slots of the node) per change; one store read and one
 transaction per attempt.
 """

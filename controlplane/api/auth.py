@@ -36,8 +36,9 @@ from typing import Any
 
 import grpc
 
+from controlplane.api.status import abort
 from ferry.decodeguard import relay
-from ferry.errors import ConfigError
+from ferry.errors import ConfigError, Unauthenticated
 from ferry.tls import peer_common_name
 
 ADMIN_PREFIX = "/ferry.v1.Admin/"
@@ -118,7 +119,7 @@ def _wrap(handler: grpc.RpcMethodHandler, auth: AdminAuth, refused: Callable[[],
         reason = auth.refusal(context.invocation_metadata())
         if reason is not None:
             refused()
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+            await abort(context, Unauthenticated(reason))
 
     deser, ser = handler.request_deserializer, handler.response_serializer
     if handler.unary_unary:

@@ -1,6 +1,6 @@
 """``Admin.GetEngines``: translation only (``ferryctl engines``).
 
-:class:`EngineRpcs` holds the :class:`controlplane.engines.service.EngineService`
+:class:`EngineRpcs` holds the :class:`controlplane.services.engines.EngineService`
 and whether this control plane leads (the leader fits every node's samples;
 a follower only its own nodes'). The model filter is checked like every
 name (INVALID_ARGUMENT naming ``model``).
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.api import validate
-from controlplane.engines.service import EngineService
-from ferry.grpcutil import answer
+from controlplane import validate
+from controlplane.api.status import answer
+from controlplane.services.engines import EngineService
 from ferry.v1 import admin_pb2
 
 

@@ -1,31 +1,47 @@
-"""``Admin`` handlers for nodes, cordons, models, table diffs and allocations: translation only.
+"""``Admin`` handlers for replicas, drains, nodes, cordons, models and allocations: translation only.
 
-:class:`FleetRpcs` holds the services it calls (fleet, tables, allocations);
-each handler calls one of their methods and wraps its answer; a
-:class:`ferry.errors.FerryError` becomes the status
-:func:`ferry.grpcutil.status_for` chooses, its message naming the field.
-:class:`controlplane.api.servicers.AdminServicer` routes the RPCs here. The admin
-token is checked before any of them (:mod:`controlplane.api.auth`).
+:class:`FleetRpcs` holds the services it calls (fleet, allocations); each
+handler calls one of their methods and wraps its answer; a
+:class:`ferry.errors.FerryError` becomes its status in
+:mod:`controlplane.api.status`, its message naming the field.
+:class:`controlplane.api.servicers.AdminServicer` is composed from this and the
+other concerns' handlers. The admin token is checked before any of them
+(:mod:`controlplane.api.auth`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from controlplane.allocation.service import AllocationService
-from controlplane.fleet.service import FleetService
-from controlplane.tables.service import TableService
-from ferry.grpcutil import answer
+from controlplane.api.status import answer
+from controlplane.services.allocation import AllocationService
+from controlplane.services.fleet import FleetService
 from ferry.v1 import admin_pb2
 
 
 class FleetRpcs:
-    """The operator RPCs for nodes, models, table diffs and allocations (usage: :mod:`controlplane.api.usage`)."""
+    """The operator RPCs for replicas, drains, nodes, models and allocations (usage: :mod:`controlplane.api.usage`)."""
 
-    def __init__(self, fleet: FleetService, tables: TableService, allocations: AllocationService) -> None:
+    def __init__(self, fleet: FleetService, allocations: AllocationService) -> None:
         self._fleet = fleet
-        self._tables = tables
         self._allocations = allocations
+
+    async def ListReplicas(
+        self, request: admin_pb2.ListReplicasRequest, context: Any,
+    ) -> admin_pb2.ListReplicasResponse:
+        def call() -> admin_pb2.ListReplicasResponse:
+            return admin_pb2.ListReplicasResponse(replicas=self._fleet.list_replicas(request.model, request.region))
+        return await answer(context, call)
+
+    async def Drain(self, request: admin_pb2.DrainRequest, context: Any) -> admin_pb2.DrainResponse:
+        async def call() -> admin_pb2.DrainResponse:
+            return admin_pb2.DrainResponse(replica=await self._fleet.set_drain(request.replica_id, True))
+        return await answer(context, call)
+
+    async def Undrain(self, request: admin_pb2.DrainRequest, context: Any) -> admin_pb2.DrainResponse:
+        async def call() -> admin_pb2.DrainResponse:
+            return admin_pb2.DrainResponse(replica=await self._fleet.set_drain(request.replica_id, False))
+        return await answer(context, call)
 
     async def ListNodes(self, request: admin_pb2.ListNodesRequest, context: Any) -> admin_pb2.ListNodesResponse:
         async def call() -> admin_pb2.ListNodesResponse:
@@ -45,11 +61,6 @@ class FleetRpcs:
     async def ListModels(self, request: admin_pb2.ListModelsRequest, context: Any) -> admin_pb2.ListModelsResponse:
         async def call() -> admin_pb2.ListModelsResponse:
             return admin_pb2.ListModelsResponse(models=self._fleet.list_models())
-        return await answer(context, call)
-
-    async def DiffTable(self, request: admin_pb2.DiffTableRequest, context: Any) -> admin_pb2.DiffTableResponse:
-        async def call() -> admin_pb2.DiffTableResponse:
-            return self._tables.diff_table(request.region, request.from_version, request.to_version)
         return await answer(context, call)
 
     async def Allocate(self, request: admin_pb2.AllocateRequest, context: Any) -> admin_pb2.AllocateResponse:

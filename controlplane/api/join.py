@@ -1,4 +1,4 @@
-"""Agent admission: who may register a node, decided from the join token and the peer certificate.
+"""The agents' join check (:class:`JoinCheck`): who may register a node, from the join token and the peer certificate.
 
 An agent is admitted when either holds:
 
@@ -35,7 +35,7 @@ def sha256_hex(token: str) -> str:
 
 
 @dataclass(frozen=True)
-class Admission:
+class JoinCheck:
     """The join token's sha256 ("" for none) and whether agents come over mutual TLS."""
 
     join_token_sha256: str = ""
@@ -60,12 +60,12 @@ class Admission:
 
 
 def load(config_sha256: str, token_file: str | None, *, mutual_tls: bool,
-         env: Mapping[str, str] = os.environ) -> Admission:
-    """The admission from the flag's file, else env ``FERRY_JOIN_TOKEN``, else the config's hash."""
+         env: Mapping[str, str] = os.environ) -> JoinCheck:
+    """The join check from the flag's file, else env ``FERRY_JOIN_TOKEN``, else the config's hash."""
     wanted = config_sha256.strip().lower()
     if wanted and (len(wanted) != 64 or any(c not in "0123456789abcdef" for c in wanted)):
         raise ConfigError("controlplane.join_token_sha256", "must be a sha256 in hex (64 characters)")
     token = read_token_file("--join-token-file", token_file) if token_file else env.get(ENV, "").strip()
     if token and wanted and sha256_hex(token) != wanted:
         raise ConfigError("controlplane.join_token_sha256", f"does not match the token of --join-token-file or {ENV}")
-    return Admission(sha256_hex(token) if token else wanted, mutual_tls)
+    return JoinCheck(sha256_hex(token) if token else wanted, mutual_tls)

@@ -1,9 +1,9 @@
 """``Admin.Rollout`` and ``Admin.ListRollouts``: translation only.
 
-:class:`RolloutRpcs` holds the :class:`controlplane.rollout.service.RolloutService`
+:class:`RolloutRpcs` holds the :class:`controlplane.services.rollout.RolloutService`
 (validation, the store write through the intent writer, the per-region view)
 and maps a :class:`ferry.errors.FerryError` to its status
-(:func:`ferry.grpcutil.status_for`): INVALID_ARGUMENT naming the field,
+(:mod:`controlplane.api.status`): INVALID_ARGUMENT naming the field,
 NOT_FOUND, UNAVAILABLE while the store is unreachable.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.rollout.service import RolloutService
-from ferry.grpcutil import answer
+from controlplane.api.status import answer
+from controlplane.services.rollout import RolloutService
 from ferry.v1 import admin_pb2
 
 

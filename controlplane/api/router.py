@@ -1,9 +1,9 @@
 """``Admin.RouterRollout``, ``Admin.GetRouter`` and ``Admin.RouterDecide``: translation only.
 
-:class:`RouterRpcs` holds the :class:`controlplane.routerconfig.service.RouterService`
+:class:`RouterRpcs` holds the :class:`controlplane.services.routerconfig.RouterService`
 (validation, the store writes through the intent writer, the views) and maps
 a :class:`ferry.errors.FerryError` to its status
-(:func:`ferry.grpcutil.status_for`): INVALID_ARGUMENT naming the field
+(:mod:`controlplane.api.status`): INVALID_ARGUMENT naming the field
 (``proxy.<key>`` of the candidate, ``canary_percent``, ``guard.<field>``),
 NOT_FOUND, UNAVAILABLE while the store is unreachable.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.routerconfig.service import RouterService
-from ferry.grpcutil import answer
+from controlplane.api.status import answer
+from controlplane.services.routerconfig import RouterService
 from ferry.v1 import admin_pb2
 
 

@@ -1,8 +1,8 @@
 """``Admin.ListTenants``, ``PutTenant`` and ``DeleteTenant``: translation only.
 
-:class:`TenantRpcs` holds the :class:`controlplane.tenants.service.TenantService`;
+:class:`TenantRpcs` holds the :class:`controlplane.services.tenants.TenantService`;
 each handler calls one of its methods and maps a
-:class:`ferry.errors.FerryError` to its status (:func:`ferry.grpcutil.status_for`):
+:class:`ferry.errors.FerryError` to its status (:mod:`controlplane.api.status`):
 INVALID_ARGUMENT naming the field, NOT_FOUND, ALREADY_EXISTS (the name with
 ``create_only``, or a key another tenant has), RESOURCE_EXHAUSTED
 (``max_tenants``), UNAVAILABLE.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.tenants.service import TenantService
-from ferry.grpcutil import answer
+from controlplane.api.status import answer
+from controlplane.services.tenants import TenantService
 from ferry.v1 import admin_pb2
 
 

@@ -18,13 +18,13 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
-from controlplane.api import validate
-from controlplane.cluster.service import PeerService
-from controlplane.traffic.service import TrafficService
+from controlplane import validate
+from controlplane.api.status import abort
+from controlplane.errors import FailedPrecondition
+from controlplane.services.peers import PeerService
+from controlplane.services.traffic import TrafficService
 from ferry.errors import FerryError, InvalidArgument
-from ferry.grpcutil import chunks_within, status_for
+from ferry.grpcutil import chunks_within
 from ferry.v1 import admin_pb2
 
 BATCH_ROWS = 1000
@@ -46,15 +46,15 @@ class TrafficRpcs:
         return f"control plane {self._peers.settings.id!r} does not lead: the recorded traffic is the leader's{known}"
 
     async def ExportTraffic(self, request: admin_pb2.ExportTrafficRequest, context: Any) -> None:
-        if not self._peers.leading:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leading())
         settings = self._traffic.settings
         try:
+            if not self._peers.leading:
+                raise FailedPrecondition(self._not_leading())
             if not (math.isfinite(request.since_seconds) and request.since_seconds > 0):
                 raise InvalidArgument("since_seconds", "must be a positive number of seconds")
             validate.check_filter(request.model, "model", settings.max_name_bytes)
         except FerryError as exc:
-            await context.abort(status_for(exc), str(exc))
+            await abort(context, exc)
         limit = min(request.max_rows or settings.traffic_export_max_rows, settings.traffic_export_max_rows)
         reader = self._traffic.store.reader(self._wall() - request.since_seconds, request.model)
         sent, dropped, truncated = 0, 0, False

@@ -9,7 +9,7 @@ pure functions of :mod:`controlplane.tables.usage`. The leader holds every proxy
 report (followers relay theirs), so ferryctl asks the leader; a follower
 answers with the proxies that watch from it. A
 :class:`ferry.errors.FerryError` becomes the status
-:func:`ferry.grpcutil.status_for` chooses.
+:mod:`controlplane.api.status` chooses.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controlplane.api import validate
-from controlplane.fleet.service import FleetService
+from controlplane import validate
+from controlplane.api.status import answer
+from controlplane.services.fleet import FleetService
+from controlplane.services.tables import TableService
 from controlplane.tables.cachestats import cache_views, merge_cache
-from controlplane.tables.service import TableService
 from controlplane.tables.usage import spill_views, tier_views, usage_rows
-from ferry.grpcutil import answer
 from ferry.v1 import admin_pb2
 
 

@@ -2,6 +2,6 @@
 
 Pure: :mod:`.weights` (spill weights from measured rates, RTT and the
 latency budget), :mod:`.control` (the spill controller, steered by
-saturation). :mod:`.planner` computes the weights for each table and adds
-the spill routes.
+saturation). :mod:`controlplane.tables.spill` computes the weights for each
+table and adds the spill routes.
 """

@@ -73,19 +73,6 @@ class RegionLoad:
     service_ms: float = 0.0
 
 
-def parse_rtt(config: Mapping[str, float]) -> dict[tuple[str, str], float]:
-    """``{"a:b": 40}`` to a symmetric map ``{("a", "b"): 40, ("b", "a"): 40}``; raises ConfigError."""
-    out: dict[tuple[str, str], float] = {}
-    for key, value in config.items():
-        a, sep, b = key.partition(":")
-        if not sep or not a or not b or a == b:
-            raise ConfigError("controlplane.region_rtt_ms", f"key {key!r}: expected 'region:region'")
-        if not float(value) >= 0:
-            raise ConfigError("controlplane.region_rtt_ms", f"{key}: must be >= 0 ms")
-        out[(a, b)] = out[(b, a)] = float(value)
-    return out
-
-
 def queue_ms(service_ms: float, slots: int, rho: float) -> float:
     """Expected queueing (ms) at utilisation ``rho`` of ``slots`` servers (closed-form M/M/c approximation)."""
     if rho >= 1.0:

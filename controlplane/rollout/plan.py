@@ -57,7 +57,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
-from controlplane.api.validate import check_name
+from controlplane.validate import check_name
 from ferry.errors import InvalidArgument, NotFound
 
 CANARY = "canary"

@@ -1,7 +1,7 @@
 """The scaling plan of one model in one region: replicas needed now, for the next ramp, desired, standby (pure).
 
 No I/O and no clock: every input is an argument, so the control plane
-(:mod:`controlplane.scaling.service`) and the day simulator
+(:mod:`controlplane.services.scaling`) and the day simulator
 (:mod:`tools.sim.day`) call the very same :func:`plan` (docs/design.md, rule 1).
 
 **Needed now** (:func:`needed_for`): the replicas that carry the demand

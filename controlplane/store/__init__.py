@@ -2,8 +2,7 @@
 
 :mod:`.base` is the store's interface and its key layout; :mod:`.memory`
 the embedded store; :mod:`.etcd` with :mod:`.etcdstreams` the etcd one.
-:mod:`.mirror` keeps a live copy of a prefix, :mod:`.intent` mirrors
-operator intent, and :mod:`.writer` is the one way operator intent is
-written (check, conditional put, wait for the echo and the tables).
-docs/store.md tells the whole story.
+:mod:`.mirror` keeps a live copy of a prefix. The store is the bottom layer:
+it knows keys and bytes, never a domain record (operator intent is decoded
+above it, in :mod:`controlplane.intent`). docs/store.md tells the whole story.
 """

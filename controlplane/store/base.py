@@ -22,7 +22,7 @@ key                                   value                                     
                                       only by :meth:`Store.put_if`
 ``intent/cordon/{node}``              JSON ``{"requested_at"}``: node cordoned       none
 ``intent/pending/{request}``          JSON allocation request waiting for a node    none
-                                      (:mod:`controlplane.allocation.allocator`)
+                                      (:mod:`controlplane.services.allocator`)
 ``intent/tenant/{name}``              JSON tenant record (plan, tiers, limits, the  none
                                       key's sha256 only; :mod:`controlplane.tenants.records`)
 ``intent/tenants``                    JSON ``{"since", "source"}``: the store holds  none

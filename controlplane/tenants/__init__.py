@@ -1,6 +1,6 @@
 """Tenants kept in the store: records, validation, and the set the tables carry.
 
 Pure: :mod:`.records` (records, validation, the table's tenant set). Edge:
-:mod:`.service` (seed from the config file once, list, put, remove, through
-the intent writer).
+:mod:`controlplane.services.tenants` (seed from the config file once, list,
+put, remove, through the intent writer).
 """

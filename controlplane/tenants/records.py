@@ -18,7 +18,7 @@ naming the field (``tenant.tiers[1]``); an empty tier list on a put means
 every tier, and a put names its changed ``fields`` (:func:`check_fields`).
 
 :class:`TenantBook` is the set as the store shows it, fed key by key by
-:class:`controlplane.store.intent.IntentCache`; a record that does not decode, or
+:class:`controlplane.intent.cache.IntentCache`; a record that does not decode, or
 whose name differs from its key, is skipped and logged. The set is bounded
 by ``controlplane.max_tenants`` at the writer (:func:`check_capacity`).
 :meth:`TenantBook.routes` gives the table's ``TenantRoute`` list, sorted by

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.agent import Agent, AgentMetrics, NodeInfo
 from agent.main import main
-from controlplane.api import validate
+from controlplane import validate
 from controlplane.config import ControlPlaneSettings
 from ferry.errors import InvalidArgument
 from tests.agent.test_agent import SETTINGS, FakeFleet, start_fleet

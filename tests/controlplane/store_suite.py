@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.intent.cache import IntentCache
 from controlplane.rollout.plan import CANARY, PROMOTED, Rollout
 from controlplane.store.base import (
     DRAIN_PREFIX,
@@ -29,7 +30,6 @@ from controlplane.store.base import (
     drain_key,
     rollout_key,
 )
-from controlplane.store.intent import IntentCache
 from controlplane.store.mirror import Mirror
 
 MEMBERS = "/ferry/members/"

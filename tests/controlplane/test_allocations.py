@@ -19,8 +19,8 @@ from controlplane.allocation.records import (
     with_placement,
     without,
 )
+from controlplane.intent.cache import IntentCache
 from controlplane.store.base import alloc_key
-from controlplane.store.intent import IntentCache
 from controlplane.store.memory import MemoryStore
 
 SMALL = Allocation("n1/r0", "chat-small", "v1", (0,))

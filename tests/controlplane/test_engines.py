@@ -9,9 +9,10 @@ import pytest
 
 from agent.replica.engine import EngineParams
 from controlplane.engines.fit import PARAMS, Interval, fit_steps, nnls
-from controlplane.engines.service import EngineService
 from controlplane.engines.window import EngineWindows, Facts, Kind, Sample
 from controlplane.fleet.view import Member
+from controlplane.services.engines import EngineService
+from ferry_cli.ctl.engines import fitted_params, row
 from ferry.errors import InvalidArgument
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
 from ferry_cli.ctl.engines import fitted_params, row
@@ -273,7 +274,7 @@ def test_a_row_builds_the_engine_params_the_replicas_run() -> None:
     facts = Facts(kv_blocks_total=3000, kv_block_tokens=64, max_running=12, max_step_tokens=1536)
     for i, iv in enumerate(varied(100, rng, noise=0.0)):
         w.add("chat", KIND, Sample(at=float(i), replica_id="r0", interval=iv, facts=facts))
-    from controlplane.engines.service import engine_view
+    from controlplane.services.engines import engine_view
     r = row(engine_view(w.fits(now=100.0)[0]))
     assert set(r) >= {"model", "kind", "replicas", "samples", "params", "stderr", "fit"}
     params = EngineParams(**r["params"])  # the field names are EngineParams'

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.allocation.gang import NodeState, Placement, Plan, Policy, Request, Resident, plan, usage
+from controlplane.allocation.gang import NodeState, Placement, Plan, Request, Resident, plan, usage
 from controlplane.allocation.records import Allocation
+from controlplane.config import Policy
 
 NOW = 10_000.0
 POLICY = Policy()

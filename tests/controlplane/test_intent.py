@@ -8,8 +8,8 @@ import contextlib
 import pytest
 
 from controlplane.fleet.members import MemberLeases
+from controlplane.intent.cache import IntentCache
 from controlplane.store.base import drain_key, member_key
-from controlplane.store.intent import IntentCache
 from controlplane.store.memory import MemoryStore
 from ferry.errors import Unavailable
 from ferry.v1 import fleet_pb2

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import KEEP, TRIES, IntentWriter
 from controlplane.store.base import KeyValue, cordon_key, drain_key
-from controlplane.store.intent import IntentCache
 from controlplane.store.memory import MemoryStore
-from controlplane.store.writer import KEEP, TRIES, IntentWriter
 from ferry.errors import NotFound, Unavailable
 from tests.controlplane.fakes import FlakyStore
 
@@ -36,7 +36,7 @@ async def parts() -> AsyncIterator[tuple[MemoryStore, IntentCache, Tables, Inten
     async with asyncio.timeout(5):
         await intent.synced.wait()
     tables = Tables()
-    yield store, intent, tables, IntentWriter(store, intent, tables, timeout=2.0)  # type: ignore[arg-type]
+    yield store, intent, tables, IntentWriter(store, intent, tables.reflect, timeout=2.0)
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -95,7 +95,7 @@ async def test_a_record_changed_under_every_try_is_refused(parts: Any) -> None:
 async def test_refused_while_the_store_is_away_before_anything_is_written(parts: Any) -> None:
     store, intent, tables, _ = parts
     flaky = FlakyStore(store)
-    writer = IntentWriter(flaky, intent, tables, timeout=2.0)  # type: ignore[arg-type]
+    writer = IntentWriter(flaky, intent, tables.reflect, timeout=2.0)  # type: ignore[arg-type]
     flaky.down = True
     with pytest.raises(Unavailable) as err:
         await writer.write("drain of r1", drain_key("r1"), lambda kv: b"{}", reflected=lambda: True)

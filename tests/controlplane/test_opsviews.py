@@ -6,9 +6,9 @@ import pytest
 
 from controlplane.allocation.records import Allocation, NodeAllocations
 from controlplane.api.auth import AdminAuth, load, sha256_hex
-from controlplane.fleet.views import node_view, slot_state, usage_rows
 from controlplane.tables.compute import TableVersions, compute_tables
 from controlplane.tables.diff import diff_tables, pick_versions
+from controlplane.tables.views import node_view, slot_state, usage_rows
 from ferry.config import ModelConfig
 from ferry.errors import ConfigError, NotFound
 from ferry.v1 import common_pb2, tables_pb2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.regions.planner import SpillPlanner
+from controlplane.tables.spill import SpillPlanner
 from controlplane.tables.usage import Figures
 from ferry.v1 import common_pb2, tables_pb2
 

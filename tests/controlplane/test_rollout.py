@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from controlplane.intent.cache import IntentCache
 from controlplane.rollout.plan import (
     CANARY,
     PROMOTED,
@@ -23,7 +24,6 @@ from controlplane.rollout.plan import (
     transition,
 )
 from controlplane.store.base import rollout_key
-from controlplane.store.intent import IntentCache
 from controlplane.store.memory import MemoryStore
 from controlplane.tables.compute import compute_tables
 from ferry.config import ModelConfig

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
+from controlplane.config import parse_rtt
 from controlplane.regions.control import RegionSample, SpillController
 from controlplane.regions.weights import (
     RegionLoad,
     batch_weights,
-    parse_rtt,
     queue_ms,
     queue_p99_ms,
     reachable,

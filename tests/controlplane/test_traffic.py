@@ -12,8 +12,8 @@ import grpc
 import pytest
 
 from controlplane.config import ControlPlaneSettings
+from controlplane.services.traffic import TrafficService
 from controlplane.traffic.rows import check, from_json, to_json
-from controlplane.traffic.service import TrafficService
 from controlplane.traffic.store import MemoryStore, SegmentStore, StoreLimits
 from ferry.errors import ConfigError
 from ferry.v1 import admin_pb2, tables_pb2

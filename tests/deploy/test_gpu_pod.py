@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from agent.inventory import discovered_id
-from controlplane.allocation.gang import Policy
+from controlplane.config import Policy
 from tests.deploy.conftest import find
 from tests.deploy.local import Pod, StandIn, local_cluster
 from tests.deploy.test_manifests import flag

@@ -12,7 +12,7 @@ from controlplane.fleet.view import FleetView
 from controlplane.metrics import Metrics
 from controlplane.scaling.history import History, history_key
 from controlplane.scaling.plan import DAY, HOUR, HourRecord, Targets, forecast, hour_of_week
-from controlplane.scaling.service import ScalingService, ScalingSettings
+from controlplane.services.scaling import ScalingService, ScalingSettings
 from controlplane.store.etcd import EtcdStore
 from controlplane.tables.usage import Figures
 from ferry.errors import Unavailable

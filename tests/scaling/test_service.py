@@ -13,7 +13,7 @@ from controlplane.main import main
 from controlplane.metrics import Metrics
 from controlplane.scaling.history import HISTORY_PREFIX, TIMINGS_PREFIX
 from controlplane.scaling.plan import DAY, HOUR, Targets
-from controlplane.scaling.service import ScalingService, ScalingSettings
+from controlplane.services.scaling import ScalingService, ScalingSettings
 from controlplane.store.memory import MemoryStore
 from controlplane.tables.usage import Figures
 from ferry.config import load_file

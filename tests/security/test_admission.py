@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from agent.agent import Agent, AgentMetrics, NodeInfo
 from agent.config import AgentSettings
 from controlplane.api.auth import AdminAuth
-from controlplane.api.join import Admission, sha256_hex
+from controlplane.api.join import JoinCheck, sha256_hex
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet.telemetry import TelemetryRate
 from controlplane.server import ControlPlane
@@ -164,7 +164,7 @@ async def mtls_cp(pki: tuple[str, dict[str, tls.TLSConfig]]) -> AsyncIterator[tu
     _, certs = pki
     cp = ControlPlane(ControlPlaneSettings(tick_seconds=0.1, debounce_seconds=0.001),
                       catalog=(ModelConfig(name="chat"),), tls=certs["controlplane"],
-                      admission=Admission(sha256_hex(JOIN), mutual_tls=True), admin_auth=AdminAuth.with_token(TOKEN))
+                      join_check=JoinCheck(sha256_hex(JOIN), mutual_tls=True), admin_auth=AdminAuth.with_token(TOKEN))
     port = await cp.start("127.0.0.1:0")
     try:
         yield cp, port
@@ -231,7 +231,7 @@ async def test_over_mutual_tls_the_admin_api_takes_an_admin_certificate_or_the_t
     ("", False, None, True), ("", True, "agent", True), ("", True, "proxy", False), ("", True, None, False),
 ], ids=["open", "mtls-agent", "mtls-other", "mtls-nocert"])
 def test_admission_decision_table(token: str, mutual: bool, cn: str | None, admitted: bool) -> None:
-    admission = Admission(token and sha256_hex(token), mutual)
+    admission = JoinCheck(token and sha256_hex(token), mutual)
     try:
         admission.check("", cn)
         got = True

@@ -32,7 +32,7 @@ from tritonclient.grpc import service_pb2_grpc
 from agent.agent import Agent, AgentMetrics, NodeInfo
 from agent.config import AgentSettings
 from agent.triton import TritonEndpoint
-from controlplane.api.join import Admission
+from controlplane.api.join import JoinCheck
 from controlplane.config import ControlPlaneSettings
 from controlplane.server import ControlPlane
 from dataplane.forward.clients import ClientPool, default_factory
@@ -271,7 +271,7 @@ async def test_the_agents_replica_client_presents_a_renewed_certificate(gate: tu
 
 def control_plane(config: tls.TLSConfig) -> ControlPlane:
     return ControlPlane(ControlPlaneSettings(tick_seconds=0.1, debounce_seconds=0.001), tls=config,
-                        admission=Admission("", mutual_tls=True))
+                        join_check=JoinCheck("", mutual_tls=True))
 
 
 async def test_the_agents_control_plane_stream_reconnects_with_a_certificate_of_a_new_ca(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.api import validate
+from controlplane import validate
 from controlplane.config import ControlPlaneSettings
 from ferry.errors import InvalidArgument
 from ferry.v1 import fleet_pb2

@@ -44,8 +44,8 @@ from collections import Counter, deque
 from collections.abc import Mapping
 
 from agent.replica.engine import Engine, EngineParams, EngineRequest
+from controlplane.config import parse_rtt
 from controlplane.regions.control import RegionSample, SpillController
-from controlplane.regions.weights import parse_rtt
 from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
 from dataplane.regions.choice import (
     DEFAULT_HEADROOM,

@@ -16,7 +16,7 @@ them) and, leading, to the followers. Cost per computation: see
 :mod:`controlplane.tables.compute`.
 
 ``Tables.Watch`` from the servicer side: :meth:`TableService.subscribe`
-validates the subscription (``controlplane.api.validate``; INVALID_ARGUMENT naming
+validates the subscription (``controlplane.validate``; INVALID_ARGUMENT naming
 the field, RESOURCE_EXHAUSTED past ``max_watchers`` or ``max_proxies``) and
 offers the region's current table at once (computing it on the leader, asking
 the leader on a follower); :meth:`TableService.ack` records what the proxy
@@ -33,7 +33,7 @@ than twice a second: a scrape every 15 s or more reads loads at most a second
 old. A pass after any other change observes them at once.
 
 :meth:`TableService.reflect` is how an operator write waits for the tables
-(:mod:`controlplane.store.writer`): recomputed after the debounce on the
+(:mod:`controlplane.intent.writer`): recomputed after the debounce on the
 leader (the writes waiting together share that pass), then, leader or
 follower alike, until the tables held here satisfy a predicate.
 
@@ -52,23 +52,23 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from controlplane.api import validate
-from controlplane.cluster.service import PeerService
+from controlplane import validate
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet.view import Member
-from controlplane.fleet.views import node_view, usage_rows
+from controlplane.intent.cache import IntentCache
 from controlplane.metrics import Metrics
-from controlplane.regions.planner import SpillPlanner
-from controlplane.store.intent import IntentCache
+from controlplane.services.peers import PeerService
+from controlplane.services.traffic import TrafficService
 from controlplane.tables import views
 from controlplane.tables.cachestats import attach_cache, merge_cache
 from controlplane.tables.compute import Published, RouteRows, TableVersions, compute_tables
 from controlplane.tables.diff import diff_tables, pick_versions
 from controlplane.tables.quotas import attach_quotas
+from controlplane.tables.spill import SpillPlanner
 from controlplane.tables.usage import ProxyUsage
+from controlplane.tables.views import node_view, usage_rows
 from controlplane.tables.watchers import Watcher, Watchers
 from controlplane.tenants.records import attach_tenants
-from controlplane.traffic.service import TrafficService
 from ferry.config import TIERS, ModelConfig
 from ferry.errors import InvalidArgument, Overloaded
 from ferry.logs import event
@@ -122,7 +122,7 @@ class TableService:
         self._dirty = asyncio.Event()
         self._changed = asyncio.Event()  # pulsed whenever a table is published or adopted here
         self.stopping = False
-        # the router configs each region's proxies run (controlplane.routerconfig.service.RouterService.attach)
+        # the router configs each region's proxies run (controlplane.services.routerconfig.RouterService.attach)
         self.attach_router: Callable[[dict[str, tables_pb2.TableSnapshot]], None] | None = None
 
     def notify(self) -> None:

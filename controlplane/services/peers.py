@@ -32,19 +32,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from controlplane.api import validate
+from controlplane import validate
 from controlplane.cluster.coordination import Cluster
 from controlplane.cluster.followers import FollowerSession
 from controlplane.cluster.remote import merge
 from controlplane.config import ControlPlaneSettings
-from controlplane.engines.service import EngineService
 from controlplane.fleet.view import FleetView, Member, is_live
 from controlplane.metrics import Metrics
+from controlplane.services.engines import EngineService
+from controlplane.services.traffic import TrafficService
 from controlplane.store.base import Store
 from controlplane.tables.compute import Published, TableVersions, initial_version
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watchers
-from controlplane.traffic.service import TrafficService
 from ferry.errors import InvalidArgument, Overloaded, Unavailable
 from ferry.logs import event
 from ferry.tls import TLSConfig

@@ -1,9 +1,9 @@
 """Gang allocation as the operator sees it: allocate, list, release, and the leader's allocation passes.
 
-:class:`AllocationService` fronts :class:`controlplane.allocation.allocator.GangAllocator`.
+:class:`AllocationService` fronts :class:`controlplane.services.allocator.GangAllocator`.
 :meth:`AllocationService.allocate` validates, refuses with ``Unavailable``
 while the store is unreachable (as every intent write,
-:class:`controlplane.store.writer.IntentWriter`), writes the requests, waits
+:class:`controlplane.intent.writer.IntentWriter`), writes the requests, waits
 for the store's echo, wakes the leader's pass and returns what that pass did
 with them (on a follower: what the store shows within
 ``store_timeout_seconds`` plus two ticks). :meth:`AllocationService.release`
@@ -28,16 +28,16 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.allocation.allocator import GangAllocator, new_request_id
+from controlplane import validate
 from controlplane.allocation.gang import Request
-from controlplane.api import validate
-from controlplane.cluster.service import PeerService
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet.view import FleetView
-from controlplane.fleet.views import pending_view, slot_view
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import IntentWriter
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import IntentWriter
+from controlplane.services.allocator import GangAllocator, new_request_id
+from controlplane.services.peers import PeerService
 from controlplane.tables.compute import catalog_models
+from controlplane.tables.views import pending_view, slot_view
 from ferry.config import ModelConfig
 from ferry.errors import FerryError, InvalidArgument, NotFound, Overloaded, Unavailable
 from ferry.v1 import admin_pb2

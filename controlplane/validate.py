@@ -1,7 +1,9 @@
-"""Checks of what arrives on the wire, each failure an ``InvalidArgument`` naming the field.
+"""Checks of domain values (names, addresses, registrations, reports, subscriptions), each naming the field.
 
 Pure functions over the generated messages and :class:`ControlPlaneSettings`
-bounds. Field paths follow the message structure as a proxy or agent author
+bounds, called by the services and the records that take these values (the
+domain checks its own input; :mod:`controlplane.api` only translates the
+error to a status). Field paths follow the message structure as a proxy or agent author
 reads it, e.g. ``register.replicas[2].address`` or ``subscribe.region``.
 
 - names (node, replica id, model, proxy id): required, at most

@@ -19,7 +19,7 @@
   and every tick, so a slow or absent store never delays the tables. A node
   that registers gets the drains requested while it was away.
 - Drains: :meth:`FleetService.set_drain` writes (or cancels) the drain
-  through the :class:`controlplane.store.writer.IntentWriter` (refused with
+  through the :class:`controlplane.intent.writer.IntentWriter` (refused with
   ``Unavailable`` while the store is unreachable; waits for the echo and for
   the leader's tables to drop, or list again, the replica), then tells the
   replica's agent if its stream is here. Every other control plane tells its
@@ -29,7 +29,7 @@
   replicas keep running what they run, out of the tables.
 - Views: :meth:`FleetService.list_replicas`, :meth:`FleetService.list_nodes`,
   :meth:`FleetService.list_models`, :meth:`FleetService.usage`
-  (:mod:`controlplane.tables.views`, :mod:`controlplane.fleet.views`).
+  (:mod:`controlplane.tables.views`, :mod:`controlplane.tables.views`).
 
 State: the members (:class:`controlplane.fleet.view.FleetView`), the agents'
 sessions, the member leases, the drains being told by this call. Dependencies:
@@ -46,21 +46,21 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.api import validate
-from controlplane.cluster.service import PeerService
+from controlplane import validate
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet import telemetry as telemetry_check
 from controlplane.fleet.agents import Agents, AgentSession
 from controlplane.fleet.claims import Claim, changed_claims, host_of, register_claims, served_at, served_field
 from controlplane.fleet.members import MemberLeases
 from controlplane.fleet.view import FleetView, Member, claim_conflict, is_live, replica_state
-from controlplane.fleet.views import model_views, node_view, usage_rows
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import IntentWriter
 from controlplane.metrics import Metrics
+from controlplane.services.peers import PeerService
 from controlplane.store.base import KeyValue, LeaseNotFound, cordon_key, drain_key, drain_value
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import IntentWriter
 from controlplane.tables import views
 from controlplane.tables.compute import TableVersions, catalog_models
+from controlplane.tables.views import model_views, node_view, usage_rows
 from ferry.config import ModelConfig
 from ferry.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded, Unavailable
 from ferry.logs import event

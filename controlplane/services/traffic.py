@@ -1,7 +1,7 @@
 """The recorded traffic on a control plane: taken off the proxies' reports, stored by the leader, relayed once.
 
 :meth:`TrafficService.take` runs as a proxy's usage report arrives on its
-table watch (:meth:`controlplane.tables.service.TableService.proxy_report`):
+table watch (:meth:`controlplane.services.tables.TableService.proxy_report`):
 it takes the report's ``traffic`` rows and ``traffic_dropped`` off the report
 (so the last report kept per proxy, which a follower relays every tick, carries
 none), stamps each row with the proxy's id and region from the watch, and
@@ -11,7 +11,7 @@ refuses a malformed row (counted). Then:
 - **following**: they wait in a bounded outbox (``traffic_relay_max_rows``;
   beyond, dropped and counted) and :meth:`relay` puts at most
   ``traffic_relay_rows`` of them, with the drops since, on each
-  ``FollowerReport`` (:meth:`controlplane.cluster.service.PeerService.follower_report`),
+  ``FollowerReport`` (:meth:`controlplane.services.peers.PeerService.follower_report`),
   each row once; the leader's :meth:`absorb` stores them. A follower that
   starts to lead stores its outbox with the next rows.
 

@@ -14,28 +14,28 @@ allocations write through. A write (:meth:`IntentWriter.write`):
    or keep it as it is, and raise a :class:`ferry.errors.FerryError` to refuse;
    a write that times out may still land later, and the answer says so;
 3. waits (at most ``store_timeout_seconds``) for the store to echo it to this
-   control plane's :class:`controlplane.store.intent.IntentCache`;
+   control plane's :class:`controlplane.intent.cache.IntentCache`;
 4. waits (at most ``store_timeout_seconds``, then returns) until the leader's
-   tables, as held here, satisfy ``reflected``
-   (:meth:`controlplane.tables.service.TableService.reflect`): recomputed at once
-   on the leader, relayed by the leader to a follower. The same on both.
+   tables, as held here, satisfy ``reflected``, through the ``reflect``
+   callable it was given (:meth:`controlplane.services.tables.TableService.reflect`
+   in the controller): recomputed at once on the leader, relayed by the leader
+   to a follower. The same on both.
 
 :meth:`IntentWriter.change` is steps 1-3 alone and :meth:`IntentWriter.settle`
 step 4, for a caller with more than one key to write (a tenant and the marker
 of the managed set). State: none but the store it writes to (``store``,
-replaceable). Dependencies: the store, the intent cache, the table service,
-the timeout.
+replaceable). Dependencies: the store, the intent cache, ``reflect`` (the
+wait for the tables, injected: the writer sits below the tables), the timeout.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from controlplane.intent.cache import IntentCache
 from controlplane.store.base import KeyValue, Store
-from controlplane.store.intent import IntentCache
-from controlplane.tables.service import TableService
 from ferry.errors import Unavailable
 
 TRIES = 3
@@ -49,6 +49,7 @@ class Keep(enum.Enum):
 
 KEEP = Keep.KEEP
 Edit = bytes | None | Keep  # bytes: put this value; None: delete the key; KEEP: write nothing
+Reflect = Callable[[Callable[[], bool], float], Awaitable[bool]]  # (predicate, seconds) -> True once it holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +63,14 @@ class Written:
 class IntentWriter:
     """Writes operator intent to the store and waits for the leader's tables to reflect it.
 
-    State: the store written to. Dependencies: the intent cache (the echo), the table service (the
-    wait for the tables), the timeout.
+    State: the store written to. Dependencies: the intent cache (the echo), ``reflect`` (the wait for
+    the tables), the timeout.
     """
 
-    def __init__(self, store: Store, intent: IntentCache, tables: TableService, *, timeout: float) -> None:
+    def __init__(self, store: Store, intent: IntentCache, reflect: Reflect, *, timeout: float) -> None:
         self.store = store
         self._intent = intent
-        self._tables = tables
+        self._reflect = reflect
         self._timeout = timeout
 
     def check(self, what: str) -> None:
@@ -131,4 +132,4 @@ class IntentWriter:
 
     async def settle(self, reflected: Callable[[], bool]) -> bool:
         """Wait (bounded) until the leader's tables, as held here, satisfy ``reflected``; False on timeout."""
-        return await self._tables.reflect(reflected, self._timeout)
+        return await self._reflect(reflected, self._timeout)

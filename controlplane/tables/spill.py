@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from controlplane.config import parse_rtt
 from controlplane.regions.control import RegionSample, SpillController
-from controlplane.regions.weights import parse_rtt
 from controlplane.tables.usage import Figures, Key
 from ferry.v1 import tables_pb2
 

@@ -36,12 +36,13 @@ import logging
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 
-from controlplane.allocation.gang import Placement, Plan, Policy, Request, plan
+from controlplane.allocation.gang import Placement, Plan, Request, plan
 from controlplane.allocation.records import place, release
+from controlplane.config import Policy
 from controlplane.fleet.view import Member, is_live
-from controlplane.fleet.views import node_state
+from controlplane.intent.cache import IntentCache
 from controlplane.store.base import Store, pending_key
-from controlplane.store.intent import IntentCache
+from controlplane.tables.views import node_state
 from ferry.errors import FerryError
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@
 (INVALID_ARGUMENT naming ``model``, ``version``, ``canary_percent`` or
 ``action``; NOT_FOUND for a model outside the catalog, or a promote / roll
 back with no rollout), then writes the next record through the
-:class:`controlplane.store.writer.IntentWriter` (refused while the store is
+:class:`controlplane.intent.writer.IntentWriter` (refused while the store is
 unreachable; ``put_if`` on the revision read, bounded retries; nothing written
 when the record does not change), which returns once the leader's tables
 carry the rollout's default version and weights. The answer shows, per
@@ -24,14 +24,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.api import validate
-from controlplane.cluster.service import PeerService
+from controlplane import validate
 from controlplane.config import ControlPlaneSettings
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import KEEP, Edit, IntentWriter
 from controlplane.rollout import plan as rollout
 from controlplane.rollout.plan import Rollout
+from controlplane.services.peers import PeerService
 from controlplane.store.base import KeyValue, rollout_key
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import KEEP, Edit, IntentWriter
 from controlplane.tables.compute import TableVersions, catalog_models
 from ferry.config import ModelConfig
 from ferry.errors import InvalidArgument, NotFound

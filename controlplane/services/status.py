@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controlplane.cluster.election import PlaneInfo
-from controlplane.cluster.service import PeerService
 from controlplane.cluster.status import Counts, build_status
 from controlplane.config import ControlPlaneSettings
 from controlplane.fleet.view import FleetView, is_live
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import IntentWriter
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import IntentWriter
+from controlplane.services.peers import PeerService
 from controlplane.tables.compute import TableVersions
 from controlplane.tables.watchers import Watchers
 from ferry.v1 import admin_pb2

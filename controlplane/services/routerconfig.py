@@ -8,13 +8,13 @@
   share and the guard; stores the text as a new version (or finds the stored
   version with the same digest), then the rollout record, baseline = the
   version the proxies run by default now; refused while a rollout is in
-  canary. Writes go through the :class:`controlplane.store.writer.IntentWriter`
+  canary. Writes go through the :class:`controlplane.intent.writer.IntentWriter`
   (refused while the store is unreachable, conditional on what was read);
   the call returns once the tables held here carry the assignment.
 - :meth:`RouterService.decide` (``Admin.RouterDecide``): promote or roll back
   by hand.
 - :meth:`RouterService.attach`: called by the table computation
-  (:meth:`controlplane.tables.service.TableService.recompute`) for every
+  (:meth:`controlplane.services.tables.TableService.recompute`) for every
   region's table: the versions, the canary proxies
   (:func:`controlplane.routerconfig.records.assign` over the proxies watching
   here) and the default.
@@ -45,7 +45,8 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 
-from controlplane.cluster.service import PeerService
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import KEEP, Edit, IntentWriter
 from controlplane.routerconfig import guard as sprt
 from controlplane.routerconfig.records import (
     ABORTED,
@@ -61,9 +62,8 @@ from controlplane.routerconfig.records import (
     config_key,
     router_part,
 )
+from controlplane.services.peers import PeerService
 from controlplane.store.base import KeyValue
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import KEEP, Edit, IntentWriter
 from controlplane.tables.compute import TableVersions
 from controlplane.tables.usage import ProxyUsage
 from controlplane.tables.watchers import Watchers

@@ -10,7 +10,7 @@
 - :meth:`TenantService.list_tenants`, :meth:`TenantService.put_tenant`,
   :meth:`TenantService.delete_tenant`: ``Admin.ListTenants``, ``PutTenant``,
   ``DeleteTenant``. Writes go through the
-  :class:`controlplane.store.writer.IntentWriter`: refused with
+  :class:`controlplane.intent.writer.IntentWriter`: refused with
   ``Unavailable`` while the store is unreachable, ``put_if`` on the revision
   read (bounded retries), so two operators never lose one another's change,
   then the marker of the managed set when it is not there yet; each returns
@@ -29,9 +29,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 from controlplane.config import ControlPlaneSettings
+from controlplane.intent.cache import IntentCache
+from controlplane.intent.writer import KEEP, Edit, IntentWriter
 from controlplane.store.base import KeyValue, Store
-from controlplane.store.intent import IntentCache
-from controlplane.store.writer import KEEP, Edit, IntentWriter
 from controlplane.tables.compute import TableVersions
 from controlplane.tenants import records as tenants
 from ferry.config import TenantConfig

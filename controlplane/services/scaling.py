@@ -36,7 +36,6 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 
-from controlplane.api.validate import check_filter
 from controlplane.fleet.view import Member, is_live, replica_state
 from controlplane.metrics import Metrics
 from controlplane.scaling.demand import READY, WARMING, gather, standby_nodes
@@ -45,6 +44,7 @@ from controlplane.scaling.plan import DAY, Plan, State, Targets, plan, standby_f
 from controlplane.scaling.timings import Timings
 from controlplane.store.base import Store
 from controlplane.tables.usage import Figures
+from controlplane.validate import check_filter
 from ferry.errors import ConfigError, FerryError
 from ferry.v1 import admin_pb2
 

@@ -104,7 +104,6 @@ def test_tokenizer_is_plain_words_without_a_file() -> None:
 
 def test_the_model_view_names_the_tokenizer_in_use(tokenizer_file: Path) -> None:
     from controlplane.tables.views import model_views
-    from ferry_cli.ctl.views import model_row
     from ferry.config import ModelConfig
     from ferry_cli.ctl.views import model_row
 

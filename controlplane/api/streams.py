@@ -17,8 +17,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
-from ferry.errors import DeadlineExceeded, InvalidArgument
 from controlplane.tasks import cancel_and_wait
+from ferry.errors import DeadlineExceeded, InvalidArgument
 
 T = TypeVar("T")
 M = TypeVar("M")

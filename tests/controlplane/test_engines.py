@@ -12,7 +12,6 @@ from controlplane.engines.fit import PARAMS, Interval, fit_steps, nnls
 from controlplane.engines.window import EngineWindows, Facts, Kind, Sample
 from controlplane.fleet.view import Member
 from controlplane.services.engines import EngineService
-from ferry_cli.ctl.engines import fitted_params, row
 from ferry.errors import InvalidArgument
 from ferry.v1 import admin_pb2, common_pb2, fleet_pb2
 from ferry_cli.ctl.engines import fitted_params, row

@@ -122,9 +122,9 @@ from dataplane.cache.decide import CachePolicy
 from dataplane.failover.budget import RetryBudget
 from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
-from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.pick.unreachable import UnreachableParams
 from dataplane.table.local import MAX_VNODES, TableParams
+from dataplane.table.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from ferry.config import (
     TIERS,
     FileConfig,

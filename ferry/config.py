@@ -74,6 +74,20 @@ PLANS = ("free", "paid", "enterprise")
 TIERS = ("interactive", "standard", "batch")
 
 
+def positive(section: str, values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming ``section.key`` of the first value not above 0 (NaN included)."""
+    for key, value in values.items():
+        if not value > 0:  # also rejects NaN
+            raise ConfigError(f"{section}.{key}", "must be positive")
+
+
+def at_least_zero(section: str, values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming ``section.key`` of the first value below 0 (NaN included)."""
+    for key, value in values.items():
+        if not value >= 0:
+            raise ConfigError(f"{section}.{key}", "must be >= 0")
+
+
 def hash_api_key(key: str) -> str:
     """The stored form of an API key: its sha256 in hex."""
     return hashlib.sha256(key.encode()).hexdigest()

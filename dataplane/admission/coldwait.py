@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 
 from dataplane.admission import coldstart
 from dataplane.admission.gate import ANSWER_MARGIN
-from dataplane.config import ColdStartSettings
+from dataplane.admission.settings import ColdStartSettings
 from dataplane.table.local import Table, TableHolder
 from dataplane.table.warming import Warming
 

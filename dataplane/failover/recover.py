@@ -35,9 +35,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection
 
-from dataplane.config import RetrySettings
 from dataplane.failover.budget import RetryBudget, charged, unreached, unserved
 from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error
+from dataplane.failover.settings import RetrySettings
 from dataplane.forward.kserve import Call
 from dataplane.metrics import ProxyMetrics
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed

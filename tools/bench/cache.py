@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.api.validate import ValidRequest
 from dataplane.cache.path import CachePath
-from dataplane.config import CacheSettings
+from dataplane.cache.settings import CacheSettings
 from dataplane.forward.kserve import Outcome
 from dataplane.router import RequestState
 from ferry.config import TenantConfig

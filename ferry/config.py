@@ -57,9 +57,10 @@ import tomllib
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import pydantic
+if TYPE_CHECKING:
+    import pydantic
 
 from ferry.errors import ConfigError
 
@@ -262,6 +263,8 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     # pydantic's strict JSON mode types values as TOML does: an array makes a tuple, a table a dataclass, an
     # integer a float; a string is never a number nor a number a bool (strict Python mode wants tuples and instances)
     text = json.dumps([data], default=_unsupported)
+    import pydantic  # here: a process that reads no config does not pay its import (tools.bench.config)
+
     try:
         return cast(T, _adapter(cls).validate_json(text)[0])
     except pydantic.ValidationError as exc:
@@ -284,6 +287,8 @@ def _adapter(cls: type[Any]) -> pydantic.TypeAdapter[tuple[Any]]:
     the 1-tuple carries ``extra="forbid"`` and strict types to ``cls`` and the dataclasses inside it.
     Kept per class (the declared classes: a bounded set).
     """
+    import pydantic
+
     adapter = _ADAPTERS.get(cls)
     if adapter is None:
         adapter = _ADAPTERS[cls] = pydantic.TypeAdapter(tuple[cls], config=CONFIG)  # type: ignore[valid-type,arg-type]
@@ -293,7 +298,7 @@ def _adapter(cls: type[Any]) -> pydantic.TypeAdapter[tuple[Any]]:
 _ADAPTERS: dict[type[Any], pydantic.TypeAdapter[tuple[Any]]] = {}
 
 
-CONFIG = pydantic.ConfigDict(extra="forbid", strict=True)  # how every section is validated (and its schema drawn)
+CONFIG: pydantic.ConfigDict = {"extra": "forbid", "strict": True}  # how every section is validated (and drawn)
 
 
 def _unsupported(value: Any) -> Any:

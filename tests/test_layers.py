@@ -44,3 +44,9 @@ def test_a_plane_without_offences_passes(tmp_path: Path) -> None:
     _plane(tmp_path, {"__init__.py": "", "low.py": "", "high.py": "from plane import low\n"})
     assert layers.check("plane", tmp_path, [{"low"}, {"high"}]) == []
     assert layers.main(["--draw"]) == 0
+
+
+def test_design_draws_the_layers_of_the_table() -> None:
+    design = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text(encoding="utf-8")
+    for plane in layers.LAYERS:
+        assert layers.draw(plane) in design, f"docs/design.md: redraw with python -m tools.layers --draw {plane}"

@@ -13,7 +13,8 @@ belongs to the narrow frozen part of the component that reads it, and
 - ``retries`` (:class:`dataplane.failover.settings.RetrySettings`): retries, the retry budget and
   stream continuation (:class:`dataplane.failover.recover.Failover`);
 - ``regions`` (:class:`dataplane.regions.settings.RegionSettings`): spill to other regions;
-- ``coldstart`` (:class:`dataplane.admission.settings.ColdStartSettings`): :class:`dataplane.admission.coldwait.ColdStarts`;
+- ``coldstart`` (:class:`dataplane.admission.settings.ColdStartSettings`):
+  :class:`dataplane.admission.coldwait.ColdStarts`;
 - ``idempotency`` (:class:`IdempotencySettings`);
 - ``table`` (:class:`dataplane.table.settings.TableSettings`): the table holder's bounds and ring;
 - ``watch`` (:class:`dataplane.table.settings.WatchSettings`): the table watch and its usage reports;

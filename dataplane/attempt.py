@@ -43,8 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from dataplane.admission.queues import Ticket
-from dataplane.config import RetrySettings
 from dataplane.failover.recover import Counts, Failover, retry_reason
+from dataplane.failover.settings import RetrySettings
 from dataplane.forward.failures import unreached
 from dataplane.metrics import ProxyMetrics
 from dataplane.pick.decide import Ask, View

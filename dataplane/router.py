@@ -69,9 +69,9 @@ from dataplane.intake.validate import TIER_PRIORITY, ValidRequest, check_samplin
 from dataplane.metrics import UNKNOWN, ProxyMetrics
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
 from dataplane.pick.picker import Attempt, Picker, Routing
-from dataplane.pick.pool import UNLIMITED, Pool
 from dataplane.record.recorder import Recorder
 from dataplane.table.local import Replica, Table, TableHolder
+from dataplane.table.pool import UNLIMITED, Pool
 from dataplane.tracing import Attribute, RequestTrace, Tracer
 from dataplane.usage import UsageWindow
 from ferry.config import Limits, TenantConfig

@@ -62,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 import re
@@ -76,7 +77,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 import ferry
-from dataplane.config import TraceSettings
+from ferry.config import positive
 from ferry.errors import ConfigError
 from ferry.logs import event
 
@@ -96,6 +97,36 @@ _REMOTE_PARENT = 0x300  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE | SPAN_FLAGS_CONTEXT_
 _SAMPLED = 0x01
 T = TypeVar("T")
 Attribute = str | int | float | bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TraceSettings:
+    """Request traces (:mod:`dataplane.tracing`): W3C ``traceparent`` in, OTLP over gRPC out; off unless
+    ``trace_endpoint`` is set (then nothing is read, allocated or sent per request)."""
+
+    trace_endpoint: str = ""  # host:port of an OTLP/gRPC collector (its port 4317, say); empty: tracing off
+    trace_sample_ratio: float = 1.0  # share of requests traced that bring no traceparent (a caller's flag rules)
+    trace_insecure: bool = False  # plain text to the collector; else TLS, checked against trace_ca or the system's
+    trace_ca: str = ""  # PEM file of the CA that signed the collector's certificate (empty: the system's roots)
+    trace_queue_spans: int = 2048  # finished spans waiting for export; a trace that does not fit is dropped, counted
+    trace_batch_spans: int = 512  # spans per Export call (a batch is sent as soon as this many wait)
+    trace_flush_seconds: float = 1.0  # what waits is sent at least this often
+    trace_export_timeout_seconds: float = 5.0  # an Export call's deadline; its spans are dropped, counted, past it
+
+    def __post_init__(self) -> None:
+        if self.trace_endpoint:
+            host, sep, port = self.trace_endpoint.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError("proxy.trace_endpoint", f"{self.trace_endpoint!r}: expected host:port")
+        if not 0 <= self.trace_sample_ratio <= 1:
+            raise ConfigError("proxy.trace_sample_ratio", "must be 0..1")
+        if self.trace_insecure and self.trace_ca:
+            raise ConfigError("proxy.trace_ca", "a CA with trace_insecure: choose TLS or plain text")
+        positive("proxy", {"trace_queue_spans": self.trace_queue_spans, "trace_batch_spans": self.trace_batch_spans,
+                           "trace_flush_seconds": self.trace_flush_seconds,
+                           "trace_export_timeout_seconds": self.trace_export_timeout_seconds})
+        if self.trace_batch_spans > self.trace_queue_spans:
+            raise ConfigError("proxy.trace_batch_spans", "must be at most trace_queue_spans")
 
 
 def parse_traceparent(value: str) -> tuple[int, int, bool] | None:

@@ -5,6 +5,13 @@ first unknown or ill-typed key with :class:`ferry.errors.ConfigError` naming
 its dotted path. Each plane declares the dataclass of the sections it reads;
 the sections shared by several planes (tenants, models, limits) are here.
 
+The declarations are the only description of the config: pydantic (v2)
+validates a mapping against a dataclass's own fields (``extra="forbid"``,
+strict types as TOML has them: an array makes a tuple, an integer a float,
+never a string a number), then the dataclass's ``__post_init__`` checks its
+ranges as before. The same declarations give the file's JSON Schema
+(``python -m tools.configschema`` writes ``docs/config.schema.json``).
+
 File layout (every section optional)::
 
     [[tenants]]      # read by the proxy; seeded into an empty store by the control plane
@@ -36,7 +43,7 @@ File layout (every section optional)::
     [limits]         # read by the proxy
     [proxy]          # dataplane.config.ProxySettings
     [controlplane]   # controlplane.config.ControlPlaneSettings
-    [scaling]        # controlplane.scaling.service.ScalingSettings (with [scaling.targets])
+    [scaling]        # controlplane.services.scaling.ScalingSettings (with [scaling.targets])
     [agent]          # agent.config.AgentSettings
     [replica]        # agent.replica.engine.EngineParams
 """
@@ -45,12 +52,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import tomllib
-import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+if TYPE_CHECKING:
+    import pydantic
 
 from ferry.errors import ConfigError
 
@@ -63,6 +73,20 @@ GUARD_ON_ERROR = ("closed", "open")
 MAX_GUARDRAILS = 16  # hooks in one config; each costs a call per request it applies to
 PLANS = ("free", "paid", "enterprise")
 TIERS = ("interactive", "standard", "batch")
+
+
+def positive(section: str, values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming ``section.key`` of the first value not above 0 (NaN included)."""
+    for key, value in values.items():
+        if not value > 0:  # also rejects NaN
+            raise ConfigError(f"{section}.{key}", "must be positive")
+
+
+def at_least_zero(section: str, values: Mapping[str, float]) -> None:
+    """Raise ConfigError naming ``section.key`` of the first value below 0 (NaN included)."""
+    for key, value in values.items():
+        if not value >= 0:
+            raise ConfigError(f"{section}.{key}", "must be >= 0")
 
 
 def hash_api_key(key: str) -> str:
@@ -228,37 +252,67 @@ def parse(data: Mapping[str, Any]) -> FileConfig:
 
 
 def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    """Build frozen dataclass ``cls`` from ``data``; unknown or ill-typed keys raise ConfigError."""
+    """Build frozen dataclass ``cls`` from ``data``; unknown or ill-typed keys raise ConfigError.
+
+    Validated by pydantic against ``cls``'s own declaration (:func:`_adapter`); the first error is
+    raised as ConfigError naming its dotted path under ``where`` (``proxy.queue_bounds[1]``). A
+    ``__post_init__`` check raises its own ConfigError as before.
+    """
     if not isinstance(data, Mapping):
         raise ConfigError(where, "must be a table")
-    assert dataclasses.is_dataclass(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in fields:
-            raise ConfigError(f"{where}.{key}", f"unknown key (known: {', '.join(sorted(fields))})")
-        kwargs[key] = _coerce(hints[key], value, f"{where}.{key}")
+    # pydantic's strict JSON mode types values as TOML does: an array makes a tuple, a table a dataclass, an
+    # integer a float; a string is never a number nor a number a bool (strict Python mode wants tuples and instances)
+    text = json.dumps([data], default=_unsupported)
+    import pydantic  # here: a process that reads no config does not pay its import (tools.bench.config)
+
     try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(where, str(exc)) from exc
+        return cast(T, _adapter(cls).validate_json(text)[0])
+    except pydantic.ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        loc = error["loc"][1:]  # past the 1-tuple of _adapter
+        key = where + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+        if error["type"] == "unexpected_keyword_argument":
+            known = _fields_at(cls, loc[:-1])
+            raise ConfigError(key, "unknown key" + (f" (known: {', '.join(known)})" if known else "")) from None
+        if error["type"] == "missing":
+            raise ConfigError(key, "required") from None
+        got = type(error["input"]).__name__ if not isinstance(error["input"], dict) else "table"
+        raise ConfigError(key, f"{error['msg'].replace('Input should', 'must')}, got {got}") from None
 
 
-def _coerce(hint: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return from_mapping(hint, value, where)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ConfigError(where, "must be a list")
-        (item,) = typing.get_args(hint)[:1]
-        return tuple(_coerce(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return None if value is None else _coerce(args[0], value, where)
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, str, bool) and (type(value) is not hint):
-        raise ConfigError(where, f"must be {hint.__name__}, got {type(value).__name__}")
-    return value
+def _adapter(cls: type[Any]) -> pydantic.TypeAdapter[tuple[Any]]:
+    """The validator of ``cls``: built once per class from its declaration (field types, defaults).
+
+    pydantic takes no config on a dataclass type itself, and a plain dataclass inherits its parent's:
+    the 1-tuple carries ``extra="forbid"`` and strict types to ``cls`` and the dataclasses inside it.
+    Kept per class (the declared classes: a bounded set).
+    """
+    import pydantic
+
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = pydantic.TypeAdapter(tuple[cls], config=CONFIG)  # type: ignore[valid-type,arg-type]
+    return adapter
+
+
+_ADAPTERS: dict[type[Any], pydantic.TypeAdapter[tuple[Any]]] = {}
+
+
+CONFIG: pydantic.ConfigDict = {"extra": "forbid", "strict": True}  # how every section is validated (and drawn)
+
+
+def _unsupported(value: Any) -> Any:
+    """A TOML value JSON has no type for (a date): a table no declared scalar or array accepts."""
+    return {"unsupported": type(value).__name__}
+
+
+def _fields_at(cls: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the dataclass reached from ``cls`` along ``loc`` ([] when it leads elsewhere)."""
+    for part in loc:
+        if dataclasses.is_dataclass(cls) and isinstance(part, str):
+            cls = typing.get_type_hints(cls).get(part)
+        elif typing.get_origin(cls) is tuple and isinstance(part, int):
+            cls = typing.get_args(cls)[0]
+        else:
+            return []
+    return sorted(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else []

@@ -9,7 +9,8 @@ replica but is warming, the proxy either waits for it or refuses at once:
 - **expected warm-up left** (:func:`expected_ready`): ``warmup_seconds``
   (``[proxy] coldstart_warmup_seconds``, default 30 s: no agent reports a
   warm-up estimate today) minus how long this proxy has seen the version
-  warming without a break (:func:`carry` keeps that start across tables),
+  warming without a break (:func:`dataplane.table.warming.carry` keeps that
+  start across tables, as the table is applied),
   at least ``floor`` (``[proxy] retry_after_seconds``, 1 s);
 - **decision** (:func:`wait_seconds`): the request may wait at most
   ``min(tier queue timeout, deadline left - margin)`` (the tier's queue
@@ -19,24 +20,16 @@ replica but is warming, the proxy either waits for it or refuses at once:
   ends UNAVAILABLE (:class:`WarmingUp`) with ``retry-after`` = the expected
   warm-up left, in the trailing metadata, and a message naming the version.
 
-Cost: O(warming versions) per table, O(1) per request.
+Cost: O(1) per request.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 
+from dataplane.table.warming import Warming
 from ferry.errors import NoReplica
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Warming:
-    """A version warming in the region: its replicas warming, and since when (the proxy's monotonic seconds)."""
-
-    replicas: int
-    since: float
 
 
 class WarmingUp(NoReplica):
@@ -47,18 +40,6 @@ class WarmingUp(NoReplica):
                                 f"none ready); retry after {retry_after:.3g} s")
         self.version = version
         self.retry_after = retry_after
-
-
-def carry(previous: Mapping[str, Warming], current: Mapping[str, int], now: float) -> dict[str, Warming]:
-    """The versions warming in a new table (``current``: version -> replicas), each keeping its start.
-
-    A version that was warming in the previous table keeps its ``since``; a new one starts at ``now``.
-    """
-    out: dict[str, Warming] = {}
-    for version, replicas in current.items():
-        before = previous.get(version)
-        out[version] = Warming(replicas, before.since if before is not None else now)
-    return out
 
 
 def find(warming: Mapping[str, Warming], version: str) -> Warming | None:

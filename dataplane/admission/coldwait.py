@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping
 
 from dataplane.admission import coldstart
 from dataplane.admission.gate import ANSWER_MARGIN
-from dataplane.config import ColdStartSettings
+from dataplane.admission.settings import ColdStartSettings
 from dataplane.table.local import Table, TableHolder
+from dataplane.table.warming import Warming
 
 # Re-resolve the request's routing on a new table: (its version there, whether it has a ready replica).
 Reroute = Callable[[Table], tuple[str, bool]]
@@ -46,13 +47,13 @@ class ColdStarts:
         self._applied.set()
         self._applied = asyncio.Event()
 
-    def _refusal(self, model: str, version: str, warming: coldstart.Warming) -> coldstart.WarmingUp:
+    def _refusal(self, model: str, version: str, warming: Warming) -> coldstart.WarmingUp:
         expected = coldstart.expected_ready(warming, self._clock(), floor=self._floor,
                                             warmup_seconds=self._settings.coldstart_warmup_seconds)
         return coldstart.WarmingUp(model, version, warming, expected)
 
     @staticmethod
-    def _warming(table: Table, model: str, version: str) -> coldstart.Warming | None:
+    def _warming(table: Table, model: str, version: str) -> Warming | None:
         entry = table.models.get(model)
         return coldstart.find(entry.warming, version) if entry is not None else None
 

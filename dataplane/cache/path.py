@@ -48,19 +48,42 @@ from dataplane.cache.measure import DuplicateMeter
 from dataplane.cache.store import Answer, ResponseCache
 from dataplane.forward.kserve import Outcome, Piece
 from ferry.metrics import name
+from ferry.sampling import SamplingValue
 from ferry.v1 import tables_pb2
 
 if TYPE_CHECKING:
-    from dataplane.config import CacheSettings
-    from dataplane.intake.validate import ValidRequest
+    from dataplane.cache.settings import CacheSettings
     from dataplane.table.local import Table
     from ferry.config import TenantConfig
+
+
+class Payload(Protocol):
+    """What the cache reads of a validated request (:class:`dataplane.intake.validate.ValidRequest`)."""
+
+    @property
+    def model(self) -> str:
+        """The model named."""
+
+    @property
+    def prompt(self) -> bytes:
+        """The prompt's bytes."""
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens to generate."""
+
+    @property
+    def sampling(self) -> tuple[tuple[str, SamplingValue], ...]:
+        """The sampling parameters given, in field order."""
 
 
 class RequestState(Protocol):
     """What the cache reads and fills of a request (:class:`dataplane.router.RequestState`)."""
 
-    request: ValidRequest | None
+    @property
+    def request(self) -> Payload | None:
+        """The validated request (None before validation)."""
+
     tenant: TenantConfig | None
     version: str
     model_label: str
@@ -68,13 +91,13 @@ class RequestState(Protocol):
     replica_id: str
 
 
-def deterministic(request: ValidRequest) -> bool:
+def deterministic(request: Payload) -> bool:
     """Temperature 0 or a seed given: the same payload gives the same answer."""
     given = dict(request.sampling)
     return given.get("temperature") == 0 or "seed" in given
 
 
-def payload_digest(tenant: str, request: ValidRequest, version: str) -> bytes:
+def payload_digest(tenant: str, request: Payload, version: str) -> bytes:
     """SHA-256 of the exact payload: tenant, model, version, prompt, sampling parameters, max_tokens
     (each length-prefixed, so no two payloads share an encoding)."""
     h = hashlib.sha256()

@@ -37,9 +37,9 @@ import logging
 from collections.abc import Callable, Collection
 from typing import Protocol
 
-from dataplane.config import RetrySettings
 from dataplane.failover.budget import RetryBudget, charged
 from dataplane.failover.continuation import Delivered, continuable, continuation, cut_error
+from dataplane.failover.settings import RetrySettings
 from dataplane.forward.failures import unreached, unserved
 from dataplane.forward.kserve import Call
 from ferry.errors import DeadlineExceeded, FerryError, ReplicaFailed

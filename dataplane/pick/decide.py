@@ -43,7 +43,7 @@ Steps:
 3. **Affinity.** A key this proxy placed lately (:class:`Placements`) goes
    back to that replica while it passes the filters: ``affinity`` (its
    conversation's cache is there; the load bound does not move it). Else the
-   key's walk on the ring (:mod:`dataplane.pick.ring`, at most ``walk_limit``
+   key's walk on the ring (:mod:`dataplane.table.ring`, at most ``walk_limit``
    replicas): the first replica that passes the filters and whose key share
    (the load bound) is above the key's draw. A key new to this proxy (the
    first turn of a conversation: nothing of it is cached anywhere) takes the
@@ -84,8 +84,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Sequence
 
 from dataplane.pick.p2c import DEFAULT_PARAMS, Branch, Decision, LocalLoad, Need, ScoreParams, fits, pick, score
-from dataplane.pick.pool import Pool, Replica, context_limit
-from dataplane.pick.ring import key_draw
 from dataplane.regions.choice import (
     DEFAULT_HEADROOM,
     DEFAULT_QUEUE_MS,
@@ -96,6 +94,8 @@ from dataplane.regions.choice import (
 )
 from dataplane.regions.remote import EMPTY, RemoteView, pick_remote, remote_view
 from dataplane.table.local import Table
+from dataplane.table.pool import Pool, Replica, context_limit
+from dataplane.table.ring import key_draw
 
 __all__ = ["Ask", "Branch", "DecideParams", "Decision", "Local", "Placements", "Routing", "View", "decide",
            "make_view", "region"]

@@ -17,8 +17,8 @@ scorers:
    filtering first would give, without an O(n) pass in the common case.
 2. **Scorer** (:func:`score`, lower is better)::
 
-       load      = max(queued + running - counted, 0) x trust              (:func:`load`)
-       occupancy = (load + inflight) / max_concurrency                  (:func:`occupancy`)
+       load      = max(queued + running - counted, 0) x trust              (:func:`dataplane.table.pool.load`)
+       occupancy = (load + inflight) / max_concurrency                  (:func:`dataplane.table.pool.occupancy`)
        kv_use    = 1 - (kv_free - need_blocks) / kv_total       clamped to [0, 1]; 0 if kv_total unknown
        staleness = (age - fresh) / (stale - fresh)              clamped to [0, 1]
        score     = occupancy + kv_weight * kv_use + stale_weight * staleness
@@ -76,7 +76,7 @@ import enum
 import random
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
-from dataplane.pick.pool import Replica
+from dataplane.table.pool import Replica, occupancy
 
 
 class Branch(enum.StrEnum):
@@ -166,23 +166,6 @@ def draw(pool: Sequence[Replica], need: Need, rng: random.Random) -> tuple[Repli
         return (roomy[0],)
     i, j = rng.sample(range(len(roomy)), 2)
     return roomy[i], roomy[j]
-
-
-def load(replica: Replica, counted: int = 0, trust: float = 1.0) -> float:
-    """The pushed load of ``replica`` that is not this proxy's: ``max(queued + running - counted, 0) x trust``.
-
-    ``counted``: this proxy's in-flight requests the push already includes
-    (:meth:`LocalLoad.mark`); ``trust``: the share of the push
-    that still stands at its age (:meth:`LocalLoad.trust`).
-    The one copy of the formula: the score, the remote pick, the spill rooms
-    and the picker's load share all read it.
-    """
-    return max(replica.queued + replica.running - counted, 0) * trust
-
-
-def occupancy(replica: Replica, inflight: int, counted: int = 0, trust: float = 1.0) -> float:
-    """``(load + inflight) / max_concurrency``: the replica's slots taken, this proxy's ``inflight`` included."""
-    return (load(replica, counted, trust) + inflight) / replica.max_concurrency
 
 
 def score(replica: Replica, need: Need, inflight: int, age: float, params: ScoreParams = DEFAULT_PARAMS,

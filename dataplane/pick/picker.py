@@ -72,8 +72,9 @@ import dataclasses
 import random
 from collections.abc import Callable, Sequence
 
-from dataplane.config import OutlierSettings, PickSettings, RegionSettings, RetrySettings
+from dataplane.config import OutlierSettings, PickSettings
 from dataplane.failover.budget import RetryBudget
+from dataplane.failover.settings import RetrySettings
 from dataplane.pick.decide import (
     DEFAULT_DECIDE,
     Ask,
@@ -87,11 +88,13 @@ from dataplane.pick.decide import (
     region,
 )
 from dataplane.pick.outlier import OutlierDetector, Timing
-from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need, ScoreParams, load
+from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need, ScoreParams
 from dataplane.pick.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
 from dataplane.pick.unreachable import Unreachable
 from dataplane.regions.choice import LocalQueue
+from dataplane.regions.settings import RegionSettings
 from dataplane.table.local import Table
+from dataplane.table.pool import load
 
 HOME_BRANCHES = frozenset({Branch.AFFINITY, Branch.OVERFLOW})
 ANY_BRANCHES = frozenset({Branch.P2C, Branch.FALLBACK, Branch.SINGLE, Branch.SPREAD})

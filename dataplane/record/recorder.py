@@ -40,7 +40,7 @@ from ferry.metrics import name
 from ferry.v1 import tables_pb2
 
 if TYPE_CHECKING:
-    from dataplane.config import RecordSettings
+    from dataplane.record.settings import RecordSettings
 
 
 class Recorder:

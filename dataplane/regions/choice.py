@@ -51,8 +51,8 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol
 
-from dataplane.admission.queues import TierQueues
 from ferry.config import TIERS
 
 DEFAULT_QUEUE_MS = 100.0
@@ -115,7 +115,32 @@ class LocalQueue:
     rate: float  # interactive dispatches per second lately (0: none yet)
 
 
-def local_queue(queues: TierQueues, now: float) -> LocalQueue:
+class Rate(Protocol):
+    """A tier's dispatch rate (:class:`dataplane.admission.shedding.DrainRate`)."""
+
+    def rate(self, now: float) -> float:
+        """Dispatches per second at ``now``."""
+
+
+class TierQueueLoad(Protocol):
+    """What :func:`local_queue` reads of one model's tier queues (:class:`dataplane.admission.queues.TierQueues`)."""
+
+    @property
+    def capacity(self) -> int:
+        """The replicas' concurrency the queues dispatch to."""
+
+    @property
+    def drain(self) -> Mapping[str, Rate]:
+        """Per tier, its dispatch rate."""
+
+    def depth(self, tier: str) -> int:
+        """Requests of ``tier`` waiting."""
+
+    def running(self, tier: str) -> int:
+        """Requests of ``tier`` dispatched and not done."""
+
+
+def local_queue(queues: TierQueueLoad, now: float) -> LocalQueue:
     """The :class:`LocalQueue` of one model's tier queues at ``now``."""
     return LocalQueue(waiting=queues.depth(TIERS[0]), running=sum(queues.running(t) for t in TIERS),
                       capacity=queues.capacity, rate=queues.drain[TIERS[0]].rate(now))

@@ -11,7 +11,7 @@ caller builds the view once per table it applies
 (:func:`dataplane.pick.decide.make_view`).
 
 :func:`pick_remote`: power of two choices among a remote region's replicas
-on :func:`dataplane.pick.p2c.occupancy`, (queued + running in the table -
+on :func:`dataplane.table.pool.occupancy`, (queued + running in the table -
 ``counted`` + this proxy's in-flight to it) / max_concurrency, ``counted`` being the in-flight the pushed load
 already includes (:meth:`dataplane.pick.p2c.LocalLoad.mark`) and the pushed
 load weighed by how much of it still stands at its age
@@ -31,10 +31,9 @@ import dataclasses
 import random
 from collections.abc import Callable, Mapping
 
-from dataplane.pick.p2c import load, occupancy
-from dataplane.pick.pool import Replica
 from dataplane.regions.choice import DEFAULT_HEADROOM, SpillTarget, room
 from dataplane.table.local import Table
+from dataplane.table.pool import Replica, load, occupancy
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

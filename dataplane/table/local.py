@@ -20,8 +20,8 @@ Versions are opaque: any accepted snapshot replaces the current one, so a
 control plane that restarts with a lower version is still followed.
 
 Per table (never per request) it precomputes, for each model, a
-:class:`dataplane.pick.pool.Pool` per version and one for the default version:
-the routable replicas as :class:`dataplane.pick.pool.Replica` tuples, each with
+:class:`dataplane.table.pool.Pool` per version and one for the default version:
+the routable replicas as :class:`dataplane.table.pool.Replica` tuples, each with
 its load smoothed over the tables applied (the previous table's smoothed
 value blended in), the pool's ring (the previous table's, while the replica
 ids are the same) and each replica's share of ring keys under the load
@@ -40,8 +40,8 @@ replica) come from the snapshot, or the proxy's :class:`TableParams` when unset.
 
 Cold start: a model's ``warming`` versions (replicas warming, none routed
 to) get an empty pool, so a request for one finds no replica rather than an
-unknown version, and a :class:`dataplane.admission.coldstart.Warming` entry whose start
-carries over from the previous table (:func:`dataplane.admission.coldstart.carry`); a
+unknown version, and a :class:`dataplane.table.warming.Warming` entry whose start
+carries over from the previous table (:func:`dataplane.table.warming.carry`); a
 warming entry that names no version, or one twice, rejects the table.
 
 The holder stamps each table with the monotonic time it was applied (clock
@@ -60,10 +60,10 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
-from dataplane.admission.coldstart import Warming, carry
-from dataplane.pick.pool import Pool, Replica, RingCache, make_pool, smoothed_loads
-from dataplane.pick.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
+from dataplane.table.pool import Pool, Replica, RingCache, make_pool, smoothed_loads
+from dataplane.table.ring import DEFAULT_LOAD_FACTOR, DEFAULT_VNODES
 from dataplane.table.tenants import MAX_TENANTS, TenantsRejected, parse_tenants
+from dataplane.table.warming import Warming, carry
 from ferry import sampling
 from ferry.config import TIERS, TenantConfig
 from ferry.errors import FerryError, NotFound
@@ -110,7 +110,7 @@ class ModelEntry:
     default: Pool
     by_version: Mapping[str, Pool]
     split: tuple[tuple[float, str], ...] = ()
-    warming: Mapping[str, Warming] = dataclasses.field(default_factory=dict)  # versions warming (admission.coldstart)
+    warming: Mapping[str, Warming] = dataclasses.field(default_factory=dict)  # versions warming (table.warming)
     # version -> the input tensors every routable replica of it declares ("" : the default pool's); which
     # sampling parameters it accepts (ferry.sampling)
     inputs: Mapping[str, frozenset[str]] = dataclasses.field(default_factory=dict)

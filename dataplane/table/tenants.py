@@ -28,10 +28,9 @@ otherwise; nothing per request.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Protocol
 
-from dataplane.admission.tenantlimits import TenantLimits
-from dataplane.intake.auth import Authenticator
 from ferry.config import TenantConfig
 from ferry.errors import FerryError, InvalidArgument
 from ferry.tenantcheck import check_concurrency, check_key_hash, check_name, check_plan, check_rate, check_tiers
@@ -89,11 +88,25 @@ def parse_tenants(
     return kept, tuple(tenants)
 
 
+class Authenticates(Protocol):
+    """Where requests find their tenant (:class:`dataplane.intake.auth.Authenticator`)."""
+
+    def replace(self, tenants: Sequence[TenantConfig]) -> None:
+        """Find tenants in ``tenants`` from now on."""
+
+
+class Limits(Protocol):
+    """The tenants' rate buckets (:class:`dataplane.admission.tenantlimits.TenantLimits`)."""
+
+    def retain(self, names: Collection[str]) -> None:
+        """Forget the buckets of tenants not in ``names``."""
+
+
 class TenantSet:
     """Which tenants the proxy authenticates: the configured ones, or the managed set of the last table."""
 
-    def __init__(self, configured: Sequence[TenantConfig], authenticator: Authenticator,
-                 limits: TenantLimits | None = None) -> None:
+    def __init__(self, configured: Sequence[TenantConfig], authenticator: Authenticates,
+                 limits: Limits | None = None) -> None:
         self.configured = tuple(configured)
         self._auth = authenticator
         self._limits = limits

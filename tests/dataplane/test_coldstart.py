@@ -9,8 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
-from dataplane.admission.coldstart import Warming, carry, expected_ready, find, wait_seconds
+from dataplane.admission.coldstart import expected_ready, find, wait_seconds
 from dataplane.table.local import TableRejected, build_table
+from dataplane.table.warming import Warming, carry
 from ferry.v1 import common_pb2, tables_pb2
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, route, snapshot

@@ -15,10 +15,10 @@ import dataplane.pick.picker
 from dataplane.pick.decide import Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
 from dataplane.pick.picker import Picker
-from dataplane.pick.pool import Pool, Replica, make_pool
 from dataplane.pick.prefix import HotKeys
-from dataplane.pick.ring import key_draw
 from dataplane.table.local import build_table
+from dataplane.table.pool import Pool, Replica, make_pool
+from dataplane.table.ring import key_draw
 from ferry.v1 import tables_pb2
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, snapshot

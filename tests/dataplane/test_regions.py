@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from dataplane.pick.pool import Replica
 from dataplane.regions.choice import SpillTarget
 from dataplane.regions.remote import RemoteView, pick_remote, remote_view
 from dataplane.table.local import build_table
+from dataplane.table.pool import Replica
 from ferry.v1 import common_pb2, tables_pb2
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour, FakeReplica, route, snapshot

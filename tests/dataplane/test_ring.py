@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dataplane.pick.ring import Ring, key_draw, key_shares
+from dataplane.table.ring import Ring, key_draw, key_shares
 
 IDS = [f"r{i}" for i in range(8)]
 

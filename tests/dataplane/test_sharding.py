@@ -21,8 +21,8 @@ from dataplane.admission.queues import QueueParams, Ticket, TierQueues
 from dataplane.admission.sharding import NONE, plan, rendezvous
 from dataplane.pick.decide import Ask, Local, Routing, decide, make_view
 from dataplane.pick.p2c import Branch, LocalLoad, Need
-from dataplane.pick.pool import Pool
 from dataplane.table.local import build_table
+from dataplane.table.pool import Pool
 from ferry.v1 import common_pb2, inference_pb2
 from tests.dataplane.conftest import KEYS, PAID, Rig, request
 from tests.dataplane.fakes import Behaviour, parse, snapshot

@@ -12,8 +12,8 @@ import random
 import pytest
 
 from dataplane.pick.p2c import LocalLoad, Need, pick, score
-from dataplane.pick.pool import Replica
 from dataplane.regions.remote import pick_remote
+from dataplane.table.pool import Replica
 
 NEED = Need(tokens=16)
 

@@ -18,9 +18,9 @@ import pytest
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 from dataplane import tracing
-from dataplane.config import ProxySettings, TraceSettings
+from dataplane.config import ProxySettings
 from dataplane.pick.p2c import Branch
-from dataplane.tracing import Exporter, Tracer, parse_traceparent
+from dataplane.tracing import Exporter, Tracer, TraceSettings, parse_traceparent
 from ferry.errors import ConfigError
 from tests.dataplane.conftest import KEYS, PAID, request
 from tests.dataplane.fakes import Behaviour

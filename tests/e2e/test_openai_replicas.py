@@ -5,7 +5,7 @@ starts by default and registers as the replica's ``http_address``. A second node
 ``ferry node --openai URL --metrics URL --engine vllm``, adopts that HTTP face as
 an external engine: its replica registers the HTTP address and no KServe address,
 turns ready from ``/health``, and its table entry (as a proxy applies it, down to
-the pick's :class:`dataplane.pick.pool.Replica`) carries the ``http_address``. An
+the pick's :class:`dataplane.table.pool.Replica`) carries the ``http_address``. An
 OpenAI client then streams a chat from that address, as an HTTP proxy forwarding to it would.
 """
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from dataplane.cache.path import CachePath
-from dataplane.config import CacheSettings
+from dataplane.cache.settings import CacheSettings
 from dataplane.forward.kserve import Outcome
 from dataplane.intake.validate import ValidRequest
 from dataplane.router import RequestState

@@ -21,8 +21,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter
 
-from dataplane.config import TraceSettings
-from dataplane.tracing import Tracer, encode, resource
+from dataplane.tracing import Tracer, TraceSettings, encode, resource
 
 
 async def _done() -> None:

@@ -56,8 +56,8 @@ import random
 from collections.abc import Mapping, Sequence
 
 from agent.replica.engine import Engine, EngineLoad, EngineParams, EngineRequest, StepResult, SubmitOutcome
-from dataplane.pick.ring import DEFAULT_LOAD_FACTOR
 from dataplane.table.local import Table, TableParams, build_table
+from dataplane.table.ring import DEFAULT_LOAD_FACTOR
 from ferry.v1 import common_pb2, tables_pb2
 from tools.sim.policies import MODEL, PolicyFactory
 from tools.sim.workload import SimRequest

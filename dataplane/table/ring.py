@@ -5,7 +5,7 @@
 yields the replicas met clockwise from a key's point, each once: a key's
 *home* is the first, and it goes on to the next ones only when the home will
 not take it. Adding or removing a replica moves only the keys of its arcs.
-Built once per membership (:mod:`dataplane.pick.pool`).
+Built once per membership (:mod:`dataplane.table.pool`).
 
 **Bound.** Consistent hashing with bounded loads keeps every replica under
 ``c`` times its share of the load (default ``c`` = 1.25): a key whose home is
@@ -20,7 +20,7 @@ its keys it keeps::
     share_r = min(1, c * capacity_r / sum(capacity) * sum(load) / load_r)
 
 with ``load`` the smoothed queued + running of each replica
-(:func:`dataplane.pick.pool.smoothed_loads`), and a key takes replica *r* when
+(:func:`dataplane.table.pool.smoothed_loads`), and a key takes replica *r* when
 its own uniform draw :func:`key_draw` (a second hash of the key) is below
 ``share_r``. A replica over the bound thus sheds exactly its excess share of
 keys, always the same keys, the same at every proxy (they apply the same

@@ -1,12 +1,18 @@
 """What the pick needs of one model version, computed once per table: replicas, ring, key shares.
 
+Part of the table (the local fleet view, below the pick): the table holder
+builds the pools as it applies each table.
+
 - :class:`Replica`: one routable replica as the pick sees it (plain frozen
   data): identity, capacity, pushed load and its smoothed load.
 - :class:`Pool`: the routable replicas of one model version with their
-  :class:`dataplane.pick.ring.Ring` (reused from the previous table while the
+  :class:`dataplane.table.ring.Ring` (reused from the previous table while the
   replica ids are the same), the context limits, and each replica's *key
-  share* (:func:`dataplane.pick.ring.key_shares`: the share of
+  share* (:func:`dataplane.table.ring.key_shares`: the share of
   its ring keys it keeps under the load bound).
+- :func:`load`, :func:`occupancy`: a replica's pushed load that is not this
+  proxy's, and its slots taken (the one copy of the formula, read by the
+  pick's score and the remote view of :mod:`dataplane.regions.remote`).
 - :func:`smoothed_loads`: each replica's queued + running, smoothed over the
   tables a proxy applies (exponential, time constant ``smoothing_seconds``,
   default 10 s), so that the bound follows sustained imbalance, not the
@@ -23,7 +29,7 @@ import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from dataplane.pick.ring import Ring, key_shares
+from dataplane.table.ring import Ring, key_shares
 
 UNLIMITED = 1 << 62  # the context limit of a replica that reports none
 RingCache = dict[tuple[tuple[str, ...], int], Ring]
@@ -59,6 +65,23 @@ class Replica:
 def context_limit(replica: Replica) -> int:
     """The most tokens (prompt + output) ``replica`` takes; UNLIMITED when it reports no limit."""
     return replica.max_context_tokens if replica.max_context_tokens > 0 else UNLIMITED
+
+
+def load(replica: Replica, counted: int = 0, trust: float = 1.0) -> float:
+    """The pushed load of ``replica`` that is not this proxy's: ``max(queued + running - counted, 0) x trust``.
+
+    ``counted``: this proxy's in-flight requests the push already includes
+    (:meth:`dataplane.pick.p2c.LocalLoad.mark`); ``trust``: the share of the push
+    that still stands at its age (:meth:`dataplane.pick.p2c.LocalLoad.trust`).
+    The one copy of the formula: the score, the remote pick, the spill rooms
+    and the picker's load share all read it.
+    """
+    return max(replica.queued + replica.running - counted, 0) * trust
+
+
+def occupancy(replica: Replica, inflight: int, counted: int = 0, trust: float = 1.0) -> float:
+    """``(load + inflight) / max_concurrency``: the replica's slots taken, this proxy's ``inflight`` included."""
+    return (load(replica, counted, trust) + inflight) / replica.max_concurrency
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)

@@ -48,18 +48,13 @@ def overlay(base: ProxySettings, values: Mapping[str, Any]) -> ProxySettings:
     changed: dict[str, Any] = {}
     for part, given in by_part.items():
         current = getattr(base, part)
-        merged = {f.name: _plain(getattr(current, f.name)) for f in dataclasses.fields(current)}
+        merged = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
         merged.update(given)
         changed[part] = from_mapping(parts[part], merged, "proxy")
     settings = dataclasses.replace(base, **changed)
     settings.outliers.params()  # the outlier detector's own checks (naming proxy.outlier)
     settings.retries.budget()
     return settings
-
-
-def _plain(value: Any) -> Any:
-    """A nested settings table (``[proxy.pick]``) as the mapping it was read from; any other value as is."""
-    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
 
 
 def settings_for(base: ProxySettings, text: str) -> ProxySettings:

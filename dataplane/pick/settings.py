@@ -4,8 +4,9 @@ The ``[proxy]`` keys of the pick (``walk_limit``, ``prefix_depths``,
 ``telemetry_*``, …) and of outlier ejection (``outlier_*``,
 ``unreachable_*``) are fields of these frozen dataclasses;
 :class:`dataplane.config.ProxySettings` composes them with the other parts.
-The decision's composition is the ``[proxy.pick]`` table (:class:`PlanSettings`,
-the field ``pick`` of :class:`PickSettings`)::
+The decision's composition is the ``[proxy.pick]`` table (the field ``pick``
+of :class:`PickSettings`, kept as the file's mapping; :meth:`PickSettings.plan`
+reads it as :class:`PlanSettings`)::
 
     [proxy.pick]
     filters = ["tried", "ejected", "avoid", "tried_nodes", "room", "fresh"]
@@ -41,6 +42,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
@@ -72,15 +74,7 @@ class ScorerSettings:
 
     type: str
     weight: float = 1.0
-    params: Mapping[str, float] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.type:
-            raise ConfigError("proxy.pick.scorers.type", "must name a scorer")
-        if not math.isfinite(self.weight):
-            raise ConfigError("proxy.pick.scorers.weight", f"must be a finite number, not {self.weight}")
-        if not isinstance(self.params, Mapping):
-            raise ConfigError("proxy.pick.scorers.params", "must be a table")
+    params: Mapping[str, float] = dataclasses.field(default_factory=dict)  # checked by the scorer's factory
 
 
 DEFAULT_SCORERS = (ScorerSettings(type="load", weight=1.0), ScorerSettings(type="kv", weight=0.5),
@@ -121,7 +115,9 @@ class PickSettings:
     hot_window: int = 1024
     telemetry_fresh_seconds: float = 1.0
     telemetry_stale_seconds: float = 6.0
-    pick: PlanSettings = dataclasses.field(default_factory=PlanSettings)  # [proxy.pick]: the composition
+    # [proxy.pick]: the composition, as the file's table (a plain mapping, so that it passes through every reader of
+    # the flat keys as is); its shape is checked here (plan()), its type names where it is composed
+    pick: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _positive({"walk_limit": self.walk_limit, "hot_keys": self.hot_keys, "hot_window": self.hot_window})
@@ -132,6 +128,62 @@ class PickSettings:
             raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
         _at_least_zero({"detour_factor": self.detour_factor, "place_factor": self.place_factor,
                         "placements": self.placements})
+        self.plan()
+
+    def plan(self) -> PlanSettings:
+        """The ``[proxy.pick]`` table read (the defaults for the keys it leaves out); ConfigError naming the key."""
+        return plan_settings(self.pick)
+
+
+def plan_settings(table: Any, where: str = "proxy.pick") -> PlanSettings:
+    """A ``[proxy.pick]`` table as :class:`PlanSettings`; ConfigError naming ``proxy.pick.<key>``."""
+    if isinstance(table, PlanSettings):
+        return table
+    if not isinstance(table, Mapping):
+        raise ConfigError(where, "must be a table")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "filters":
+            values[key] = tuple(_text(v, f"{where}.{key}[{i}]") for i, v in enumerate(_list(value, f"{where}.{key}")))
+        elif key == "picker":
+            values[key] = _text(value, f"{where}.picker")
+        elif key == "scorers":
+            entries = _list(value, f"{where}.{key}")
+            values[key] = tuple(_scorer(v, f"{where}.{key}[{i}]") for i, v in enumerate(entries))
+        else:
+            raise ConfigError(f"{where}.{key}", "unknown key (known: filters, picker, scorers)")
+    return PlanSettings(**values)
+
+
+def _list(value: Any, where: str) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise ConfigError(where, "must be a list")
+    return value
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(where, f"must be str, got {type(value).__name__}")
+    return value
+
+
+def _scorer(entry: Any, where: str) -> ScorerSettings:
+    if isinstance(entry, ScorerSettings):
+        return entry
+    if not isinstance(entry, Mapping):
+        raise ConfigError(where, "must be a table")
+    for key in entry:
+        if key not in ("type", "weight", "params"):
+            raise ConfigError(f"{where}.{key}", "unknown key (known: params, type, weight)")
+    if "type" not in entry:
+        raise ConfigError(f"{where}.type", "must name a scorer")
+    weight = entry.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+        raise ConfigError(f"{where}.weight", f"must be a finite number, got {weight!r}")
+    params = entry.get("params", {})
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"{where}.params", "must be a table")
+    return ScorerSettings(type=_text(entry["type"], f"{where}.type"), weight=float(weight), params=dict(params))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,8 @@ belongs to the narrow frozen part of the component that reads it, and
 - ``server`` (:class:`ServerSettings`): the router's request bounds;
 - ``queues`` (:class:`dataplane.admission.settings.QueueSettings`): the tier queues and their admission,
   tenant ceilings and shards (:class:`dataplane.admission.gate.Admission`);
-- ``pick`` (:class:`PickSettings`): the decision
-  (:meth:`dataplane.pick.picker.Picker.from_settings`);
+- ``pick`` (:class:`PickSettings`, :mod:`dataplane.pick.settings`): the decision
+  (:meth:`dataplane.pick.picker.PickState.from_settings`);
 - ``outliers`` (:class:`OutlierSettings`): outlier ejection;
 - ``retries`` (:class:`dataplane.failover.settings.RetrySettings`): retries, the retry budget and
   stream continuation (:class:`dataplane.failover.recover.Failover`);
@@ -115,7 +115,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import os
 import socket
 import typing
@@ -126,9 +125,7 @@ from typing import Any
 from dataplane.admission.settings import ColdStartSettings, QueueSettings
 from dataplane.cache.settings import CacheSettings
 from dataplane.failover.settings import RetrySettings
-from dataplane.pick.outlier import OutlierParams
-from dataplane.pick.prefix import DEPTHS
-from dataplane.pick.unreachable import UnreachableParams
+from dataplane.pick.settings import OutlierSettings, PickSettings
 from dataplane.record.settings import RecordSettings
 from dataplane.regions.settings import RegionSettings
 from dataplane.table.settings import TableSettings, WatchSettings
@@ -184,58 +181,6 @@ class ServerSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PickSettings:
-    """The decision's settings (:class:`dataplane.pick.picker.Picker`, :class:`dataplane.pick.decide.DecideParams`)."""
-
-    prefix_depths: tuple[int, ...] = DEPTHS
-    walk_limit: int = 8
-    detour_factor: float = 24.0  # the detour threshold: this x the learned advantage x the mean prompt (picker)
-    place_factor: float = 3.0  # a new key leaves its home for a less busy one of its walk by this x adv. x mean
-    placements: int = 65_536  # prefix keys remembered with the replica they went to (dataplane.pick.decide.Placements)
-    hot_keys: int = 256
-    hot_window: int = 1024
-    telemetry_fresh_seconds: float = 1.0
-    telemetry_stale_seconds: float = 6.0
-
-    def __post_init__(self) -> None:
-        _positive({"walk_limit": self.walk_limit, "hot_keys": self.hot_keys, "hot_window": self.hot_window})
-        if not 0 <= self.telemetry_fresh_seconds < self.telemetry_stale_seconds:
-            raise ConfigError("proxy.telemetry_stale_seconds", "must exceed telemetry_fresh_seconds (>= 0)")
-        depths = self.prefix_depths
-        if not depths or depths[0] < 1 or any(b <= a for a, b in itertools.pairwise(depths)):
-            raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
-        _at_least_zero({"detour_factor": self.detour_factor, "place_factor": self.place_factor,
-                        "placements": self.placements})
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class OutlierSettings:
-    """Outlier ejection's settings (:class:`dataplane.pick.outlier.OutlierParams`, checked there)."""
-
-    outlier_consecutive_failures: int = 5  # failures in a row …
-    outlier_latency_factor: float = 5.0  # … or a decode or prefill rate above this many times the peers' median
-    outlier_window_seconds: float = 10.0  # the rates' time constant
-    outlier_min_decode_tokens: int = 4  # tokens after the first that make a decode sample
-    outlier_min_prefill_tokens: int = 4096  # uncached prompt tokens that make a prefill sample
-    outlier_base_ejection_seconds: float = 2.0  # doubling per ejection in a row, up to outlier_max_ejection_seconds
-    outlier_max_ejection_seconds: float = 60.0
-    outlier_max_ejected_share: float = 0.1  # of a model's replicas at once (at least one)
-    unreachable_probe_seconds: float = 5.0  # a refused replica is probed again after this (doubling), unless a
-    unreachable_max_probe_seconds: float = 60.0  # table brings telemetry newer than the refusal first
-
-    def unreachable_params(self) -> UnreachableParams:
-        """The refused replicas' parameters (:class:`dataplane.pick.unreachable.Unreachable`)."""
-        return UnreachableParams(probe_seconds=self.unreachable_probe_seconds,
-                                 max_probe_seconds=self.unreachable_max_probe_seconds)
-
-    def params(self) -> OutlierParams:
-        """The outlier detector's parameters (raises ConfigError naming ``proxy.outlier``)."""
-        return OutlierParams(
-            consecutive_failures=self.outlier_consecutive_failures, latency_factor=self.outlier_latency_factor,
-            window_seconds=self.outlier_window_seconds, min_decode_tokens=self.outlier_min_decode_tokens,
-            min_prefill_tokens=self.outlier_min_prefill_tokens,
-            base_ejection_seconds=self.outlier_base_ejection_seconds,
-            max_ejection_seconds=self.outlier_max_ejection_seconds, max_ejected_share=self.outlier_max_ejected_share)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@
 | ``ferry_proxy_table_age_seconds`` | gauge (read at scrape) | |
 | ``ferry_proxy_table_rejections_total`` | counter | |
 | ``ferry_proxy_telemetry_age_seconds`` | histogram of the picked replica's telemetry age | |
+| ``ferry_proxy_pick_step_seconds`` | histogram of each decision step (:class:`PickSteps`) | step, branch |
 | ``ferry_proxy_trace_spans_total`` | counter of trace spans (dataplane.tracing) | outcome (exported, dropped, failed) |
 
 Token counts are the replica's when it reports them (``ferry_*_tokens``
@@ -39,12 +40,14 @@ fail before the model is resolved), so clients cannot grow the label set.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from ferry.metrics import LATENCY_BUCKETS, TPOT_BUCKETS, BoundedLabel, name, register_build_info
 
 UNKNOWN = "_unknown"
+STEP_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.025)
 AGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
@@ -132,6 +135,12 @@ class ProxyMetrics:
             ["outcome"], registry=reg,
         )
 
+        self.pick_steps = PickSteps(Histogram(
+            name("proxy_pick_step_seconds"), "Time of each step of the decision (dataplane.pick.decide), by the "
+            "branch the decision took (region step: region or local).", ["step", "branch"],
+            buckets=STEP_BUCKETS, registry=reg,
+        ))
+
     def watch_table_age(self, age: Callable[[], float]) -> None:
         """Read the table age from ``age`` at every scrape."""
         self.table_age.set_function(age)
@@ -140,3 +149,22 @@ class ProxyMetrics:
         """A sample's current value (0 when absent): for tests and diagnostics."""
         found = self.registry.get_sample_value(name(metric), labels)
         return float(found) if found is not None else 0.0
+
+
+class PickSteps:
+    """The decision's step times (:class:`dataplane.pick.plugin.Steps`): one histogram, its children cached.
+
+    Labels are bounded: ``step`` is one of :data:`dataplane.pick.plugin.STEPS`, ``branch`` one of
+    :class:`dataplane.pick.p2c.Branch` or ``local`` (the region step kept the request here).
+    """
+
+    def __init__(self, histogram: Histogram) -> None:
+        self.histogram = histogram
+        self._children: dict[tuple[str, str], Any] = {}
+
+    def observe(self, step: str, branch: str, seconds: float) -> None:
+        """One step of one decision took ``seconds``."""
+        child = self._children.get((step, branch))
+        if child is None:
+            child = self._children[(step, branch)] = self.histogram.labels(step, branch)
+        child.observe(seconds)

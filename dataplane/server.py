@@ -130,6 +130,7 @@ class Proxy:
             tracer=self.tracer,
             max_output={m.name: m.max_output_tokens for m in models if m.max_output_tokens},
         )
+        self.router.picker.steps = self.metrics.pick_steps  # each decision step's time (ferry_proxy_pick_step_seconds)
         server = self.settings.server
         self.servicer = InferenceServicer(self.router, self.metrics, region=self.settings.region, clock=clock,
                                           unread_timeout=server.stream_unread_timeout_seconds,

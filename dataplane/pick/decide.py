@@ -1,10 +1,15 @@
 """The proxy's decision, whole: which region and replica serve one attempt of a request.
 
 ``decide(view, ask, local, rng, now) -> Decision(replica | None, branch, region, reason)``
-is pure: no I/O, no clock (``now`` is an argument), the random generator
-injected. The router (:mod:`dataplane.router`) and the fleet simulator
+is pure: no I/O, no clock (``now`` is an argument; the optional step timer
+of ``local.steps`` only measures), the random generator injected. Steps 2 to
+5 are a plan of plug-ins (``view.params.plan``, :mod:`dataplane.pick.plugin`,
+composed from ``[proxy.pick]``): the filters by stage, the weighted scorers
+(the cost P2C and placement compare), the picker (``prefix``, steps 3 to 5
+below, in :mod:`dataplane.pick.pickers`; or ``p2c``); the default plan is
+the decision described here. The router (:mod:`dataplane.router`) and the fleet simulator
 (:mod:`tools.sim.policies`) both call it, through
-:meth:`dataplane.pick.picker.Picker.decide`, with the same state objects: what a
+:meth:`dataplane.pick.picker.PickState.decide`, with the same state objects: what a
 simulated run weighs is what a real pick weighs.
 
 Inputs:
@@ -13,7 +18,7 @@ Inputs:
   regions' replicas (:func:`dataplane.regions.remote.remote_view`) and the
   decision's parameters; built once per table (:func:`make_view`).
 - ``ask`` (:class:`Ask`): the request's routing (version, pool, prefix key,
-  need; :meth:`dataplane.pick.picker.Picker.prepare`), its tier, the replicas and
+  need; :meth:`dataplane.pick.picker.PickState.prepare`), its tier, the replicas and
   nodes already tried, the tier queues' avoid set, and whether the region
   step applies (first attempt of a request that names no version).
 - ``local`` (:class:`Local`): what this proxy knows now: its in-flight and
@@ -61,7 +66,7 @@ Steps:
    prefill backlog exceeds the alternative's (the key's next replica on the
    walk, or a P2C draw among the others with a quarter-threshold less) by
    more than the ``detour`` threshold (what leaving the prefix's replica
-   costs in prefill, learned by :class:`dataplane.pick.picker.Picker`; None:
+   costs in prefill, learned by :class:`dataplane.pick.picker.PickState`; None:
    never), the request goes there: ``detour``.
 5. **Power of two choices** (:func:`dataplane.pick.p2c.pick`, score: queue,
    running, in-flight, KV use, staleness) among the replicas left: ``p2c``
@@ -78,12 +83,13 @@ the smallest.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
-from dataplane.pick.p2c import DEFAULT_PARAMS, Branch, Decision, LocalLoad, Need, ScoreParams, fits, pick, score
+from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
+from dataplane.pick.plugin import Notes, Plan, Steps, default_plan
 from dataplane.regions.choice import (
     DEFAULT_HEADROOM,
     DEFAULT_QUEUE_MS,
@@ -95,7 +101,6 @@ from dataplane.regions.choice import (
 from dataplane.regions.remote import EMPTY, RemoteView, pick_remote, remote_view
 from dataplane.table.local import Table
 from dataplane.table.pool import Pool, Replica, context_limit
-from dataplane.table.ring import key_draw
 
 __all__ = ["Ask", "Branch", "DecideParams", "Decision", "Local", "Placements", "Routing", "View", "decide",
            "make_view", "region"]
@@ -107,7 +112,7 @@ class DecideParams:
 
     walk_limit: int = 8
     place_choices: int = 4                   # ... than the least busy of its walk's first this many takers
-    score: ScoreParams = DEFAULT_PARAMS
+    plan: Plan = dataclasses.field(default_factory=default_plan)  # filters, scorers, picker ([proxy.pick])
     region: str = ""                         # this proxy's region
     spill_queue_ms: float = DEFAULT_QUEUE_MS  # local wait beyond which the region step looks for room elsewhere
     spill_headroom: float = DEFAULT_HEADROOM
@@ -133,7 +138,7 @@ def make_view(table: Table, params: DecideParams = DEFAULT_DECIDE) -> View:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Routing:
-    """What :meth:`dataplane.pick.picker.Picker.prepare` found for a request: version, pool, prefix key, need."""
+    """What :meth:`dataplane.pick.picker.PickState.prepare` found for a request: version, pool, prefix key, need."""
 
     version: str
     pool: Pool
@@ -159,7 +164,7 @@ class Placements:
     """Where this proxy sent each prefix key lately: a bounded LRU map, key -> replica id.
 
     ``capacity`` keys (default 65,536, about 6 MB); the least recently used
-    goes first. Written when a request is sent (:meth:`dataplane.pick.picker.Picker.sent`),
+    goes first. Written when a request is sent (:meth:`dataplane.pick.picker.PickState.sent`),
     read by :func:`decide`.
     """
 
@@ -197,15 +202,23 @@ class Local:
     queue: Callable[[], LocalQueue | None] | None = None
     choices: int = 0  # replicas of the walk a new key is placed among (0: the view's place_choices)
     place_margin: float = 0.0  # prompt tokens of backlog a new key's home may have over the least busy taker
+    steps: Steps | None = None  # where each step's time goes (per-step metrics); None: not timed
+    notes: Notes | None = None  # the raw per-scorer terms of the replicas weighed (the debug log); None: not kept
 
 
 def decide(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
     """The region and replica for one attempt; see the module docstring."""
+    steps = local.steps
+    began = time.perf_counter() if steps is not None else 0.0
     if ask.region_step:
         elsewhere = region(view, ask, local, rng, now)
+        if steps is not None:
+            stepped = time.perf_counter()
+            steps.observe("region", Branch.REGION.value if elsewhere is not None else "local", stepped - began)
+            began = stepped
         if elsewhere is not None:
             return elsewhere
-    return _local(view.params, ask, local, rng, now - view.table.applied_at)
+    return _local(view.params, ask, local, rng, now - view.table.applied_at, began)
 
 
 def region(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision | None:
@@ -229,139 +242,30 @@ def region(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -
     return Decision(replica, Branch.REGION, region=choice.region, rtt_ms=choice.rtt_ms)
 
 
-def _off(candidates: Sequence[Replica], ask: Ask, ejected: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
-    """(replica ids, nodes) to skip: tried always; the soft filters while something else is left."""
-    tried, nodes = ask.tried, ask.tried_nodes
-    layers = (ejected, ask.avoid)
-    if not tried and not nodes and not ejected and not ask.avoid:
-        return frozenset(), frozenset()
-    # Drop the soft filters one by one (tried nodes, then avoid, then ejected) until a replica is left.
-    for keep_nodes, keep in ((True, 2), (False, 2), (False, 1), (False, 0)):
-        off = tried.union(*layers[:keep])
-        if any(r.replica_id not in off and not (keep_nodes and r.node in nodes) for r in candidates):
-            return off, nodes if keep_nodes else frozenset()
-    return tried, frozenset()
-
-
-def _walk(pool: Pool, need: Need, key: int, table_age: float, params: DecideParams,
-          off: Collection[str], off_nodes: Collection[str]) -> Iterator[tuple[int, bool]]:
-    """(index, is home) of the replicas of the key's walk that would take the request, in walk order."""
-    draw = key_draw(key)
-    stale = params.score.stale_seconds
-    home = True
-    for i in itertools.islice(pool.ring.walk(key), params.walk_limit):
-        replica = pool.replicas[i]
-        if need.tokens > context_limit(replica):
-            continue  # the key's home is the first replica with the context
-        if replica.replica_id in off or replica.node in off_nodes:
-            home = False
-            continue
-        if draw < pool.shares[i] and fits(replica, need) and replica.telemetry_age + table_age < stale:
-            yield i, home
-        home = False
-
-
-def _usable(replica: Replica, need: Need, table_age: float, params: DecideParams,
-            off: Collection[str], off_nodes: Collection[str]) -> bool:
-    """Whether a remembered replica still takes the key: filters, room and fresh telemetry."""
-    return (replica.replica_id not in off and replica.node not in off_nodes
-            and need.tokens <= context_limit(replica) and fits(replica, need)
-            and replica.telemetry_age + table_age < params.score.stale_seconds)
-
-
-def _detour(need: Need, chosen: Replica, second: Replica | None, candidates: Sequence[Replica],
-            local: LocalLoad, rng: random.Random, threshold: float, off: Collection[str]) -> Replica | None:
-    """Where to send the request instead of ``chosen`` when its prefill backlog is too deep, else None."""
-    here = local.prefill(chosen.replica_id)
-    drawn = pick(candidates, need, local, rng, (chosen.replica_id, *off),
-                 cost=lambda r: float(local.prefill(r.replica_id))).replica
-    alt = second
-    if alt is None or (drawn is not None and local.prefill(drawn.replica_id) + threshold / 4
-                       < local.prefill(alt.replica_id)):
-        alt = drawn
-    if alt is None or here - local.prefill(alt.replica_id) <= threshold:
-        return None
-    return alt
-
-
-def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, table_age: float) -> Decision:
-    """Steps 2 to 5 in this region."""
+def _local(params: DecideParams, ask: Ask, local: Local, rng: random.Random, table_age: float,
+           began: float = 0.0) -> Decision:
+    """Steps 2 to 5 in this region: the context limit and the plan's filters, then its picker."""
     routing = ask.routing
-    pool, need, key = routing.pool, routing.need, routing.key
+    pool, need = routing.pool, routing.need
+    steps = local.steps
     if need.tokens > pool.max_context:
         what = (f"a prompt of {need.prompt_tokens} tokens leaves no room" if need.prompt_tokens >= pool.max_context
                 else f"prompt + max_tokens = {need.tokens} tokens exceed")
-        return Decision(None, Branch.TOO_LONG, reason=f"{what} in the largest context of the model's replicas "
-                                                      f"({pool.max_context} tokens)")
+        decision = Decision(None, Branch.TOO_LONG, reason=f"{what} in the largest context of the model's replicas "
+                                                          f"({pool.max_context} tokens)")
+        if steps is not None:
+            steps.observe("filter", decision.branch.value, time.perf_counter() - began)
+        return decision
     candidates: Sequence[Replica] = pool.replicas
     if need.tokens > pool.min_context:
         candidates = [r for r in candidates if need.tokens <= context_limit(r)]
-    off, off_nodes = _off(candidates, ask, local.ejected)
-    load = local.load
-    if key is None or len(candidates) <= 1:
-        decision = pick(candidates, need, load, rng, off, avoid_nodes=off_nodes, table_age=table_age,
-                        params=params.score, counted=load.counted, trust=load.trust)
-        if routing.hot and decision.branch is Branch.P2C:
-            return Decision(decision.replica, Branch.SPREAD)
-        return decision
-    known = local.placements.get(key) if local.placements is not None else None
-    if known is not None:
-        index = pool.index.get(known)
-        if index is not None and _usable(pool.replicas[index], need, table_age, params, off, off_nodes):
-            chosen = pool.replicas[index]
-            alt = _detour_of(params, ask, local, rng, table_age, chosen, candidates, off, off_nodes)
-            return Decision(alt, Branch.DETOUR) if alt is not None else Decision(chosen, Branch.AFFINITY)
-    takers = _walk(pool, need, key, table_age, params, off, off_nodes)
-    first = next(takers, None)
-    if first is None:
-        decision = pick(candidates, need, load, rng, off, avoid_nodes=off_nodes, table_age=table_age,
-                        params=params.score, counted=load.counted, trust=load.trust)
-        if decision.replica is None:
-            return Decision(None, Branch.NONE, reason=decision.reason or "every ready replica was already tried")
-        return Decision(decision.replica, Branch.FALLBACK)
-    chosen = pool.replicas[first[0]]
-    if known is None:  # new to this proxy: the least busy of the walk's first takers
-        margin = local.place_margin
-        best = chosen
-        for following in itertools.islice(takers, (local.choices or params.place_choices) - 1):
-            other = pool.replicas[following[0]]
-            if _busier(best, other, need, load, table_age, params.score):
-                best = other
-        if best is not chosen and (load.prefill(chosen.replica_id) - load.prefill(best.replica_id) > margin
-                                   or margin <= 0):
-            return Decision(best, Branch.PLACED)
-        return Decision(chosen, Branch.AFFINITY if first[1] else Branch.OVERFLOW)
-    alt = _detour_of(params, ask, local, rng, table_age, chosen, candidates, off, off_nodes)
-    if alt is not None:
-        return Decision(alt, Branch.DETOUR)
-    return Decision(chosen, Branch.AFFINITY if first[1] else Branch.OVERFLOW)
-
-
-def _busier(a: Replica, b: Replica, need: Need, load: LocalLoad, table_age: float, params: ScoreParams) -> bool:
-    """Whether ``a`` is busier than ``b`` for a new key: prefill backlog first, then the load score."""
-    pa, pb = load.prefill(a.replica_id), load.prefill(b.replica_id)
-    if pa != pb:
-        return pa > pb
-    return _score(a, need, load, table_age, params) > _score(b, need, load, table_age, params)
-
-
-def _score(r: Replica, need: Need, load: LocalLoad, table_age: float, params: ScoreParams) -> float:
-    age = r.telemetry_age + table_age
-    return score(r, need, load.get(r.replica_id), age, params, load.counted.get(r.replica_id, 0), load.trust(age))
-
-
-def _detour_of(params: DecideParams, ask: Ask, local: Local, rng: random.Random, table_age: float,
-               chosen: Replica, candidates: Sequence[Replica], off: frozenset[str],
-               off_nodes: frozenset[str]) -> Replica | None:
-    """Step 4 for a known key at ``chosen``: the detour's replica, or None to stay."""
-    threshold = local.detour
-    if threshold is None or local.load.prefill(chosen.replica_id) <= threshold:
-        return None
-    routing = ask.routing
-    assert routing.key is not None
-    second: Replica | None = None
-    for i, _home in _walk(routing.pool, routing.need, routing.key, table_age, params, off, off_nodes):
-        if routing.pool.replicas[i].replica_id != chosen.replica_id:
-            second = routing.pool.replicas[i]
-            break
-    return _detour(routing.need, chosen, second, candidates, local.load, rng, threshold, off)
+    plan = params.plan
+    off, off_nodes = plan.off(candidates, ask, local)
+    if steps is None:
+        return plan.picker.pick(params, ask, local, rng, table_age, candidates, off, off_nodes)
+    filtered = time.perf_counter()
+    decision = plan.picker.pick(params, ask, local, rng, table_age, candidates, off, off_nodes)
+    done = time.perf_counter()
+    steps.observe("filter", decision.branch.value, filtered - began)
+    steps.observe("pick", decision.branch.value, done - filtered)
+    return decision

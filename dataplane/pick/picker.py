@@ -1,6 +1,6 @@
 """One proxy's decision state and the calls around :func:`dataplane.pick.decide.decide`, shared with the simulator.
 
-:class:`Picker` owns what a proxy keeps between requests for its decision:
+:class:`PickState` owns what a proxy keeps between requests for its decision:
 its in-flight load and prefill backlog (:class:`dataplane.pick.p2c.LocalLoad`),
 where it sent each prefix key (:class:`dataplane.pick.decide.Placements`), its
 hot-prefix sketch (:class:`dataplane.pick.prefix.HotKeys`), what it learned of
@@ -13,18 +13,18 @@ router calls it per request; the fleet simulator (``tools/sim``) drives the
 very same object in virtual time, so both run one decision with everything
 it weighs.
 
-- :meth:`Picker.apply_table`, once per table: the frozen
+- :meth:`PickState.apply_table`, once per table: the frozen
   :class:`dataplane.pick.decide.View`, the in-flight counts the table's loads
   include (:meth:`LocalLoad.mark`), the outlier state of departed replicas
   dropped, refused replicas with fresh telemetry readmitted.
-- :meth:`Picker.prepare`, once per request: the prefix keys (the explicit
+- :meth:`PickState.prepare`, once per request: the prefix keys (the explicit
   ``prefix_key``'s, else one per depth of the prompt's block hashes), the
   first that is not hot (threshold: ``load_factor`` / replicas of the model,
   the share one replica may take); when all are hot, none: the request is
   spread over the whole pool; the version (a canary split drawn from the
   key, so a conversation keeps its version; from the rng without one) and
   its pool. It counts the request in the sketch. Raises NotFound.
-- :meth:`Picker.decide`, per attempt: :func:`dataplane.pick.decide.decide` with
+- :meth:`PickState.decide`, per attempt: :func:`dataplane.pick.decide.decide` with
   this proxy's :class:`dataplane.pick.decide.Local` at ``now``. A new key is
   placed among the first ``place_choices`` (4) replicas of its walk while
   this proxy carries most (``SOLE_SHARE``, 75 %) of its pools' load (its
@@ -33,11 +33,11 @@ it weighs.
   one's placements, and the fewer the choices the more often they agree (on
   the Azure workload behind four proxies, p99 145 ms with two, 157 with
   four; behind one proxy on the Mooncake slice, four are better).
-- :meth:`Picker.sent`, :meth:`Picker.first` (the first token came back; a
+- :meth:`PickState.sent`, :meth:`PickState.first` (the first token came back; a
   unary call never says, and counts as prefilling until it ends),
-  :meth:`Picker.done` (with the cached prompt tokens the replica reported, if
-  it did), and :meth:`Picker.progress` (a stream's output so far),
-  :meth:`Picker.answered` / :meth:`Picker.failed` (the outlier detector's
+  :meth:`PickState.done` (with the cached prompt tokens the replica reported, if
+  it did), and :meth:`PickState.progress` (a stream's output so far),
+  :meth:`PickState.answered` / :meth:`PickState.failed` (the outlier detector's
   feed) around each forward.
 
 **Reuse** learns, from the cached tokens replicas report, the share of a
@@ -69,10 +69,10 @@ Cost: O(depths) hashing and sketch updates per request, then the decision's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 from collections.abc import Callable, Sequence
 
-from dataplane.config import OutlierSettings, PickSettings
 from dataplane.failover.budget import RetryBudget
 from dataplane.failover.settings import RetrySettings
 from dataplane.pick.decide import (
@@ -88,13 +88,16 @@ from dataplane.pick.decide import (
     region,
 )
 from dataplane.pick.outlier import OutlierDetector, Timing
-from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need, ScoreParams
+from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
+from dataplane.pick.plugin import Notes, Steps, compose, describe
 from dataplane.pick.prefix import DEPTHS, HotKeys, explicit_key, prefix_keys
+from dataplane.pick.settings import OutlierSettings, PickSettings
 from dataplane.pick.unreachable import Unreachable
 from dataplane.regions.choice import LocalQueue
 from dataplane.regions.settings import RegionSettings
 from dataplane.table.local import Table
 from dataplane.table.pool import load
+from ferry.logs import event
 
 HOME_BRANCHES = frozenset({Branch.AFFINITY, Branch.OVERFLOW})
 ANY_BRANCHES = frozenset({Branch.P2C, Branch.FALLBACK, Branch.SINGLE, Branch.SPREAD})
@@ -104,7 +107,10 @@ SHARE_MIN_LOAD = 8  # requests in the pools before the share is measured at all
 OVERDUE_CHECK_SECONDS = 0.25  # how often the attempts waiting for a first token are looked at (in decide)
 REMEMBERED = frozenset({Branch.AFFINITY, Branch.OVERFLOW, Branch.PLACED, Branch.DETOUR, Branch.FALLBACK})
 
-__all__ = ["Attempt", "Picker", "Reuse", "Routing"]
+MAX_NOTES = 32  # replicas' scores in one decision's debug log line
+log = logging.getLogger("ferry.proxy.pick")
+
+__all__ = ["Attempt", "PickState", "Reuse", "Routing"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -119,7 +125,7 @@ class Attempt:
     known: bool = False     # the key was remembered at send (a conversation going back)
     prefilled: bool = False
     first_at: float | None = None
-    decode_sampled: bool = False  # the outlier detector has its decode sample (Picker.progress)
+    decode_sampled: bool = False  # the outlier detector has its decode sample (PickState.progress)
     streamed: bool = True  # a stream says when its first token came back; a unary call never does
     mark: int = 0  # prompt tokens this proxy had sent the replica and seen prefilled, at the first token
 
@@ -148,7 +154,7 @@ class Reuse:
         return max(0.0, self._home[0] / self._home[1] - self._other[0] / self._other[1])
 
 
-class Picker:
+class PickState:
     """The decision state of one proxy; see the module docstring."""
 
     def __init__(self, rng: random.Random, *, params: DecideParams = DEFAULT_DECIDE, depths: Sequence[int] = DEPTHS,
@@ -174,23 +180,25 @@ class Picker:
         self._prompted: dict[str, int] = {}  # prompt tokens sent to each replica in all (replicas of the table)
         self._checked = float("-inf")
         self.share = 1.0  # this proxy's share of its pools' load (apply_table); alone until seen otherwise
+        self.steps: Steps | None = None  # where each decision step's time goes (dataplane.metrics.PickSteps)
 
     @classmethod
     def from_settings(cls, pick: PickSettings, rng: random.Random, *, region: str = "",
                       regions: RegionSettings | None = None, capacity_share: float = 1.0,
-                      outliers: OutlierSettings | None = None, retries: RetrySettings | None = None) -> Picker:
+                      outliers: OutlierSettings | None = None, retries: RetrySettings | None = None) -> PickState:
         """A proxy's picker as its ``[proxy]`` settings describe it (the router's, and the simulator's).
 
         ``pick``: the decision's keys; ``region``: this proxy's; ``regions``: the
         spill step's; ``capacity_share``: this proxy's share of a region's slots
         (``admission_capacity_share``); ``outliers`` and ``retries``: the outlier
-        detector's and the retry budget's (defaults when None).
+        detector's and the retry budget's (defaults when None). The decision's
+        filters, scorers and picker are composed from ``pick.pick`` (``[proxy.pick]``,
+        :func:`dataplane.pick.plugin.compose`; ConfigError naming the key).
         """
         regions = regions or RegionSettings()
         params = DecideParams(
             walk_limit=pick.walk_limit, region=region, spill_queue_ms=regions.spill_queue_ms,
-            spill_headroom=regions.spill_headroom, capacity_share=capacity_share,
-            score=ScoreParams(fresh_seconds=pick.telemetry_fresh_seconds, stale_seconds=pick.telemetry_stale_seconds))
+            spill_headroom=regions.spill_headroom, capacity_share=capacity_share, plan=compose(pick))
         return cls(rng, params=params, depths=pick.prefix_depths, detour_factor=pick.detour_factor,
                    place_factor=pick.place_factor, hot=HotKeys(capacity=pick.hot_keys, window=pick.hot_window),
                    placements=pick.placements, outliers=OutlierDetector((outliers or OutlierSettings()).params()),
@@ -201,7 +209,8 @@ class Picker:
                     outliers: OutlierSettings, retries: RetrySettings) -> None:
         """Swap the live parameters (a router config, :mod:`ferry.routerconfig`) and keep every state.
 
-        The decision's parameters (walk limit, spill step, capacity share, telemetry ages), the detour and
+        The decision's parameters (walk limit, spill step, capacity share, telemetry ages: the plan recomposed
+        with them, :func:`dataplane.pick.plugin.compose`), the detour and
         placement factors, the outlier detector's and the unreachable set's parameters, the retry budget's
         ratio and floor change; the in-flight load, placements, hot keys, reuse, outlier health and ejections,
         refused replicas and the budget's counts stay. Requests already deciding keep the view they began
@@ -209,9 +218,7 @@ class Picker:
         """
         self.params = dataclasses.replace(
             self.params, walk_limit=pick.walk_limit, spill_queue_ms=regions.spill_queue_ms,
-            spill_headroom=regions.spill_headroom, capacity_share=capacity_share,
-            score=dataclasses.replace(self.params.score, fresh_seconds=pick.telemetry_fresh_seconds,
-                                      stale_seconds=pick.telemetry_stale_seconds))
+            spill_headroom=regions.spill_headroom, capacity_share=capacity_share, plan=compose(pick))
         self.detour_factor = pick.detour_factor
         self.place_factor = pick.place_factor
         self.outliers.params = outliers.params()
@@ -268,15 +275,30 @@ class Picker:
 
     def decide(self, view: View, ask: Ask, now: float, *,
                queue: Callable[[], LocalQueue | None] | None = None) -> Decision:
-        """The region and replica for one attempt (``now`` on the clock that stamped the table's ``applied_at``)."""
-        return decide(view, ask, self._state(now, queue), self.rng, now)
+        """The region and replica for one attempt (``now`` on the clock that stamped the table's ``applied_at``).
+
+        With the ``ferry.proxy.pick`` logger at DEBUG, one ``pick`` event per decision: its branch, replica,
+        the plan's parts, and the raw term of each scorer (and the cost) of each replica the decision weighed
+        (at most ``MAX_NOTES``).
+        """
+        if not log.isEnabledFor(logging.DEBUG):
+            return decide(view, ask, self._state(now, queue), self.rng, now)
+        notes: Notes = []
+        decision = decide(view, ask, self._state(now, queue, notes), self.rng, now)
+        replica = decision.replica
+        event(log, "pick", logging.DEBUG, model=ask.model, branch=decision.branch.value,
+              replica=replica.replica_id if replica is not None else "", region=decision.region,
+              plan=describe(view.params.plan), attempt=len(ask.tried) + 1,
+              scores=[{"replica": rid, **terms, "cost": cost} for rid, terms, cost in notes[:MAX_NOTES]],
+              scores_left_out=max(0, len(notes) - MAX_NOTES))
+        return decision
 
     def region(self, view: View, ask: Ask, now: float, *,
                queue: Callable[[], LocalQueue | None] | None = None) -> Decision | None:
         """The decision's region step alone (:func:`.decide.region`): another region's replica, or None."""
         return region(view, ask, self._state(now, queue), self.rng, now)
 
-    def _state(self, now: float, queue: Callable[[], LocalQueue | None] | None) -> Local:
+    def _state(self, now: float, queue: Callable[[], LocalQueue | None] | None, notes: Notes | None = None) -> Local:
         """What this proxy knows at ``now``, as the decision reads it (the overdue streams looked at first)."""
         if now - self._checked >= OVERDUE_CHECK_SECONDS:
             self._checked = now
@@ -286,7 +308,7 @@ class Picker:
         ejected = self.outliers.ejected(now)
         if len(self.unreachable):
             ejected = ejected | self.unreachable.excluded(now)
-        return Local(self.local, ejected, self.detour(), self.placements, queue, choices, margin)
+        return Local(self.local, ejected, self.detour(), self.placements, queue, choices, margin, self.steps, notes)
 
     def _overdue(self, now: float) -> None:
         """Tell the outlier detector how long each replica's oldest streamed attempt waits for a first token."""
@@ -416,6 +438,8 @@ class Picker:
             return self._report(attempt.replica_id, pool.group, "unreachable" if taken else None)
         return self._report(attempt.replica_id, pool.group, self.outliers.failed(
             attempt.replica_id, pool.group, now=now, pool_size=len(pool)))
+
+
 
 
 def _telemetry_times(table: Table) -> dict[str, float]:

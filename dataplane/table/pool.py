@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from dataplane.table.ring import Ring, key_shares
 
@@ -42,6 +43,9 @@ class Replica:
     ``address`` is its KServe v2 gRPC ``host:port`` (empty for a replica reached over OpenAI HTTP only);
     ``http_address`` the ``host:port`` of its OpenAI-compatible HTTP endpoint (empty when it serves none);
     ``engine`` the engine behind it (``simulated``, ``triton``, ``vllm``, ``sglang``, ``trtllm``; empty: unknown).
+    ``telemetry``: the table row's whole ``ReplicaLoad`` message (a copy, never mutated; None when the table
+    side does not pass it), read by scorers of signals the pick has no field for (docs/design.md, "Adding a
+    replica signal to the pick"); left out of equality.
     """
 
     replica_id: str
@@ -60,6 +64,7 @@ class Replica:
     kv_blocks_total: int = 0
     telemetry_age: float = 0.0  # seconds, when the table was computed
     smoothed: float = 0.0       # queued + running smoothed over the tables applied (smoothed_loads)
+    telemetry: Any = dataclasses.field(default=None, compare=False, repr=False)  # the row's ReplicaLoad
 
 
 def context_limit(replica: Replica) -> int:

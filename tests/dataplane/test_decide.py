@@ -14,7 +14,7 @@ import pytest
 import dataplane.pick.picker
 from dataplane.pick.decide import Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
-from dataplane.pick.picker import Picker
+from dataplane.pick.picker import PickState
 from dataplane.pick.prefix import HotKeys
 from dataplane.table.local import build_table
 from dataplane.table.pool import Pool, Replica, make_pool
@@ -206,7 +206,7 @@ def _table(n: int = N) -> Any:
                                     for i in range(n)]), region="local", applied_at=0.0)
 
 
-def serve(picker: Picker, table: Any, **request: Any) -> Any:
+def serve(picker: PickState, table: Any, **request: Any) -> Any:
     """Route one request and see it through (first token, end), as the router does; its decision."""
     routing = picker.prepare(table, tenant="t", model="m", version="", max_tokens=10, **request)
     decision = picker.decide(picker.view_of(table), Ask(routing=routing, model="m"), 0.0)
@@ -219,20 +219,20 @@ def serve(picker: Picker, table: Any, **request: Any) -> Any:
 
 def test_a_popular_prefix_spreads_over_the_conversations_under_it() -> None:
     # 300 conversations share their first block (a system prompt), each has its own second block.
-    picker, table = Picker(random.Random(1)), _table()
+    picker, table = PickState(random.Random(1)), _table()
     homes: Counter[str] = Counter()
     for conv in range(300):
         decision = serve(picker, table, prompt_tokens=1000, hashes=[7, 1000 + conv, 2000 + conv])
         homes[decision.replica.replica_id] += 1
     assert len(homes) == N and max(homes.values()) < 300 / N * 2, homes
     # One fixed key of the first block, never judged hot: the same traffic lands on one replica.
-    fixed = Picker(random.Random(1), depths=(1,), hot=HotKeys(min_count=1e9))
+    fixed = PickState(random.Random(1), depths=(1,), hot=HotKeys(min_count=1e9))
     landed = {serve(fixed, table, prompt_tokens=1000, hashes=[7, 1000 + conv]).replica for conv in range(300)}
     assert len(landed) == 1
 
 
 def test_a_hot_explicit_key_spreads_over_a_few_replicas_and_a_cool_one_stays() -> None:
-    picker, table = Picker(random.Random(1)), _table(12)
+    picker, table = PickState(random.Random(1)), _table(12)
     seen: Counter[str] = Counter()
     for i in range(400):
         decision = serve(picker, table, prompt_tokens=100, prefix_key="popular")
@@ -241,7 +241,7 @@ def test_a_hot_explicit_key_spreads_over_a_few_replicas_and_a_cool_one_stays() -
             seen[decision.replica.replica_id] += 1
     assert len(seen) >= 6  # no longer one replica's: spread over the pool
     # A key that comes once in 20 requests is not hot: it keeps its one replica.
-    cool, homes = Picker(random.Random(2)), set()
+    cool, homes = PickState(random.Random(2)), set()
     for i in range(400):
         key = "rare" if i % 20 == 0 else f"other-{i}"
         decision = serve(cool, table, prompt_tokens=100, prefix_key=key)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dataplane.pick.p2c import Branch
-from dataplane.pick.picker import Picker, Reuse
+from dataplane.pick.picker import PickState, Reuse
 from dataplane.table.local import build_table
 from ferry.v1 import tables_pb2
 from tests.dataplane.fakes import route, snapshot
@@ -23,13 +23,13 @@ def canary_table() -> Any:
     return build_table(snap, region="local", applied_at=0.0)
 
 
-def prepare(picker: Picker, table: Any, hashes: list[int], **kw: Any) -> Any:
+def prepare(picker: PickState, table: Any, hashes: list[int], **kw: Any) -> Any:
     return picker.prepare(table, tenant="t", model="m", version="", prompt_tokens=100, max_tokens=10,
                           hashes=hashes, **kw)
 
 
 def test_a_conversation_keeps_its_canary_version() -> None:
-    table, picker = canary_table(), Picker(random.Random(1))
+    table, picker = canary_table(), PickState(random.Random(1))
     for conv in range(20):
         versions = {prepare(picker, table, [7, 100 + conv, 200 + conv + turn]).version for turn in range(5)}
         assert len(versions) == 1
@@ -39,7 +39,7 @@ def test_a_conversation_keeps_its_canary_version() -> None:
 
 def test_the_shared_first_block_is_skipped_once_hot() -> None:
     table, picker = build_table(snapshot(1, [route(f"r{i}", f"h:{i + 1}") for i in range(4)]), region="local",
-                                applied_at=0.0), Picker(random.Random(1))
+                                applied_at=0.0), PickState(random.Random(1))
     first = [prepare(picker, table, [7, 100 + i]) for i in range(40)]
     keys = picker.keys("t", "", [7, 140])
     late = prepare(picker, table, [7, 140])
@@ -61,7 +61,7 @@ BOOKS = [
                          ids=[b[0] for b in BOOKS])
 def test_prefill_backlog_bookkeeping(first: bool, after_sent: int, after_first: int, after_done: int) -> None:
     table = build_table(snapshot(1, [route("r1", "h:1"), route("r2", "h:2")]), region="local", applied_at=0.0)
-    picker = Picker(random.Random(1))
+    picker = PickState(random.Random(1))
     routing = prepare(picker, table, [1, 2])
     attempt = picker.sent("r1", routing, Branch.AFFINITY)
     assert picker.local.prefill("r1") == after_sent and picker.local.get("r1") == 1
@@ -88,7 +88,7 @@ def test_reuse_learns_what_the_prefix_replica_saves() -> None:
 
 
 def test_detour_threshold_follows_the_learned_advantage() -> None:
-    picker = Picker(random.Random(1), detour_factor=12.0)
+    picker = PickState(random.Random(1), detour_factor=12.0)
     table = build_table(snapshot(1, [route("r1", "h:1")]), region="local", applied_at=0.0)
     for _ in range(300):
         routing = prepare(picker, table, [1, 2])
@@ -102,7 +102,7 @@ def test_detour_threshold_follows_the_learned_advantage() -> None:
 
 
 def test_a_new_key_is_not_learned_as_going_home() -> None:
-    picker = Picker(random.Random(1))
+    picker = PickState(random.Random(1))
     table = build_table(snapshot(1, [route("r1", "h:1")]), region="local", applied_at=0.0)
     before = picker.reuse.advantage()
     for conv in range(50):

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.config import ProxySettings, _owners
 from dataplane.pick.p2c import Branch
-from dataplane.pick.picker import Picker
+from dataplane.pick.picker import PickState
 from dataplane.routerconfig import RouterConfigs, overlay, settings_for
 from dataplane.server import Proxy
 from dataplane.table.local import build_table
@@ -59,7 +59,7 @@ def _table(version: int = 1) -> object:
 
 def test_the_picker_keeps_its_state_across_a_reconfigure() -> None:
     settings = ProxySettings()
-    picker = Picker.from_settings(settings.pick, random.Random(1), outliers=settings.outliers,
+    picker = PickState.from_settings(settings.pick, random.Random(1), outliers=settings.outliers,
                                   retries=settings.retries)
     table = _table()
     view = picker.apply_table(table)  # type: ignore[arg-type]

@@ -6,8 +6,8 @@ stale as the refresh makes it) and what it sent itself.
 
 - ``ferry``: the proxy's own attempt loop, whole: a
   :class:`dataplane.attempt.AttemptLoop` over a
-  :class:`dataplane.pick.picker.Picker` built from the proxy's default settings
-  (:meth:`dataplane.pick.picker.Picker.from_settings`), the same object the
+  :class:`dataplane.pick.picker.PickState` built from the proxy's default settings
+  (:meth:`dataplane.pick.picker.PickState.from_settings`), the same object the
   router and the endpoint picker drive, here in virtual time: its decision
   (:func:`dataplane.pick.decide.decide` with the table's view, applied on
   every tick, the request's routing, the replicas and nodes already tried,
@@ -27,7 +27,7 @@ stale as the refresh makes it) and what it sent itself.
 - ``random``: uniform.
 - ``least_loaded``: fewest queued + running in the pushed telemetry, ties at
   random; no local in-flight count, so proxies herd between pushes.
-- ``consistent_hash``: the same key as Ferry (the Picker's first key that is
+- ``consistent_hash``: the same key as Ferry (the PickState's first key that is
   not hot) on the same ring, its home replica whatever its load: no bound,
   no load signal; a request without a usable key (a prompt that is only a
   popular prefix) goes to a random replica.
@@ -60,7 +60,7 @@ from dataplane.admission.queues import Shed, Ticket, TierQueues
 from dataplane.attempt import AttemptLoop, Tries
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import LocalLoad
-from dataplane.pick.picker import Attempt, Picker
+from dataplane.pick.picker import Attempt, PickState
 from dataplane.regions.choice import LocalQueue, local_queue
 from dataplane.table.local import Pool, Table
 from ferry.config import TIERS
@@ -171,7 +171,7 @@ class Ferry:
     def __init__(self, rng: random.Random, settings: ProxySettings | None = None) -> None:
         self.settings = settings or ProxySettings()
         s = self.settings
-        self.picker = Picker.from_settings(s.pick, rng, region=s.region, regions=s.regions,
+        self.picker = PickState.from_settings(s.pick, rng, region=s.region, regions=s.regions,
                                            capacity_share=s.queues.admission_capacity_share, outliers=s.outliers,
                                            retries=s.retries)
         self.now = 0.0  # the virtual time of the event being handled: the loop's clock
@@ -319,7 +319,7 @@ class ConsistentHash(Baseline):
     """Ferry's bounded-load ring alone, without placements, detours or P2C (a baseline)."""
 
     def __init__(self, rng: random.Random) -> None:
-        self.picker = Picker(rng)
+        self.picker = PickState(rng)
         self._rng = rng
 
     def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:

@@ -30,25 +30,41 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The planes checked; the control plane joins when its loops are gone.
-PLANES = ("dataplane", "agent")
+# The planes checked.
+PLANES = ("controlplane", "dataplane", "agent")
 
 # Per plane, its layers bottom first: a subpackage imports only its own layer and those below.
 LAYERS: dict[str, list[set[str]]] = {
     "dataplane": [
         {"metrics", "memory", "tracing", "usage"},  # process helpers: nothing of the plane below them
         {"table"},  # the local fleet view: the table holder, pools and rings, tenants, warming versions
-        {"regions", "forward", "guard", "cache", "record"},  # the remote view and spill; the calls out
+        {"regions", "forward", "guard", "cache"},  # the remote view and spill; the calls out
         {"admission", "failover", "pick"},  # queues and their gates, retries, the decision
+        {"intake"},  # a request taken in: API key, validation, idempotency, tokenizers off the loop
+        {"record"},  # the traffic recorder: a row per sampled request
         {"config"},  # the [proxy] section: the components' settings composed
         {"routerconfig"},  # the router config versions a table assigns
-        {"router", "attempt"},  # the attempt loop
+        {"router", "attempt"},  # the attempt loop and the request path that drives it
         {"api", "epp"},  # the public gRPC and HTTP APIs, the endpoint picker
         {"server", "envoy"},
         {"main", "workers"},
     ],
+    "controlplane": [
+        {"errors", "store", "tasks", "mailbox"},  # domain errors, the store (keys and bytes), task helpers
+        {"config"},  # the [controlplane] section
+        {"validate"},  # domain values checked, the field named
+        {"allocation", "engines", "fleet", "regions", "rollout", "routerconfig", "tenants", "traffic"},  # records, policy
+        {"intent"},  # intent mirrored from the store, each record decoded by its own module; the intent writer
+        {"tables"},  # the tables: computation, versions, deltas, watchers, usage
+        {"metrics", "scaling", "cluster"},
+        {"services"},  # one concern's operations each: <Concern>Service
+        {"api"},  # the gRPC edge: handlers per concern, errors to status in one place
+        {"controller"},
+        {"server"},
+        {"main"},
+    ],
     "agent": [
-        {"config", "httptext", "promtext", "stepcounters", "states"},
+        {"config", "scrape", "stepcounters", "states"},
         {"replica", "triton", "batch"},  # what the agent runs or adopts
         {"openai", "inventory"},
         {"agent"},
@@ -172,9 +188,10 @@ def draw(plane: str) -> str:
     """The layers of ``plane`` top first, as docs/design.md shows them."""
     layers = LAYERS[plane]
     width = max(len(", ".join(sorted(layer))) for layer in layers) + 4
+    digits = len(str(len(layers) - 1))
     rows = [f"{plane}: each layer imports only its own and those below"]
     for i, layer in reversed(list(enumerate(layers))):
-        rows.append(f"  {i} | {', '.join(sorted(layer)):<{width}}|")
+        rows.append(f"  {i:>{digits}} | {', '.join(sorted(layer)):<{width}}|")
     return "\n".join(rows)
 
 

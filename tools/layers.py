@@ -53,7 +53,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"errors", "store", "tasks", "mailbox"},  # domain errors, the store (keys and bytes), task helpers
         {"config"},  # the [controlplane] section
         {"validate"},  # domain values checked, the field named
-        {"allocation", "engines", "fleet", "regions", "rollout", "routerconfig", "tenants", "traffic"},  # records, policy
+        {"allocation", "engines", "fleet", "regions", "rollout", "routerconfig", "tenants", "traffic"},  # records
         {"intent"},  # intent mirrored from the store, each record decoded by its own module; the intent writer
         {"tables"},  # the tables: computation, versions, deltas, watchers, usage
         {"metrics", "scaling", "cluster"},

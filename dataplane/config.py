@@ -181,9 +181,6 @@ class ServerSettings:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
 class IdempotencySettings:
     """The idempotency keys' bounds (:class:`dataplane.intake.idempotency.Idempotency`)."""
 

@@ -207,6 +207,7 @@ def _replica(snapshot: tables_pb2.TableSnapshot, model: str, route: tables_pb2.R
         kv_blocks_free=min(load.kv_blocks_free, load.kv_blocks_total),
         kv_blocks_total=load.kv_blocks_total,
         telemetry_age=age if has_load else NO_TELEMETRY_AGE,
+        telemetry=load if has_load else None,  # the applied table's row, never mutated: no copy
     )
 
 

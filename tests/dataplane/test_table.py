@@ -112,6 +112,14 @@ def test_replica_without_load_counts_as_stale() -> None:
     table = build_table(snapshot(1, [bare]), region="local", applied_at=0.0)
     (replica,) = table.candidates("m", "")[1]
     assert replica.telemetry_age == NO_TELEMETRY_AGE and replica.max_concurrency == 1
+    assert replica.telemetry is None
+
+
+def test_the_rows_whole_load_reaches_the_replica_for_scorers() -> None:
+    row = route("r1", "h:1", queued=2)
+    row.load.gpu_utilization = 0.82  # a signal the pick has no field for: a scorer reads it here
+    (replica,) = build_table(snapshot(1, [row]), region="local", applied_at=0.0).candidates("m", "")[1]
+    assert replica.telemetry.gpu_utilization == pytest.approx(0.82) and replica.telemetry.queued == 2
 
 
 class Clock:

@@ -6,7 +6,7 @@ attempt: :meth:`AttemptLoop.decide` builds the decision's :class:`Ask` (the
 request's routing and tier; the replicas already tried and those it may not go
 to, the nodes of the replicas that failed; the avoid set of the admission
 gate's tier queues for its ticket) and calls
-:meth:`dataplane.pick.picker.PickState.decide` (with the gate's local queue for the
+:meth:`dataplane.pick.state.PickState.decide` (with the gate's local queue for the
 region step); :meth:`AttemptLoop.send` counts the attempt, records it sent
 (in-flight load, prefill backlog, placements) and tells the gate where it went
 (an interactive request sent to a full replica makes room there); the result
@@ -49,7 +49,7 @@ from dataplane.forward.failures import unreached
 from dataplane.metrics import ProxyMetrics
 from dataplane.pick.decide import Ask, View
 from dataplane.pick.p2c import Branch, Decision
-from dataplane.pick.picker import Attempt, PickState, Routing
+from dataplane.pick.state import Attempt, PickState, Routing
 from dataplane.regions.choice import LocalQueue
 from dataplane.table.local import Replica
 from ferry.errors import FerryError

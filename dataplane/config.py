@@ -8,7 +8,7 @@ belongs to the narrow frozen part of the component that reads it, and
 - ``queues`` (:class:`dataplane.admission.settings.QueueSettings`): the tier queues and their admission,
   tenant ceilings and shards (:class:`dataplane.admission.gate.Admission`);
 - ``pick`` (:class:`PickSettings`, :mod:`dataplane.pick.settings`): the decision
-  (:meth:`dataplane.pick.picker.PickState.from_settings`);
+  (:meth:`dataplane.pick.state.PickState.from_settings`);
 - ``outliers`` (:class:`OutlierSettings`): outlier ejection;
 - ``retries`` (:class:`dataplane.failover.settings.RetrySettings`): retries, the retry budget and
   stream continuation (:class:`dataplane.failover.recover.Failover`);
@@ -78,7 +78,7 @@ from loads smoothed over 10 s; a walk of at most 8 replicas; 65,536 keys
 remembered with their replica (``placements``); a new key placed on the
 least busy of its walk's first four replicas when that saves 3 x the learned
 advantage x the mean prompt of backlog (``place_factor``); a detour factor
-of 24 (:mod:`dataplane.pick.picker`). Region spill (:mod:`dataplane.regions.choice`): an
+of 24 (:mod:`dataplane.pick.state`). Region spill (:mod:`dataplane.regions.choice`): an
 interactive request the weights keep home spills on queue when it would
 wait here more than ``spill_queue_ms`` (100 ms) and the round trip; no
 spill on queue fills more than ``spill_headroom`` (1.25) times the target's slots.

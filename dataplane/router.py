@@ -3,7 +3,7 @@
 Per request: :meth:`Router.begin` authenticates (:mod:`dataplane.intake.auth`),
 validates (:mod:`dataplane.intake.validate`), checks the tier against the plan,
 resolves the model, version and prefix keys in the current table
-(:meth:`dataplane.pick.picker.PickState.prepare`), and takes an in-flight slot
+(:meth:`dataplane.pick.state.PickState.prepare`), and takes an in-flight slot
 (:class:`dataplane.admission.limits.InflightLimit`), in that order, so the first
 problem found is the one reported. When the table has spill routes, the
 decision's region step runs once here: a request sent to another region
@@ -11,7 +11,7 @@ skips this region's tier queues. Then :meth:`Router.infer` or
 :meth:`Router.stream` drive the attempt loop
 (:class:`dataplane.attempt.AttemptLoop`, shared with the endpoint picker's
 hand-off below and the simulator): **decide** (:func:`dataplane.pick.decide.decide`
-through :meth:`dataplane.pick.picker.PickState.decide`: filters, ejected replicas,
+through :meth:`dataplane.pick.state.PickState.decide`: filters, ejected replicas,
 the tier queues' avoid set, tried replicas and nodes, the prefix ring, the
 prefill detour, P2C), **forward** with the remaining deadline, **record**
 (the proxy's in-flight load, prefill backlog and placements; the outlier
@@ -36,7 +36,7 @@ One listener on the table holder, :meth:`Router.apply_table`, updates the
 decision's view and the tier queues when a table is applied.
 
 State: the holder's current table (read once per request), the picker
-(its decision state: :mod:`dataplane.pick.picker`) and the attempt loop over
+(its decision state: :mod:`dataplane.pick.state`) and the attempt loop over
 it (:attr:`Router.loop`); nothing else survives a request.
 """
 
@@ -68,7 +68,7 @@ from dataplane.intake.tokenwork import TokenWork
 from dataplane.intake.validate import TIER_PRIORITY, ValidRequest, check_sampling, check_tier, validate_request
 from dataplane.metrics import UNKNOWN, ProxyMetrics
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
-from dataplane.pick.picker import Attempt, PickState, Routing
+from dataplane.pick.state import Attempt, PickState, Routing
 from dataplane.record.recorder import Recorder
 from dataplane.table.local import Replica, Table, TableHolder
 from dataplane.table.pool import UNLIMITED, Pool
@@ -176,7 +176,7 @@ class Router:
         server, queues = settings.server, settings.queues
         self._admission = InflightLimit(server.max_inflight, server.retry_after_seconds)
         self._tenants = TenantInflight(limits.max_inflight_per_tenant, server.retry_after_seconds)
-        self.picker = PickState.from_settings(  # the decision and its state (dataplane.pick.picker)
+        self.picker = PickState.from_settings(  # the decision and its state (dataplane.pick.state)
             settings.pick, rng, region=settings.region, regions=settings.regions,
             capacity_share=queues.admission_capacity_share, outliers=settings.outliers, retries=settings.retries)
         self.picker.on_eject = self._ejected
@@ -213,7 +213,7 @@ class Router:
         """Run ``settings``' live keys from the next decision on (a router config, :mod:`ferry.routerconfig`).
 
         Called between requests on the event loop, it drops nothing: the picker swaps its parameters and keeps
-        its state (:meth:`dataplane.pick.picker.PickState.reconfigure`: in-flight attempts, loads, placements,
+        its state (:meth:`dataplane.pick.state.PickState.reconfigure`: in-flight attempts, loads, placements,
         the outlier detector, the retry budget's counts), the tier queues keep every ticket
         (:meth:`dataplane.admission.gate.Admission.reconfigure`), the retry policy reads the new attempts and
         tiers, the ring's load factor applies from the next table. Requests in flight finish under the view

@@ -19,7 +19,7 @@ and the retry budget bound all of them.
 
 :class:`Failover` owns, per proxy, the decision to retry after an error
 (:mod:`dataplane.failover.budget`, the budget being the
-:class:`dataplane.pick.picker.PickState`'s, so the simulator spends the same one)
+:class:`dataplane.pick.state.PickState`'s, so the simulator spends the same one)
 and the stream continuation decision (:mod:`dataplane.failover.continuation`). The
 attempt loop (:class:`dataplane.attempt.AttemptLoop`) holds it; the router calls it
 for continuation and preemption. What it counts goes to :class:`Counts`. Outlier ejection and the region

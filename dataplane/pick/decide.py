@@ -9,7 +9,7 @@ composed from ``[proxy.pick]``): the filters by stage, the weighted scorers
 below, in :mod:`dataplane.pick.pickers`; or ``p2c``); the default plan is
 the decision described here. The router (:mod:`dataplane.router`) and the fleet simulator
 (:mod:`tools.sim.policies`) both call it, through
-:meth:`dataplane.pick.picker.PickState.decide`, with the same state objects: what a
+:meth:`dataplane.pick.state.PickState.decide`, with the same state objects: what a
 simulated run weighs is what a real pick weighs.
 
 Inputs:
@@ -18,7 +18,7 @@ Inputs:
   regions' replicas (:func:`dataplane.regions.remote.remote_view`) and the
   decision's parameters; built once per table (:func:`make_view`).
 - ``ask`` (:class:`Ask`): the request's routing (version, pool, prefix key,
-  need; :meth:`dataplane.pick.picker.PickState.prepare`), its tier, the replicas and
+  need; :meth:`dataplane.pick.state.PickState.prepare`), its tier, the replicas and
   nodes already tried, the tier queues' avoid set, and whether the region
   step applies (first attempt of a request that names no version).
 - ``local`` (:class:`Local`): what this proxy knows now: its in-flight and
@@ -66,7 +66,7 @@ Steps:
    prefill backlog exceeds the alternative's (the key's next replica on the
    walk, or a P2C draw among the others with a quarter-threshold less) by
    more than the ``detour`` threshold (what leaving the prefix's replica
-   costs in prefill, learned by :class:`dataplane.pick.picker.PickState`; None:
+   costs in prefill, learned by :class:`dataplane.pick.state.PickState`; None:
    never), the request goes there: ``detour``.
 5. **Power of two choices** (:func:`dataplane.pick.p2c.pick`, score: queue,
    running, in-flight, KV use, staleness) among the replicas left: ``p2c``
@@ -138,7 +138,7 @@ def make_view(table: Table, params: DecideParams = DEFAULT_DECIDE) -> View:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Routing:
-    """What :meth:`dataplane.pick.picker.PickState.prepare` found for a request: version, pool, prefix key, need."""
+    """What :meth:`dataplane.pick.state.PickState.prepare` found for a request: version, pool, prefix key, need."""
 
     version: str
     pool: Pool
@@ -164,7 +164,7 @@ class Placements:
     """Where this proxy sent each prefix key lately: a bounded LRU map, key -> replica id.
 
     ``capacity`` keys (default 65,536, about 6 MB); the least recently used
-    goes first. Written when a request is sent (:meth:`dataplane.pick.picker.PickState.sent`),
+    goes first. Written when a request is sent (:meth:`dataplane.pick.state.PickState.sent`),
     read by :func:`decide`.
     """
 

@@ -21,7 +21,7 @@ for LLM traffic), per replica of a pool (``group``: the model):
     engine's step decodes the whole batch and prefills new prompts, so a
     replica's decode is slower while it prefills: an attempt during whose
     decode this proxy sent the replica ``min_prefill_tokens`` or more prompt
-    tokens gives no decode sample (:class:`dataplane.pick.picker.PickState` knows). A unary call gives no first-token
+    tokens gives no decode sample (:class:`dataplane.pick.state.PickState` knows). A unary call gives no first-token
     time: it counts as decode only when its prompt is short (under
     ``min_prefill_tokens``), so its time is nearly all decode.
   - *prefill*: taken when the first token comes back (so a slow replica is

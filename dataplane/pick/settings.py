@@ -104,7 +104,7 @@ class PlanSettings:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PickSettings:
-    """The decision's settings (:class:`dataplane.pick.picker.PickState`, :class:`.decide.DecideParams`)."""
+    """The decision's settings (:class:`dataplane.pick.state.PickState`, :class:`.decide.DecideParams`)."""
 
     prefix_depths: tuple[int, ...] = DEPTHS
     walk_limit: int = 8

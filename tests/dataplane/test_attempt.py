@@ -18,7 +18,7 @@ from agent.replica.engine import EngineParams
 from dataplane.attempt import AttemptLoop, Tried
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import Decision
-from dataplane.pick.picker import Attempt
+from dataplane.pick.state import Attempt
 from ferry.errors import FerryError
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour

@@ -11,11 +11,11 @@ from typing import Any
 import grpc
 import pytest
 
-import dataplane.pick.picker
+import dataplane.pick.state
 from dataplane.pick.decide import Ask, DecideParams, Local, Placements, Routing, View, decide, make_view
 from dataplane.pick.p2c import Branch, Decision, LocalLoad, Need
-from dataplane.pick.picker import PickState
 from dataplane.pick.prefix import HotKeys
+from dataplane.pick.state import PickState
 from dataplane.table.local import build_table
 from dataplane.table.pool import Pool, Replica, make_pool
 from dataplane.table.ring import key_draw
@@ -288,13 +288,13 @@ def test_placements_are_bounded_and_forget_the_least_recent() -> None:
 async def test_the_proxy_and_the_simulator_call_the_same_decision(rig, monkeypatch: pytest.MonkeyPatch) -> None:
     """One function decides for both: a spy on it sees a real proxy's request and a simulated run's."""
     calls: Counter[str] = Counter()
-    real = dataplane.pick.picker.decide
+    real = dataplane.pick.state.decide
 
     def spy(view: View, ask: Ask, local: Local, rng: random.Random, now: float) -> Decision:
         calls[ask.model] += 1
         return real(view, ask, local, rng, now)
 
-    monkeypatch.setattr(dataplane.pick.picker, "decide", spy)
+    monkeypatch.setattr(dataplane.pick.state, "decide", spy)
     r = await rig({"r1": Behaviour(), "r2": Behaviour()})
     await r.stub.Infer(request(), metadata=PAID, timeout=5)
     assert calls["m"] == 1

@@ -16,9 +16,9 @@ import tests.dataplane.scorer_queued  # noqa: F401 (registers the scorer "queued
 from dataplane.config import ProxySettings, load
 from dataplane.pick.decide import Ask, DecideParams, Local, Routing, View, decide
 from dataplane.pick.p2c import Branch, LocalLoad, Need
-from dataplane.pick.picker import PickState
 from dataplane.pick.plugin import REGISTRY, Filter, Picker, Scorer, compose, default_plan, known
 from dataplane.pick.settings import PickSettings, PlanSettings, ScorerSettings
+from dataplane.pick.state import PickState
 from dataplane.regions.remote import EMPTY
 from dataplane.table.local import build_table
 from dataplane.table.pool import Replica, make_pool

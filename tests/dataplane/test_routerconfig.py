@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from dataplane.config import ProxySettings, _owners
 from dataplane.pick.p2c import Branch
-from dataplane.pick.picker import PickState
+from dataplane.pick.state import PickState
 from dataplane.routerconfig import RouterConfigs, overlay, settings_for
 from dataplane.server import Proxy
 from dataplane.table.local import build_table

@@ -1,4 +1,4 @@
-"""The fleet simulator: virtual-time replicas driven by the proxy's own decision (:mod:`dataplane.pick.picker`).
+"""The fleet simulator: virtual-time replicas driven by the proxy's own decision (:mod:`dataplane.pick.state`).
 
 :mod:`.fleet` (per-replica engines, admit, progress, timeouts),
 :mod:`.policies` (Ferry's decision and the peer baselines), :mod:`.workload`

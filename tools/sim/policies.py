@@ -6,8 +6,8 @@ stale as the refresh makes it) and what it sent itself.
 
 - ``ferry``: the proxy's own attempt loop, whole: a
   :class:`dataplane.attempt.AttemptLoop` over a
-  :class:`dataplane.pick.picker.PickState` built from the proxy's default settings
-  (:meth:`dataplane.pick.picker.PickState.from_settings`), the same object the
+  :class:`dataplane.pick.state.PickState` built from the proxy's default settings
+  (:meth:`dataplane.pick.state.PickState.from_settings`), the same object the
   router and the endpoint picker drive, here in virtual time: its decision
   (:func:`dataplane.pick.decide.decide` with the table's view, applied on
   every tick, the request's routing, the replicas and nodes already tried,
@@ -60,7 +60,7 @@ from dataplane.admission.queues import Shed, Ticket, TierQueues
 from dataplane.attempt import AttemptLoop, Tries
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import LocalLoad
-from dataplane.pick.picker import Attempt, PickState
+from dataplane.pick.state import Attempt, PickState
 from dataplane.regions.choice import LocalQueue, local_queue
 from dataplane.table.local import Pool, Table
 from ferry.config import TIERS

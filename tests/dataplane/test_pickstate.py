@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dataplane.pick.p2c import Branch
-from dataplane.pick.picker import PickState, Reuse
+from dataplane.pick.state import PickState, Reuse
 from dataplane.table.local import build_table
 from ferry.v1 import tables_pb2
 from tests.dataplane.fakes import route, snapshot

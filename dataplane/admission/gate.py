@@ -175,16 +175,20 @@ class TierMetrics:
                                           ["model"], registry=registry)
 
 
-def sized(queues: TierQueues | None, params: QueueParams, entry: ModelEntry | None,
-          capacity_share: float) -> TierQueues:
-    """One model's tier queues sized from its table entry (None: the table has no such model, so no capacity).
-
-    Capacity = the sum of the concurrency targets of the entry's replicas (every version) x ``capacity_share``,
-    rounded down; each replica's target goes to the queues' placement. ``queues`` None: new queues with ``params``.
-    The one sizing rule, shared by :class:`Admission` and the simulator's proxies (:mod:`tools.sim.policies`).
-    """
-    replicas = {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
+def targets(entry: ModelEntry | None) -> dict[str, int]:
+    """Each replica's concurrency target in a model's table entry, every version (None: no such model, none)."""
+    return {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
         if entry is not None else {}
+
+
+def sized(queues: TierQueues | None, params: QueueParams, replicas: Mapping[str, int],
+          capacity_share: float) -> TierQueues:
+    """One model's tier queues sized from its replicas' concurrency targets (:func:`targets` of its table entry).
+
+    Capacity = the sum of the targets x ``capacity_share``, rounded down; each replica's target goes to the
+    queues' placement. ``queues`` None: new queues with ``params``. The one sizing rule, shared by
+    :class:`Admission` and the simulators (:mod:`tools.sim.policies`, :mod:`tools.sim.tiers`).
+    """
     capacity = int(sum(replicas.values()) * capacity_share)
     if queues is None:
         queues = TierQueues(params, capacity)
@@ -217,7 +221,8 @@ class Admission:
             for held in self.models.values():
                 held.reserved = dict(self.params.reserved)
         for model, entry in table.models.items():
-            queues = self.models[model] = sized(self.models.get(model), self.params, entry, self.capacity_share)
+            queues = self.models[model] = sized(self.models.get(model), self.params, targets(entry),
+                                                         self.capacity_share)
             self.metrics.interactive_replicas.labels(model).set(len(queues.placement.kept))
             self._pump(model)
 

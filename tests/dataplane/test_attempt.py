@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import tools.sim.policies
+import tools.sim.tiers
 from agent.replica.engine import EngineParams
 from dataplane.attempt import AttemptLoop, Tried
 from dataplane.config import ProxySettings
@@ -92,4 +93,13 @@ def test_the_simulators_policy_has_no_retry_rule_budget_or_queue_sizing_of_its_o
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert not {"retry_reason", "charged", "try_spend", "budget", "max_attempts", "retry_tiers", "Ask",
                 "max_concurrency"} & (names | imported)
-    assert {"AttemptLoop", "sized"} <= imported
+    assert {"AttemptLoop", "sized", "targets"} <= imported
+
+
+def test_no_simulator_sizes_tier_queues_by_itself() -> None:
+    """Every simulator's tier queues come from the gate's one sizing rule (admission.gate.sized)."""
+    for module in (tools.sim.policies, tools.sim.tiers):
+        tree = ast.parse(inspect.getsource(module))
+        calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+                 for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        assert "sized" in calls and not {"TierQueues", "set_replicas"} & calls, module.__name__

@@ -55,7 +55,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from dataplane.admission.gate import sized
+from dataplane.admission.gate import sized, targets
 from dataplane.admission.queues import Shed, Ticket, TierQueues
 from dataplane.attempt import AttemptLoop, Tries
 from dataplane.config import ProxySettings
@@ -185,7 +185,7 @@ class Ferry:
     def apply(self, table: Table) -> None:
         self.picker.apply_table(table)
         if self.settings.queues.admission:
-            self.queues = sized(self.queues, self.settings.queues.queue_params(), table.models.get(MODEL),
+            self.queues = sized(self.queues, self.settings.queues.queue_params(), targets(table.models.get(MODEL)),
                                 self.settings.queues.admission_capacity_share)
 
     def admit(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:

@@ -33,7 +33,8 @@ import heapq
 from collections.abc import Sequence
 
 from agent.replica.engine import Engine, EngineParams, EngineRequest, SubmitOutcome
-from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.admission.gate import sized
+from dataplane.admission.queues import QueueParams, Shed, Ticket
 from ferry.config import TIERS
 
 _ARRIVE, _STEP, _TIMEOUT, _SAMPLE, _DEADLINE = 0, 1, 2, 3, 4
@@ -84,8 +85,7 @@ class TierSim:
                  admission: bool = True) -> None:
         self.engines = [Engine(engine) for _ in range(replicas)]
         self.slots = engine.max_running
-        self.queues = TierQueues(queues, replicas * engine.max_running)
-        self.queues.set_replicas({str(i): engine.max_running for i in range(replicas)})
+        self.queues = sized(None, queues, {str(i): engine.max_running for i in range(replicas)}, 1.0)
         self.admission = admission
         self.sample_seconds = sample_seconds
         self._events: list[tuple[float, int, int, int]] = []

@@ -121,10 +121,33 @@ def schema() -> dict[str, Any]:
         for key, prop in definition.get("properties", {}).items():
             if key in notes.get(name, {}) and "description" not in prop:
                 prop["description"] = notes[name][key]
+    out["$defs"]["ProxySection"]["properties"]["pick"] = pick_schema(out["$defs"])
     out["properties"]["guardrails"]["maxItems"] = MAX_GUARDRAILS
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = "Ferry config file"
     return out
+
+
+def pick_schema(defs: dict[str, Any]) -> dict[str, Any]:
+    """``[proxy.pick]``'s schema from its declaration (PlanSettings), each type name a built-in plug-in's
+    (a scorer file added to dataplane/pick/scorers/ joins the enum when the schema is drawn again).
+
+    The scorer entry's definition goes to ``defs`` (the file's ``$defs``)."""
+    from dataplane.pick.plugin import known
+    from dataplane.pick.settings import PlanSettings
+
+    table = pydantic.TypeAdapter(PlanSettings).json_schema()
+    for name, definition in table.pop("$defs", {}).items():
+        definition["additionalProperties"] = False
+        defs[name] = definition
+    table["additionalProperties"] = False
+    props = table["properties"]
+    props["filters"]["items"]["enum"] = known("filter", builtin=True)
+    props["picker"]["enum"] = known("picker", builtin=True)
+    defs["ScorerSettings"]["properties"]["type"]["enum"] = known("scorer", builtin=True)
+    table["description"] = ("[proxy.pick]: the decision composed of plug-ins by type name (dataplane.pick.plugin); "
+                            "the defaults decide as the built-in decision")
+    return table
 
 
 def _nested() -> list[type[Any]]:

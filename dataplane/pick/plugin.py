@@ -184,10 +184,11 @@ def _load_builtins() -> None:
         importlib.import_module(f"{_SCORERS}.{info.name}")
 
 
-def known(kind: Kind) -> list[str]:
-    """The registered type names of ``kind``, sorted."""
+def known(kind: Kind, *, builtin: bool = False) -> list[str]:
+    """The registered type names of ``kind``, sorted; ``builtin``: only those of this package (the schema's)."""
     _load_builtins()
-    return sorted(name for name, cls in REGISTRY.items() if cls.kind == kind)
+    return sorted(name for name, cls in REGISTRY.items()
+                  if cls.kind == kind and (not builtin or cls.__module__.startswith(f"{__package__}.")))
 
 
 def _make(kind: Kind, name: Any, args: Args) -> Any:

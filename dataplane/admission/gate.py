@@ -64,11 +64,11 @@ from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues, sized, targets
 from dataplane.admission.sharding import NONE, Shards
 from dataplane.admission.shedding import EVICTED, TIMEOUT
 from dataplane.regions.choice import LocalQueue, local_queue
-from dataplane.table.local import ModelEntry, Table
+from dataplane.table.local import Table
 from ferry.config import TIERS
 from ferry.errors import FerryError
 from ferry.logs import event
@@ -173,28 +173,6 @@ class TierMetrics:
         self.interactive_replicas = Gauge(name("proxy_interactive_replicas"),
                                           "Replicas kept for interactive work ([proxy] interactive_replica_share).",
                                           ["model"], registry=registry)
-
-
-def targets(entry: ModelEntry | None) -> dict[str, int]:
-    """Each replica's concurrency target in a model's table entry, every version (None: no such model, none)."""
-    return {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
-        if entry is not None else {}
-
-
-def sized(queues: TierQueues | None, params: QueueParams, replicas: Mapping[str, int],
-          capacity_share: float) -> TierQueues:
-    """One model's tier queues sized from its replicas' concurrency targets (:func:`targets` of its table entry).
-
-    Capacity = the sum of the targets x ``capacity_share``, rounded down; each replica's target goes to the
-    queues' placement. ``queues`` None: new queues with ``params``. The one sizing rule, shared by
-    :class:`Admission` and the simulators (:mod:`tools.sim.policies`, :mod:`tools.sim.tiers`).
-    """
-    capacity = int(sum(replicas.values()) * capacity_share)
-    if queues is None:
-        queues = TierQueues(params, capacity)
-    queues.capacity = capacity
-    queues.set_replicas(replicas)
-    return queues
 
 
 class Admission:

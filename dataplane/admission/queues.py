@@ -72,6 +72,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from dataplane.admission.avoid import Placement
 from dataplane.admission.fairshare import DeficitRoundRobin, tenant_ceilings
@@ -81,6 +82,9 @@ from dataplane.admission.shedding import PLAN_RANK, QUEUE_FULL, DrainRate, retry
 from ferry.config import TIERS
 from ferry.errors import Overloaded
 from ferry.quotas import DEFAULT_RESERVED, Quotas, allowance, compute_quotas, interactive_headroom
+
+if TYPE_CHECKING:
+    from dataplane.table.local import ModelEntry
 
 _ids = itertools.count()
 PLAN_WEIGHT = {"free": 1.0, "paid": 4.0, "enterprise": 8.0}  # DRR weights of the plans inside a tier
@@ -449,3 +453,25 @@ class TierQueues:
         self._queues[ticket.tier].push_front(ticket.tenant, ticket, ticket.cost)
         self._order[ticket.tier].appendleft(ticket)
         ticket.enqueued_at = min(ticket.enqueued_at, now)
+
+
+def targets(entry: ModelEntry | None) -> dict[str, int]:
+    """Each replica's concurrency target in a model's table entry, every version (None: no such model, none)."""
+    return {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
+        if entry is not None else {}
+
+
+def sized(queues: TierQueues | None, params: QueueParams, replicas: Mapping[str, int],
+          capacity_share: float) -> TierQueues:
+    """One model's tier queues sized from its replicas' concurrency targets (:func:`targets` of its table entry).
+
+    Capacity = the sum of the targets x ``capacity_share``, rounded down; each replica's target goes to the
+    queues' placement. ``queues`` None: new queues with ``params``. The one sizing rule, shared by
+    :class:`dataplane.admission.gate.Admission` and the simulators (:mod:`tools.sim.policies`, :mod:`tools.sim.tiers`).
+    """
+    capacity = int(sum(replicas.values()) * capacity_share)
+    if queues is None:
+        queues = TierQueues(params, capacity)
+    queues.capacity = capacity
+    queues.set_replicas(replicas)
+    return queues

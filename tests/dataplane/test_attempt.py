@@ -97,7 +97,7 @@ def test_the_simulators_policy_has_no_retry_rule_budget_or_queue_sizing_of_its_o
 
 
 def test_no_simulator_sizes_tier_queues_by_itself() -> None:
-    """Every simulator's tier queues come from the gate's one sizing rule (admission.gate.sized)."""
+    """Every simulator's tier queues come from the one sizing rule (admission.queues.sized)."""
     for module in (tools.sim.policies, tools.sim.tiers):
         tree = ast.parse(inspect.getsource(module))
         calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")

@@ -19,7 +19,7 @@ stale as the refresh makes it) and what it sent itself.
   cannot place (longer than every context) is refused, as the proxy refuses
   it. Admission is the proxy's tier queues
   (:class:`dataplane.admission.queues.TierQueues`, sized from every table by
-  :func:`dataplane.admission.gate.sized`, as the proxy's gate sizes them; their
+  :func:`dataplane.admission.queues.sized`, as the proxy's gate sizes them; their
   avoid set goes into the decision through the loop); a request's tier is its ``tier`` (interactive unless
   the workload says otherwise: recorded traffic does), which picks its queue,
   queue timeout and whether it is retried. No preemption of lower tiers.
@@ -55,8 +55,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from dataplane.admission.gate import sized, targets
-from dataplane.admission.queues import Shed, Ticket, TierQueues
+from dataplane.admission.queues import Shed, Ticket, TierQueues, sized, targets
 from dataplane.attempt import AttemptLoop, Tries
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import LocalLoad
@@ -166,7 +165,7 @@ class Ferry:
 
     What is the simulator's own: the clock (the event's time), the engines' answers turned into the loop's calls,
     and the tier queues' tickets; deciding, recording, the retry rule and budget are the loop's, and the queues
-    are sized by :func:`dataplane.admission.gate.sized`."""
+    are sized by :func:`dataplane.admission.queues.sized`."""
 
     def __init__(self, rng: random.Random, settings: ProxySettings | None = None) -> None:
         self.settings = settings or ProxySettings()

@@ -33,8 +33,7 @@ import heapq
 from collections.abc import Sequence
 
 from agent.replica.engine import Engine, EngineParams, EngineRequest, SubmitOutcome
-from dataplane.admission.gate import sized
-from dataplane.admission.queues import QueueParams, Shed, Ticket
+from dataplane.admission.queues import QueueParams, Shed, Ticket, sized
 from ferry.config import TIERS
 
 _ARRIVE, _STEP, _TIMEOUT, _SAMPLE, _DEADLINE = 0, 1, 2, 3, 4

@@ -145,16 +145,6 @@ from ferry.errors import ConfigError
 from ferry.readiness import DrainTimes
 
 
-def _positive(values: Mapping[str, float]) -> None:
-    """Raise ConfigError naming ``proxy.<key>`` of the first value not above 0 (NaN included)."""
-    positive("proxy", values)
-
-
-def _at_least_zero(values: Mapping[str, float]) -> None:
-    """Raise ConfigError naming ``proxy.<key>`` of the first value below 0 (NaN included)."""
-    at_least_zero("proxy", values)
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """The request bounds of the router: default deadline, in-flight bound and its retry-after, anonymous use."""
@@ -169,10 +159,10 @@ class ServerSettings:
     drain_grace_seconds: float = 60.0  # then take no new request and let those in flight finish this long
 
     def __post_init__(self) -> None:
-        _positive({"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
+        positive("proxy", {"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
                    "retry_after_seconds": self.retry_after_seconds,
                    "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
-        _at_least_zero({"memory_trim_growth_mib": self.memory_trim_growth_mib})
+        at_least_zero("proxy", {"memory_trim_growth_mib": self.memory_trim_growth_mib})
         self.drain()
 
     def drain(self) -> DrainTimes:
@@ -206,7 +196,7 @@ class HttpSettings:
     http_strict_fields: bool = False
 
     def __post_init__(self) -> None:
-        _positive({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+        positive("proxy", {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                    if f.name not in ("http_listen", "http_strict_fields")})
 
 
@@ -229,7 +219,7 @@ class PickerSettings:
             raise ConfigError("proxy.picker_fallbacks", "must be 0 to 8")
         if self.picker_end not in PICKER_ENDS:
             raise ConfigError("proxy.picker_end", "must be report or stream")
-        _positive({"picker_max_body_bytes": self.picker_max_body_bytes,
+        positive("proxy", {"picker_max_body_bytes": self.picker_max_body_bytes,
                    "picker_max_wait_seconds": self.picker_max_wait_seconds})
 
 

@@ -1,6 +1,6 @@
 """Request traces: W3C Trace Context in, spans of the request path, OTLP over gRPC out.
 
-Off unless ``[proxy] trace_endpoint`` is set (:class:`dataplane.config.TraceSettings`).
+Off unless ``[proxy] trace_endpoint`` is set (:class:`TraceSettings`, below).
 Off, the router holds no :class:`Tracer`, every request's ``RequestState.trace``
 stays None, and each hook on the path is one ``is None`` test: no header is
 read, no span, id or dict is made (a test counts that none is).

@@ -24,8 +24,8 @@ and the stream continuation decision (:mod:`dataplane.failover.continuation`). T
 attempt loop (:class:`dataplane.attempt.AttemptLoop`) holds it; the router calls it
 for continuation and preemption. What it counts goes to :class:`Counts`. Outlier ejection and the region
 step are part of the decision (:mod:`dataplane.pick.decide`). Settings:
-:class:`dataplane.config.RetrySettings` (``max_continuations``), and the
-``simulate_region_rtt`` key of ``[proxy]`` (:class:`dataplane.config.RegionSettings`).
+:class:`dataplane.failover.settings.RetrySettings` (``max_continuations``), and the
+``simulate_region_rtt`` key of ``[proxy]`` (:class:`dataplane.regions.settings.RegionSettings`).
 
 Cost per request: O(1).
 """

@@ -168,17 +168,27 @@ def draw(pool: Sequence[Replica], need: Need, rng: random.Random) -> tuple[Repli
     return roomy[i], roomy[j]
 
 
+def kv_use(replica: Replica, need: Need) -> float:
+    """The share of ``replica``'s KV cache in use once this request's blocks are taken, 0..1 (0: unknown)."""
+    if replica.kv_blocks_total <= 0:
+        return 0.0
+    left = replica.kv_blocks_free - need.blocks(replica.kv_block_tokens)
+    return min(max(1.0 - left / replica.kv_blocks_total, 0.0), 1.0)
+
+
+def staleness(age: float, fresh_seconds: float, stale_seconds: float) -> float:
+    """Telemetry ``age`` from fresh (0) to stale (1), linear in between."""
+    return min(max((age - fresh_seconds) / (stale_seconds - fresh_seconds), 0.0), 1.0)
+
+
 def score(replica: Replica, need: Need, inflight: int, age: float, params: ScoreParams = DEFAULT_PARAMS,
           counted: int = 0, trust: float = 1.0) -> float:
-    """The load score of ``replica`` for this request (lower is better); see the module docstring."""
-    taken = occupancy(replica, inflight, counted, trust)
-    kv_use = 0.0
-    if replica.kv_blocks_total > 0:
-        left = replica.kv_blocks_free - need.blocks(replica.kv_block_tokens)
-        kv_use = min(max(1.0 - left / replica.kv_blocks_total, 0.0), 1.0)
-    span = params.stale_seconds - params.fresh_seconds
-    staleness = min(max((age - params.fresh_seconds) / span, 0.0), 1.0)
-    return taken + params.kv_weight * kv_use + params.stale_weight * staleness
+    """The load score of ``replica`` for this request (lower is better); see the module docstring.
+
+    The default plan's scorers (``load``, ``kv``, ``staleness`` in :mod:`dataplane.pick.scorers`) are these
+    terms, the same functions; this sum is :func:`pick`'s cost when it is given none."""
+    return (occupancy(replica, inflight, counted, trust) + params.kv_weight * kv_use(replica, need)
+            + params.stale_weight * staleness(age, params.fresh_seconds, params.stale_seconds))
 
 
 def better(a: Replica, b: Replica, cost: Callable[[Replica], float], rng: random.Random) -> Replica:

@@ -47,25 +47,12 @@ from typing import Any
 from dataplane.pick.outlier import OutlierParams
 from dataplane.pick.prefix import DEPTHS
 from dataplane.pick.unreachable import UnreachableParams
+from ferry.config import at_least_zero, from_mapping, positive
 from ferry.errors import ConfigError
 
 DEFAULT_FILTERS = ("tried", "ejected", "avoid", "tried_nodes", "room", "fresh")
 DEFAULT_PICKER = "prefix"
 MAX_PLUGINS = 32  # filters, and scorers, per composition
-
-
-def _positive(values: Mapping[str, float]) -> None:
-    """Raise ConfigError naming the first key whose value is not above 0 (NaN included)."""
-    for key, value in values.items():
-        if not value > 0:
-            raise ConfigError(f"proxy.{key}", "must be positive")
-
-
-def _at_least_zero(values: Mapping[str, float]) -> None:
-    """Raise ConfigError naming the first key whose value is below 0 (NaN included)."""
-    for key, value in values.items():
-        if not value >= 0:
-            raise ConfigError(f"proxy.{key}", "must be >= 0")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,6 +87,9 @@ class PlanSettings:
                 raise ConfigError(f"proxy.pick.filters[{i}]", f"{name!r} is listed twice")
         if not self.picker:
             raise ConfigError("proxy.pick.picker", "must name a picker")
+        for i, scorer in enumerate(self.scorers):
+            if not math.isfinite(scorer.weight):
+                raise ConfigError(f"proxy.pick.scorers[{i}].weight", f"must be a finite number, got {scorer.weight}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -120,13 +110,13 @@ class PickSettings:
     pick: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive({"walk_limit": self.walk_limit, "hot_keys": self.hot_keys, "hot_window": self.hot_window})
+        positive("proxy", {"walk_limit": self.walk_limit, "hot_keys": self.hot_keys, "hot_window": self.hot_window})
         if not 0 <= self.telemetry_fresh_seconds < self.telemetry_stale_seconds:
             raise ConfigError("proxy.telemetry_stale_seconds", "must exceed telemetry_fresh_seconds (>= 0)")
         depths = self.prefix_depths
         if not depths or depths[0] < 1 or any(b <= a for a, b in itertools.pairwise(depths)):
             raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
-        _at_least_zero({"detour_factor": self.detour_factor, "place_factor": self.place_factor,
+        at_least_zero("proxy", {"detour_factor": self.detour_factor, "place_factor": self.place_factor,
                         "placements": self.placements})
         self.plan()
 
@@ -139,51 +129,7 @@ def plan_settings(table: Any, where: str = "proxy.pick") -> PlanSettings:
     """A ``[proxy.pick]`` table as :class:`PlanSettings`; ConfigError naming ``proxy.pick.<key>``."""
     if isinstance(table, PlanSettings):
         return table
-    if not isinstance(table, Mapping):
-        raise ConfigError(where, "must be a table")
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        if key == "filters":
-            values[key] = tuple(_text(v, f"{where}.{key}[{i}]") for i, v in enumerate(_list(value, f"{where}.{key}")))
-        elif key == "picker":
-            values[key] = _text(value, f"{where}.picker")
-        elif key == "scorers":
-            entries = _list(value, f"{where}.{key}")
-            values[key] = tuple(_scorer(v, f"{where}.{key}[{i}]") for i, v in enumerate(entries))
-        else:
-            raise ConfigError(f"{where}.{key}", "unknown key (known: filters, picker, scorers)")
-    return PlanSettings(**values)
-
-
-def _list(value: Any, where: str) -> list[Any] | tuple[Any, ...]:
-    if not isinstance(value, list | tuple):
-        raise ConfigError(where, "must be a list")
-    return value
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(where, f"must be str, got {type(value).__name__}")
-    return value
-
-
-def _scorer(entry: Any, where: str) -> ScorerSettings:
-    if isinstance(entry, ScorerSettings):
-        return entry
-    if not isinstance(entry, Mapping):
-        raise ConfigError(where, "must be a table")
-    for key in entry:
-        if key not in ("type", "weight", "params"):
-            raise ConfigError(f"{where}.{key}", "unknown key (known: params, type, weight)")
-    if "type" not in entry:
-        raise ConfigError(f"{where}.type", "must name a scorer")
-    weight = entry.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
-        raise ConfigError(f"{where}.weight", f"must be a finite number, got {weight!r}")
-    params = entry.get("params", {})
-    if not isinstance(params, Mapping):
-        raise ConfigError(f"{where}.params", "must be a table")
-    return ScorerSettings(type=_text(entry["type"], f"{where}.type"), weight=float(weight), params=dict(params))
+    return from_mapping(PlanSettings, table, where)  # validated by its declaration, as every section is
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -429,7 +429,7 @@ class PickState:
     def failed(self, attempt: Attempt, *, now: float, unreached: bool = False) -> str | None:
         """Feed a replica failure to the outlier detector; the ejection reason when it ejects the replica.
 
-        ``unreached``: the connection was refused (:func:`dataplane.failover.budget.unreached`): the replica
+        ``unreached``: the connection was refused (:func:`dataplane.forward.failures.unreached`): the replica
         leaves the pick at once (:class:`dataplane.pick.unreachable.Unreachable`; reason ``unreachable``).
         """
         pool = attempt.routing.pool

@@ -1,7 +1,7 @@
 """The other regions a proxy may spill to, as its table gives them, and the pick of a replica there.
 
 :func:`remote_view` turns a table's ``spill`` routes (the control plane's
-:mod:`controlplane.regions.planner`) into :class:`RemoteView`: the targets in order
+:mod:`controlplane.tables.spill`) into :class:`RemoteView`: the targets in order
 (:class:`dataplane.regions.choice.SpillTarget`: region, weight, round trip, batch
 weight, whether the route is for batch alone) and, per
 (region, model), the ready replicas there, serving the route's default

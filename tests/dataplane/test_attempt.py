@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import tools.sim.policies
+import tools.sim.regions
 import tools.sim.tiers
 from agent.replica.engine import EngineParams
 from dataplane.attempt import AttemptLoop, Tried
@@ -98,7 +99,7 @@ def test_the_simulators_policy_has_no_retry_rule_budget_or_queue_sizing_of_its_o
 
 def test_no_simulator_sizes_tier_queues_by_itself() -> None:
     """Every simulator's tier queues come from the one sizing rule (admission.queues.sized)."""
-    for module in (tools.sim.policies, tools.sim.tiers):
+    for module in (tools.sim.policies, tools.sim.tiers, tools.sim.regions):
         tree = ast.parse(inspect.getsource(module))
         calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
                  for n in ast.walk(tree) if isinstance(n, ast.Call)}

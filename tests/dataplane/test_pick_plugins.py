@@ -57,7 +57,7 @@ def test_every_builtin_is_registered_once_with_its_kind_and_what_it_consumes() -
     ('[proxy.pick]\nscorers = [{type = "kv", params = {depth = 2}}]', "proxy.pick.scorers[0].params.depth",
      "unknown parameter (known: none)"),
     ('[proxy.pick]\nscorers = [{type = "staleness", params = {fresh_seconds = "a"}}]',
-     "proxy.pick.scorers[0].params.fresh_seconds", "must be a number"),
+     "proxy.pick.scorers[0].params.fresh_seconds", "must be a valid number"),
     ('[proxy.pick]\nscorers = [{type = "kv", wieght = 1}]', "proxy.pick.scorers[0].wieght", "unknown key"),
     ('[proxy.pick]\nscorers = []', "proxy.pick.scorers", "at least one"),
     ('[proxy.pick]\nfilters = ["room", "room"]', "proxy.pick.filters[1]", "listed twice"),

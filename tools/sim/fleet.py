@@ -5,7 +5,7 @@ replica, ``start_step(now)`` returning a duration and ``finish_step(now +
 duration)`` at the end of it), the control plane's snapshot turned into a
 proxy table by :func:`dataplane.table.local.build_table`, and the policies of
 :mod:`tools.sim.policies` (Ferry's is the proxy's :class:`dataplane.attempt.AttemptLoop`
-over its :class:`dataplane.pick.state.Picker`).
+over its :class:`dataplane.pick.state.PickState`).
 
 Events, in time order (ties in the order they were scheduled):
 

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from agent.replica.engine import Engine, EngineParams, EngineRequest
 from controlplane.config import parse_rtt
 from controlplane.regions.control import RegionSample, SpillController
-from dataplane.admission.queues import QueueParams, Shed, Ticket, TierQueues
+from dataplane.admission.queues import QueueParams, Shed, Ticket, sized
 from dataplane.regions.choice import (
     DEFAULT_HEADROOM,
     DEFAULT_QUEUE_MS,
@@ -139,7 +139,8 @@ def simulate(config: RegionsConfig) -> RegionsResult:
     names = [r.name for r in config.regions]
     slots = {r.name: r.replicas * config.engine.max_running for r in config.regions}
     engines = {r.name: [Engine(config.engine) for _ in range(r.replicas)] for r in config.regions}
-    queues = {n: TierQueues(QueueParams(), slots[n]) for n in names}
+    queues = {n: sized(None, QueueParams(), {f"{n}/{i}": config.engine.max_running for i in range(specs[n].replicas)},
+                       1.0) for n in names}
     controller = SpillController(rtt, budget_ms=config.budget_ms, headroom=config.headroom, service_ms=service_ms,
                                  step=config.step)
     busy: dict[tuple[str, int], bool] = {}

@@ -29,10 +29,10 @@ and nothing is proposed. The proposal names only the keys it changes
 (:func:`proposal_toml`, a ``[proxy]`` fragment).
 
 :data:`DEFAULT_SPACE` holds the decision's parameters
-(:class:`dataplane.config.PickSettings`, the ring's load factor of
-:class:`dataplane.config.TableSettings`, the admission's capacity share of
-:class:`dataplane.config.QueueSettings`, outlier ejection's latency factor of
-:class:`dataplane.config.OutlierSettings`), a few values each around the
+(:class:`dataplane.pick.settings.PickSettings`, the ring's load factor of
+:class:`dataplane.table.settings.TableSettings`, the admission's capacity share of
+:class:`dataplane.admission.settings.QueueSettings`, outlier ejection's latency factor of
+:class:`dataplane.pick.settings.OutlierSettings`), a few values each around the
 defaults. Cost: at most ``budget`` runs on the fit part and 2 on the
 held-out part, each about 1 ms of wall time per request
 (:mod:`tools.sim.whatif`).

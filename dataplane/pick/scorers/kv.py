@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from dataplane.pick.p2c import LocalLoad, Need
+from dataplane.pick.p2c import LocalLoad, Need, kv_use
 from dataplane.pick.plugin import Args, Kind, register
 from dataplane.table.pool import Replica
 
@@ -33,7 +33,4 @@ class Kv:
         return cls(args.weight)
 
     def score(self, replica: Replica, need: Need, load: LocalLoad, age: float) -> float:
-        if replica.kv_blocks_total <= 0:
-            return 0.0
-        left = replica.kv_blocks_free - need.blocks(replica.kv_block_tokens)
-        return min(max(1.0 - left / replica.kv_blocks_total, 0.0), 1.0)
+        return kv_use(replica, need)

@@ -1,7 +1,7 @@
 """Scorer ``load``: the share of the replica's slots taken, this proxy's in-flight requests included.
 
 ``(max(queued + running - counted, 0) x trust + inflight) / max_concurrency``
-(:func:`dataplane.pick.p2c.occupancy`): ``counted`` is the part of this
+(:func:`dataplane.table.pool.occupancy`): ``counted`` is the part of this
 proxy's in-flight the pushed load already includes, ``trust`` the share of
 the pushed load still standing at the telemetry's age
 (:class:`dataplane.pick.p2c.LocalLoad`). Default weight 1.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from dataplane.pick.p2c import LocalLoad, Need
+from dataplane.pick.p2c import LocalLoad, Need, staleness
 from dataplane.pick.plugin import Args, Kind, register
 from dataplane.table.pool import Replica
 from ferry.errors import ConfigError
@@ -41,5 +41,4 @@ class Staleness:
         return cls(args.weight, fresh, stale)
 
     def score(self, replica: Replica, need: Need, load: LocalLoad, age: float) -> float:
-        span = self.stale_seconds - self.fresh_seconds
-        return min(max((age - self.fresh_seconds) / span, 0.0), 1.0)
+        return staleness(age, self.fresh_seconds, self.stale_seconds)

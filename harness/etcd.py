@@ -6,7 +6,9 @@ folder unless one is given; a folder it made is deleted by
 :meth:`LocalEtcd.close`), started, waited for, stopped (by pid) and reported
 (:attr:`~ferry.procs.Child.pid`) as every other child of ``ferry up`` is.
 Ports are taken from the kernel (bind port 0, read it, release it) unless
-given, and kept across :meth:`LocalEtcd.restart`, so a test can kill etcd and
+given; another process may bind one before etcd does, so a first start in a
+fresh dir that fails with "address already in use" takes new ports and tries
+again (``PORT_ATTEMPTS``, 3). Ports are kept across :meth:`LocalEtcd.restart`, so a test can kill etcd and
 bring it back on the same data dir and port. Readiness is ``GET /health``
 answering ``"health": "true"``, polled every 20 ms up to a deadline; never a
 sleep.
@@ -52,6 +54,9 @@ from aetcd import rpc
 
 from ferry.procs import Child, ChildFailed, dying_with_parent, stat_fields
 
+PORT_ATTEMPTS = 3  # starts on fresh kernel-chosen ports when one was taken before etcd bound it
+PORT_TAKEN = "address already in use"
+
 
 class EtcdFailed(ChildFailed):
     """etcd is not installed, exited, or did not become healthy in time."""
@@ -95,6 +100,9 @@ class LocalEtcd(Child):
         self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="ferry-etcd-"))
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
+        # kernel-chosen ports in a fresh dir: a start that loses them to another process may take new ones
+        self._may_move = not client_port and not peer_port and data_dir is None
+        self._started = False
         self.member = name
         self.compaction_retention = compaction_retention
         self.tls_dir = Path(tls_dir) if tls_dir is not None else None
@@ -190,14 +198,24 @@ class LocalEtcd(Child):
         """Start etcd and wait until it is healthy; raises EtcdFailed with its log tail otherwise."""
         if not self.binary:
             raise EtcdFailed("no etcd binary on PATH (tools/ensure_etcd.sh installs Debian's etcd-server)")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            super().start()
-            self.wait_ready(timeout)
-        except EtcdFailed:
-            raise
-        except ChildFailed as exc:
-            raise EtcdFailed(str(exc)) from exc
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                super().start()
+                self.wait_ready(timeout)
+                break
+            except ChildFailed as exc:
+                lost = self._may_move and not self._started and PORT_TAKEN in str(exc)
+                if not lost or attempt == PORT_ATTEMPTS:
+                    if isinstance(exc, EtcdFailed):
+                        raise
+                    raise EtcdFailed(str(exc)) from exc
+                # another process bound a port between free_port() and etcd's listen: new ports, a clean dir
+                self.stop()
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+                self.log_path.unlink(missing_ok=True)
+                self.client_port, self.peer_port = free_port(), free_port()
+        self._started = True
         return self
 
     def healthy(self, timeout: float = 1.0) -> bool:

@@ -22,7 +22,7 @@ A stream cut after output is continued through the same
 
 The loop holds no I/O. What it reads and tells is injected: the clock, the
 admission gate (:class:`Gate`: :class:`dataplane.admission.gate.Admission` at
-the proxy, the simulator's tier queues in virtual time) and the records
+the proxy and in the fleet simulator, where virtual time drives it) and the records
 (:class:`Records`: the proxy's metrics through :class:`MetricRecords`, nothing in
 the simulator). The forward itself is the driver's: the proxy's relay
 (:meth:`dataplane.router.Router.infer`, ``stream``), the endpoint picker's

@@ -7,12 +7,16 @@ dispatches; default 1.0 for one proxy), with the reserved shares of the
 table's ``tier_quotas`` (set by the control plane; the proxy's
 ``tier_reserved`` setting until a table carries them). Per request:
 
-1. :meth:`Admission.acquire` offers the ticket (a refusal raises
-   :class:`dataplane.admission.queues.Shed`: RESOURCE_EXHAUSTED with ``retry-after``),
-   then waits until :meth:`TierQueues.dispatch` starts it, at most the
-   tier's queue timeout and never past the request's deadline less 50 ms
-   (then it is refused with reason ``timeout`` and a retry-after: no request
-   waits past its deadline without an answer);
+1. :meth:`Admission.acquire` offers the ticket (:meth:`Admission.offer`: a
+   refusal raises :class:`dataplane.admission.queues.Shed`: RESOURCE_EXHAUSTED
+   with ``retry-after``), then waits until :meth:`TierQueues.dispatch` starts
+   it, at most :meth:`Admission.wait_limit`: the tier's queue timeout and never
+   past the request's deadline less 50 ms (then :meth:`Admission.expire` refuses
+   it with reason ``timeout`` and a retry-after: no request waits past its
+   deadline without an answer). The waiting is the caller's: an asyncio future
+   here; the fleet simulator (:class:`tools.sim.policies.Ferry`) drives the same
+   object in virtual time, starting what :meth:`Admission.offer` and
+   :meth:`Admission.release` return and expiring a wait at its limit;
 2. :meth:`Admission.preemptible` runs the forward of a unary batch or
    standard request as a task that a preemption cancels (the replica call is cancelled); the
    ticket goes back to the head of its queue and the caller waits again
@@ -60,7 +64,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -77,6 +81,14 @@ from ferry.metrics import LATENCY_BUCKETS, BoundedLabel, name
 R = TypeVar("R")
 log = logging.getLogger("ferry.proxy")
 ANSWER_MARGIN = 0.05  # seconds before the deadline a waiting request is refused, so the answer arrives in time
+
+
+class Offered(NamedTuple):
+    """What an offer did (:meth:`Admission.offer`): the tickets started now (the offered one among them when it runs
+    at once) and those it evicted from their queues (refused)."""
+
+    started: list[Ticket]
+    evicted: list[Ticket]
 
 
 class Preempted(FerryError):
@@ -190,19 +202,23 @@ class Admission:
         self._started: dict[Ticket, float] = {}
         self._shards: dict[str, Shards] = {}  # per model, the shards last reported
         self._shown: dict[str, tuple[tuple[int, int, int], ...]] = {}  # per model, the gauges' last values
+        self._tier_gauges: dict[str, tuple[tuple[Gauge, Gauge, Gauge], ...]] = {}  # per model and tier, the children
 
-    def apply(self, table: Table) -> None:
-        """Size each model's queues from ``table``'s routable replicas; take its reserved shares when it has them."""
+    def apply(self, table: Table) -> list[Ticket]:
+        """Size each model's queues from ``table``'s routable replicas; take its reserved shares when it has them.
+        The tickets started by a capacity that grew."""
         if table.tier_quotas:
             reserved = {q.tier: q.reserved_share for q in table.tier_quotas}
             self.params = dataclasses.replace(self.params, reserved={t: reserved.get(t, 0.0) for t in TIERS})
             for held in self.models.values():
                 held.reserved = dict(self.params.reserved)
+        started: list[Ticket] = []
         for model, entry in table.models.items():
             queues = self.models[model] = sized(self.models.get(model), self.params, targets(entry),
                                                          self.capacity_share)
             self.metrics.interactive_replicas.labels(model).set(len(queues.placement.kept))
-            self._pump(model)
+            started += self._pump(model)
+        return started
 
     def reconfigure(self, params: QueueParams, capacity_share: float, table: Table | None) -> None:
         """New bounds, timeouts, headroom, tenant ceiling and capacity share (a router config), every queue kept.
@@ -238,35 +254,59 @@ class Admission:
             return None
         return local_queue(queues, self._clock())
 
-    async def acquire(self, model: str, ticket: Ticket) -> None:
-        """Wait until ``ticket`` is dispatched; raises Shed when refused, evicted or timed out."""
+    def offer(self, model: str, ticket: Ticket) -> Offered:
+        """Queue a new ``ticket`` and dispatch what fits; raises :class:`Shed` when refused. The tickets it evicts
+        are refused (their waits end with :class:`Shed`, reason ``evicted``)."""
         queues = self.models[model]
         now = self._clock()
-        if ticket.state == "new":
-            try:
-                evicted = queues.offer(ticket, now)
-            except Shed as shed:
-                self._shed(model, ticket, shed.reason)
-                raise
-            self.metrics.tenant_queued.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
-            for victim in evicted:
-                self._shed(model, victim, EVICTED)
-                waiter = self._waiters.get(victim)
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(Shed(victim.tier, EVICTED, queues.retry_after(victim.tier, now)))
-            self._started[ticket] = now
+        try:
+            evicted = queues.offer(ticket, now)
+        except Shed as shed:
+            self._shed(model, ticket, shed.reason)
+            raise
+        self.metrics.tenant_queued.labels(ticket.tier, self.metrics.tenant(ticket.tenant)).inc()
+        for victim in evicted:
+            self._shed(model, victim, EVICTED)
+            self._started.pop(victim, None)
+            waiter = self._waiters.get(victim)
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(Shed(victim.tier, EVICTED, queues.retry_after(victim.tier, now)))
+        self._started[ticket] = now
+        return Offered(self._pump(model), evicted)
+
+    def wait_limit(self, ticket: Ticket) -> float:
+        """Seconds ``ticket`` may wait for dispatch from now: its tier's queue timeout, never past its deadline less
+        :data:`ANSWER_MARGIN` (at least 0)."""
+        return max(min(self.params.timeouts[ticket.tier], ticket.deadline - self._clock() - ANSWER_MARGIN), 0.0)
+
+    def expire(self, model: str, ticket: Ticket) -> bool:
+        """``ticket``'s wait is over (:meth:`wait_limit`): if still queued, out of its queue and counted shed with
+        reason ``timeout``; whether it was."""
+        if ticket.state != "queued":
+            return False
+        self.models[model].cancel(ticket)
+        self._started.pop(ticket, None)
+        self._shed(model, ticket, TIMEOUT)
+        self._gauges(model)
+        return True
+
+    async def acquire(self, model: str, ticket: Ticket) -> None:
+        """Wait until ``ticket`` is dispatched (:meth:`offer` when new, then at most :meth:`wait_limit`); raises
+        Shed when refused, evicted or timed out."""
+        queues = self.models[model]
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = future
-        self._pump(model)
         try:
+            if ticket.state == "new":
+                self.offer(model, ticket)
+            else:
+                self._pump(model)
             if ticket.state != "running":
-                timeout = min(self.params.timeouts[ticket.tier], ticket.deadline - now - ANSWER_MARGIN)
-                await asyncio.wait((future,), timeout=max(timeout, 0.0))
+                await asyncio.wait((future,), timeout=self.wait_limit(ticket))
             if ticket.state != "running":
                 if future.done() and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]
-                queues.cancel(ticket)
-                self._shed(model, ticket, TIMEOUT)
+                self.expire(model, ticket)
                 raise Shed(ticket.tier, TIMEOUT, queues.retry_after(ticket.tier, self._clock()))
         except asyncio.CancelledError:
             queues.cancel(ticket)
@@ -338,24 +378,27 @@ class Admission:
         if freed:
             self._pump(model)
 
-    def release(self, model: str, ticket: Ticket) -> None:
-        """``ticket`` ended (answered, failed or cancelled): free its slot and dispatch."""
+    def release(self, model: str, ticket: Ticket) -> list[Ticket]:
+        """``ticket`` ended (answered, failed or cancelled): free its slot and dispatch; the tickets started."""
         queues = self.models.get(model)
         if queues is None:
-            return
+            return []
         queues.cancel(ticket)
         queues.finish(ticket)
         self._started.pop(ticket, None)
-        self._pump(model)
+        return self._pump(model)
 
-    def _pump(self, model: str) -> None:
-        """Dispatch what fits, then preempt what a higher tier needs; again while a preempted stream freed a slot."""
+    def _pump(self, model: str) -> list[Ticket]:
+        """Dispatch what fits, then preempt what a higher tier needs; again while a preempted stream freed a slot.
+        The tickets started (their waits end)."""
         queues = self.models[model]
+        started: list[Ticket] = []
         freed, rounds = True, max(queues.capacity, 0) + 1  # each round parks at least one running stream
         while freed and rounds:
             rounds -= 1
             now = self._clock()
             for ticket in queues.dispatch(now):
+                started.append(ticket)
                 waited = now - self._started.get(ticket, now)
                 self.metrics.admitted.labels(model, ticket.tier).inc()
                 self.metrics.wait.labels(model, ticket.tier).observe(waited)
@@ -373,6 +416,7 @@ class Admission:
                 else:
                     ticket.state = "running"  # not preemptible (not yet forwarding): let it run
         self._gauges(model)
+        return started
 
     def _shed(self, model: str, ticket: Ticket, reason: str) -> None:
         self.metrics.shed.labels(model, ticket.tier, reason).inc()
@@ -392,9 +436,15 @@ class Admission:
         if shown == before:  # per request: set the gauges only when a value moved
             return
         self._shown[model] = shown
-        for i, (tier, (depth, quota, lent)) in enumerate(zip(TIERS, shown, strict=True)):
-            self.metrics.depth.labels(model, tier).set(depth)
-            self.metrics.quota.labels(model, tier).set(quota)
-            self.metrics.lent.labels(model, tier).set(lent)
-            if before is not None and lent < before[i][2]:  # its demand rose: lent reserve taken back
-                self.metrics.reclaimed.labels(model, tier).inc(before[i][2] - lent)
+        gauges = self._tier_gauges.get(model)
+        if gauges is None:  # each child looked up once: labels() is most of a gauge's cost
+            gauges = self._tier_gauges[model] = tuple(
+                (self.metrics.depth.labels(model, t), self.metrics.quota.labels(model, t),
+                 self.metrics.lent.labels(model, t)) for t in TIERS)
+        for i, (tier, values, children) in enumerate(zip(TIERS, shown, gauges, strict=True)):
+            old = before[i] if before is not None else (-1, -1, -1)
+            for value, was, child in zip(values, old, children, strict=True):
+                if value != was:
+                    child.set(value)
+            if before is not None and values[2] < old[2]:  # its demand rose: lent reserve taken back
+                self.metrics.reclaimed.labels(model, tier).inc(old[2] - values[2])

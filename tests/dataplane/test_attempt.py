@@ -1,7 +1,9 @@
 """One attempt loop (dataplane.attempt.AttemptLoop): the proxy, the endpoint picker and the simulator drive it.
 
 A spy on the loop's class sees each of them decide, send and (the simulator, on an engine's refusal) ask the
-retry rule through it, and nothing else retries in the simulator's policy."""
+retry rule through it, and nothing else retries in the simulator's policy. A spy on the admission gate's class
+(dataplane.admission.gate.Admission) sees the proxy and the simulator offer, release and expire through it, and
+the simulator's policy has no queue logic of its own."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import tools.sim.policies
 import tools.sim.regions
 import tools.sim.tiers
 from agent.replica.engine import EngineParams
+from dataplane.admission.gate import Admission, Offered
+from dataplane.admission.queues import Shed, Ticket
 from dataplane.attempt import AttemptLoop, Tried
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import Decision
@@ -86,21 +90,78 @@ def test_the_simulator_drives_the_same_attempt_loop_and_retries_through_it(spy) 
     assert spy["retry", "chat"] > 0  # every refusal went through the loop's rule and budget
 
 
-def test_the_simulators_policy_has_no_retry_rule_budget_or_queue_sizing_of_its_own() -> None:
-    """What the policy module may name: the loop and the gate's sizing, not the rule, the budget or the capacity."""
+@pytest.fixture
+def gate_spy(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts every offer (``shed``: those refused), release and expiry (``expired``: those that refused a waiting
+    ticket) on any Admission."""
+    calls: Counter[str] = Counter()
+    real_offer, real_release, real_expire = Admission.offer, Admission.release, Admission.expire
+
+    def offer(self: Admission, model: str, ticket: Ticket) -> Offered:
+        calls["offer"] += 1
+        try:
+            return real_offer(self, model, ticket)
+        except Shed:
+            calls["shed"] += 1
+            raise
+
+    def release(self: Admission, model: str, ticket: Ticket) -> list[Ticket]:
+        calls["release"] += 1
+        return real_release(self, model, ticket)
+
+    def expire(self: Admission, model: str, ticket: Ticket) -> bool:
+        expired = real_expire(self, model, ticket)
+        calls["expired"] += expired
+        return expired
+
+    monkeypatch.setattr(Admission, "offer", offer)
+    monkeypatch.setattr(Admission, "release", release)
+    monkeypatch.setattr(Admission, "expire", expire)
+    return calls
+
+
+async def test_the_proxy_admits_through_the_gate(rig, gate_spy) -> None:
+    r = await rig({"r1": Behaviour(), "r2": Behaviour()})
+    await r.stub.Infer(request(), metadata=PAID, timeout=5)
+    assert r.proxy is not None and r.proxy.router.loop.gate is r.proxy.router.admission
+    assert (gate_spy["offer"], gate_spy["release"]) == (1, 1)
+
+
+def test_the_simulator_admits_through_the_same_gate_and_its_waits_expire_there(gate_spy) -> None:
+    """Two replicas of two slots, twenty requests within 20 ms and a 50 ms queue timeout: four start; the gate
+    refuses the others at once (their expected wait is longer than the timeout) but one, which waits and is
+    refused by the gate's expiry at its limit; every refusal is the gate's, every start gives its slot back."""
+    settings = ProxySettings.from_section({"queue_timeouts": [0.05, 0.05, 0.05]})
+    engine = EngineParams(max_running=2, kv_blocks_total=256, prefix_cache_blocks=256)
+    requests = [SimRequest(i, 0.001 * i, 100, 50, (20_000 + i,)) for i in range(20)]
+    fleet = Fleet(FleetConfig(replicas=2, proxies=1, engine=engine), lambda p, rng: Ferry(rng, settings), requests)
+    result = fleet.run()
+    (policy,) = fleet.policies
+    assert isinstance(policy, Ferry) and policy.loop.gate is policy.admission
+    rejected = sum(s.rejected for s in result.served)
+    assert gate_spy["offer"] == len(requests)
+    assert gate_spy["expired"] >= 1 and gate_spy["shed"] + gate_spy["expired"] == rejected <= len(requests) - 4
+    assert gate_spy["release"] == len(requests) - rejected  # every started request gave its slot back
+
+
+def test_the_simulators_policy_has_no_retry_rule_budget_or_queue_logic_of_its_own() -> None:
+    """What the policy module may name: the loop and the gate, not the rule, the budget, the capacity or the
+    queues' own operations (offer, dispatch, timeouts are the gate's)."""
     tree = ast.parse(inspect.getsource(tools.sim.policies))
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
         n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert not {"retry_reason", "charged", "try_spend", "budget", "max_attempts", "retry_tiers", "Ask",
-                "max_concurrency"} & (names | imported)
-    assert {"AttemptLoop", "sized", "targets"} <= imported
+                "max_concurrency", "TierQueues", "sized", "targets", "dispatch", "finish", "cancel",
+                "queue_timeouts", "timeouts", "local_queue"} & (names | imported)
+    assert {"AttemptLoop", "Admission"} <= imported
 
 
 def test_no_simulator_sizes_tier_queues_by_itself() -> None:
-    """Every simulator's tier queues come from the one sizing rule (admission.queues.sized)."""
+    """Every simulator's tier queues come from the one sizing rule (admission.queues.sized), the fleet
+    simulator's through the proxy's gate itself."""
     for module in (tools.sim.policies, tools.sim.tiers, tools.sim.regions):
         tree = ast.parse(inspect.getsource(module))
         calls = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
                  for n in ast.walk(tree) if isinstance(n, ast.Call)}
-        assert "sized" in calls and not {"TierQueues", "set_replicas"} & calls, module.__name__
+        assert {"sized", "Admission"} & calls and not {"TierQueues", "set_replicas"} & calls, module.__name__

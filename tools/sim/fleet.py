@@ -10,11 +10,12 @@ over its :class:`dataplane.pick.state.PickState`).
 Events, in time order (ties in the order they were scheduled):
 
 - **arrival**: the request goes to a proxy drawn at random (clients spread
-  over the proxies), whose policy admits it (Ferry's: the proxy's tier
-  queues, :class:`dataplane.admission.queues.TierQueues`, sized from the table as the
-  proxy sizes them: a request waits there while every slot this proxy
-  dispatches into is taken, and one still waiting at its tier's queue
-  timeout is refused, a **timeout** event) and, once it may start, picks a
+  over the proxies), whose policy admits it (Ferry's: the proxy's admission
+  gate, :class:`dataplane.admission.gate.Admission`, its tier queues sized from
+  every table (a grown capacity starts waiting requests at the **table tick**): a
+  request waits there while every slot this proxy dispatches into is taken,
+  and one still waiting at the gate's wait limit is refused, a **timeout**
+  event) and, once it may start, picks a
   replica with that proxy's table
   (none: the request is refused, as the proxy would refuse it, e.g. longer
   than every replica's context); the engine queues it; a refusal by the
@@ -162,7 +163,7 @@ class Fleet:
                             params=self.config.table or TableParams(load_factor=self.config.load_factor))
         self.tables = [table] * self.config.proxies
         for policy in self.policies:
-            policy.apply(table)
+            self._settle(policy.apply(table), ())
 
     def _telemetry(self, i: int) -> None:
         load = self.engines[i].load()

@@ -17,12 +17,14 @@ stale as the refresh makes it) and what it sent itself.
   and budget (:meth:`dataplane.attempt.AttemptLoop.retry`): a request the
   replica refuses is retried as the router retries it; one the decision
   cannot place (longer than every context) is refused, as the proxy refuses
-  it. Admission is the proxy's tier queues
-  (:class:`dataplane.admission.queues.TierQueues`, sized from every table by
-  :func:`dataplane.admission.queues.sized`, as the proxy's gate sizes them; their
-  avoid set goes into the decision through the loop); a request's tier is its ``tier`` (interactive unless
-  the workload says otherwise: recorded traffic does), which picks its queue,
-  queue timeout and whether it is retried. No preemption of lower tiers.
+  it. Admission is the proxy's gate, the same object
+  (:class:`dataplane.admission.gate.Admission`: tier queues sized from every
+  table, offer, dispatch, the wait's limit and its expiry; their avoid set goes
+  into the decision through the loop); a request's tier is its ``tier``
+  (interactive unless the workload says otherwise: recorded traffic does),
+  which picks its queue, queue timeout and whether it is retried. No preemption
+  of lower tiers (its tickets are not preemptible: a simulated request is not
+  cancelled and requeued; the tier simulator, :mod:`tools.sim.tiers`, covers that).
 - ``round_robin``: each proxy cycles over the replicas from its own offset.
 - ``random``: uniform.
 - ``least_loaded``: fewest queued + running in the pushed telemetry, ties at
@@ -52,17 +54,18 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Protocol
 
-from dataplane.admission.queues import Shed, Ticket, TierQueues, sized, targets
+from prometheus_client import CollectorRegistry
+
+from dataplane.admission.gate import Admission
+from dataplane.admission.queues import Shed, Ticket
 from dataplane.attempt import AttemptLoop, Tries
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import LocalLoad
 from dataplane.pick.state import Attempt, PickState
-from dataplane.regions.choice import LocalQueue, local_queue
 from dataplane.table.local import Pool, Table
-from ferry.config import TIERS
 from ferry.errors import ReplicaFailed
 from ferry.tokens import BLOCK_TOKENS
 from tools.sim.radix import ApproxTree
@@ -74,8 +77,8 @@ MODEL = "chat"
 class ProxyPolicy(Protocol):
     """What the simulator asks of one proxy's policy."""
 
-    def apply(self, table: Table) -> None:
-        """A new table was applied (every tick)."""
+    def apply(self, table: Table) -> list[int]:
+        """A new table was applied (every tick): indexes of requests that may start now (the queues grew)."""
 
     def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:
         """(replica id or None: refused, branch label) for ``req`` at virtual time ``now``, off ``tried``."""
@@ -112,8 +115,8 @@ def _pool(table: Table) -> Pool:
 class Baseline:
     """What a baseline does with the feedback it ignores: nothing (no retries, no table state)."""
 
-    def apply(self, table: Table) -> None:
-        pass
+    def apply(self, table: Table) -> list[int]:
+        return []
 
     def first(self, req: SimRequest, replica_id: str, now: float) -> None:
         pass
@@ -140,32 +143,13 @@ class Baseline:
         return False
 
 
-class _Queues:
-    """The proxy's tier queues in virtual time, as the attempt loop's gate (:class:`dataplane.attempt.Gate`).
-
-    No preemption of lower tiers here: a request placed on a full replica makes no room."""
-
-    def __init__(self, ferry: Ferry) -> None:
-        self._ferry = ferry
-
-    def avoid(self, model: str, ticket: Ticket, inflight: Mapping[str, int]) -> frozenset[str]:
-        queues = self._ferry.queues
-        return queues.avoid(ticket, inflight) if queues is not None else frozenset()
-
-    def local_queue(self, model: str) -> LocalQueue | None:
-        queues = self._ferry.queues
-        return local_queue(queues, self._ferry.now) if queues is not None and queues.capacity > 0 else None
-
-    def placed(self, model: str, ticket: Ticket, replica: str, inflight: int, slots: int) -> None:
-        pass
-
-
 class Ferry:
-    """The proxy's attempt loop (:class:`dataplane.attempt.AttemptLoop`) driven in virtual time (module docstring).
+    """The proxy's attempt loop (:class:`dataplane.attempt.AttemptLoop`) and admission gate
+    (:class:`dataplane.admission.gate.Admission`) driven in virtual time (module docstring).
 
     What is the simulator's own: the clock (the event's time), the engines' answers turned into the loop's calls,
-    and the tier queues' tickets; deciding, recording, the retry rule and budget are the loop's, and the queues
-    are sized by :func:`dataplane.admission.queues.sized`."""
+    and which simulated request holds which ticket; offering, dispatching, the wait's limit and its expiry are
+    the gate's, deciding, recording, the retry rule and budget the loop's."""
 
     def __init__(self, rng: random.Random, settings: ProxySettings | None = None) -> None:
         self.settings = settings or ProxySettings()
@@ -173,59 +157,62 @@ class Ferry:
         self.picker = PickState.from_settings(s.pick, rng, region=s.region, regions=s.regions,
                                            capacity_share=s.queues.admission_capacity_share, outliers=s.outliers,
                                            retries=s.retries)
-        self.now = 0.0  # the virtual time of the event being handled: the loop's clock
-        self.loop = AttemptLoop(self.picker, s.retries, clock=lambda: self.now, gate=_Queues(self))
+        self.now = 0.0  # the virtual time of the event being handled: the loop's and the gate's clock
+        self.admission = Admission(s.queues.queue_params(), clock=lambda: self.now, registry=CollectorRegistry(),
+                                   capacity_share=s.queues.admission_capacity_share)
+        self.loop = AttemptLoop(self.picker, s.retries, clock=lambda: self.now, gate=self.admission)
         self._tries: dict[int, Tries] = {}
         self._attempts: dict[int, Attempt] = {}
-        self.queues: TierQueues | None = None  # the proxy's tier queues, sized from each table
         self._tickets: dict[int, Ticket] = {}
         self._by_ticket: dict[Ticket, int] = {}
 
-    def apply(self, table: Table) -> None:
+    def apply(self, table: Table) -> list[int]:
+        self.now = table.applied_at
         self.picker.apply_table(table)
-        if self.settings.queues.admission:
-            self.queues = sized(self.queues, self.settings.queues.queue_params(), targets(table.models.get(MODEL)),
-                                self.settings.queues.admission_capacity_share)
+        return self._indices(self.admission.apply(table)) if self.settings.queues.admission else []
 
     def admit(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
-        queues = self.queues
-        if queues is None or queues.capacity <= 0:
+        self.now = now
+        if not self.admission.active(MODEL):
             return [req.index], []
+        # not preemptible: a simulated request is not cancelled and requeued (the tier simulator covers that)
         ticket = Ticket(tenant=req.tenant, plan="enterprise", tier=req.tier, cost=req.prompt_tokens + req.max_tokens,
-                        deadline=now + self.settings.server.default_deadline_seconds)
-        try:
-            evicted = queues.offer(ticket, now)
-        except Shed:
-            return [], [req.index]
-        refused = [self._by_ticket.pop(victim) for victim in evicted if victim in self._by_ticket]
-        for index in refused:
-            self._tickets.pop(index, None)
+                        deadline=now + self.settings.server.default_deadline_seconds, preemptible=False)
         self._tickets[req.index], self._by_ticket[ticket] = ticket, req.index
-        start, later = self._dispatch(now)
-        return start, refused + later
+        try:
+            offered = self.admission.offer(MODEL, ticket)
+        except Shed:
+            self._drop(ticket)
+            return [], [req.index]
+        refused = [self._drop(victim) for victim in offered.evicted if victim in self._by_ticket]
+        return self._indices(offered.started), refused
 
-    def _dispatch(self, now: float) -> tuple[list[int], list[int]]:
-        assert self.queues is not None
-        return [self._by_ticket[t] for t in self.queues.dispatch(now) if t in self._by_ticket], []
+    def _indices(self, started: list[Ticket]) -> list[int]:
+        return [self._by_ticket[t] for t in started if t in self._by_ticket]
+
+    def _drop(self, ticket: Ticket) -> int:
+        index = self._by_ticket.pop(ticket)
+        self._tickets.pop(index, None)
+        return index
 
     def release(self, req: SimRequest, now: float) -> tuple[list[int], list[int]]:
-        ticket = self._tickets.pop(req.index, None)
-        if ticket is None or self.queues is None:
+        self.now = now
+        ticket = self._tickets.get(req.index)
+        if ticket is None:
             return [], []
-        self._by_ticket.pop(ticket, None)
-        self.queues.finish(ticket)
-        return self._dispatch(now)
+        self._drop(ticket)
+        return self._indices(self.admission.release(MODEL, ticket)), []
 
     def wait_limit(self, req: SimRequest) -> float | None:
-        return self.settings.queues.queue_timeouts[TIERS.index(req.tier)] if self.queues is not None else None
+        ticket = self._tickets.get(req.index)
+        return self.admission.wait_limit(ticket) if ticket is not None else None
 
     def expire(self, req: SimRequest, now: float) -> bool:
+        self.now = now
         ticket = self._tickets.get(req.index)
-        if ticket is None or ticket.state != "queued" or self.queues is None:
+        if ticket is None or not self.admission.expire(MODEL, ticket):
             return False
-        self.queues.cancel(ticket)
-        del self._tickets[req.index]
-        self._by_ticket.pop(ticket, None)
+        self._drop(ticket)
         return True
 
     def pick(self, table: Table, req: SimRequest, now: float, tried: tuple[str, ...] = ()) -> tuple[str | None, str]:

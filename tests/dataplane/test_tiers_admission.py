@@ -170,6 +170,41 @@ def test_table_tier_quotas_are_validated_and_applied(quotas: list[tuple[str, flo
     assert adm.models["chat"].reserved == expect
 
 
+def _sized(concurrency: int) -> tables_pb2.TableSnapshot:
+    snapshot = _snapshot([])
+    for replica in snapshot.models[0].replicas:
+        replica.max_concurrency = concurrency
+    return snapshot
+
+
+def test_the_admit_step_without_a_loop_offer_release_a_grown_table_and_expiry() -> None:
+    """The gate driven as the fleet simulator drives it, no asyncio: what starts is returned by offer, release
+    and apply (a capacity that grew), a wait's limit is the tier's timeout or the deadline less the margin, and an
+    expired wait is refused once, counted shed with reason timeout."""
+    clock, registry = Clock(), CollectorRegistry()
+    adm = Admission(QueueParams(timeouts={"interactive": 2.0, "standard": 10.0, "batch": 60.0}), clock=clock,
+                    registry=registry)
+    assert adm.apply(build_table(_sized(1), region="local", applied_at=0.0)) == []  # two replicas: two slots
+    first, second = _t("standard"), _t("standard")
+    assert adm.offer("chat", first) == ([first], []) and adm.offer("chat", second) == ([second], [])
+    third, fourth = _t("standard"), _t("interactive", deadline=0.5)
+    assert adm.offer("chat", third).started == [] and adm.offer("chat", fourth).started == []
+    assert third.state == fourth.state == "queued"
+    assert adm.wait_limit(third) == 10.0 and adm.wait_limit(fourth) == pytest.approx(0.45)
+    assert adm.release("chat", first) == [fourth]  # interactive first
+    assert adm.apply(build_table(_sized(2), region="local", applied_at=1.0)) == [third]  # four slots now
+    assert third.state == "running"
+    waiting = [_t("batch") for _ in range(4)]
+    for ticket in waiting:
+        adm.offer("chat", ticket)
+    late = next(t for t in waiting if t.state == "queued")
+    clock.now = 60.0
+    assert adm.expire("chat", late) and late.state == "done"
+    assert not adm.expire("chat", late) and not adm.expire("chat", third)  # once; never a running ticket
+    assert registry.get_sample_value("ferry_proxy_shed_total", {"model": "chat", "tier": "batch",
+                                                                "reason": "timeout"}) == 1
+
+
 @pytest.mark.parametrize(
     ("limit", "seen", "expected"),
     [

@@ -1,4 +1,4 @@
-"""Admission at the proxy: the asyncio edge around the pure tier queues of :mod:`dataplane.admission.queues`.
+"""The admit step and its asyncio wait at the proxy, over the tier queues of :mod:`dataplane.admission.queues`.
 
 :class:`Admission` keeps one :class:`dataplane.admission.queues.TierQueues` per model,
 sized from each applied table (capacity = the sum of the routable replicas'
@@ -15,8 +15,9 @@ table's ``tier_quotas`` (set by the control plane; the proxy's
    it with reason ``timeout`` and a retry-after: no request waits past its
    deadline without an answer). The waiting is the caller's: an asyncio future
    here; the fleet simulator (:class:`tools.sim.policies.Ferry`) drives the same
-   object in virtual time, starting what :meth:`Admission.offer` and
-   :meth:`Admission.release` return and expiring a wait at its limit;
+   object in virtual time, starting what :meth:`Admission.offer`,
+   :meth:`Admission.release` and :meth:`Admission.apply` return and expiring a
+   wait at its limit;
 2. :meth:`Admission.preemptible` runs the forward of a unary batch or
    standard request as a task that a preemption cancels (the replica call is cancelled); the
    ticket goes back to the head of its queue and the caller waits again
@@ -306,7 +307,8 @@ class Admission:
             if ticket.state != "running":
                 if future.done() and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]
-                self.expire(model, ticket)
+                if not self.expire(model, ticket):  # no longer queued, yet not started: still a refusal
+                    self._shed(model, ticket, TIMEOUT)
                 raise Shed(ticket.tier, TIMEOUT, queues.retry_after(ticket.tier, self._clock()))
         except asyncio.CancelledError:
             queues.cancel(ticket)

@@ -184,7 +184,11 @@ class TierQueues:
         return retry_after(self.depth(tier), self.drain[tier].rate(now), self.params.timeouts[tier])
 
     def offer(self, ticket: Ticket, now: float) -> list[Ticket]:
-        """Queue ``ticket``; returns the tickets evicted for it; raises Shed when refused."""
+        """Queue ``ticket``; returns the tickets evicted for it; raises Shed when refused (then nothing is evicted).
+
+        In a full tier the tenant waiting most there (two more than the newcomer's) gives way; over the total
+        bound the least entitled waiting ticket does. One eviction makes room either way: a newcomer that took
+        an evicted ticket's place never grows the total, even above a bound lowered since they queued."""
         tier, params = ticket.tier, self.params
         queue = self._queues[tier]
         weight = PLAN_WEIGHT.get(ticket.plan, 1.0)
@@ -199,7 +203,7 @@ class TierQueues:
                 self.cancel(victim)
                 evicted.append(victim)
                 reason = None
-        if reason is None and self.queued() >= params.max_queued:
+        if reason is None and not evicted and self.queued() >= params.max_queued:  # one out, one in: no growth
             victim = self._victim(ticket)
             if victim is None:
                 reason = QUEUE_FULL
@@ -467,7 +471,8 @@ def sized(queues: TierQueues | None, params: QueueParams, replicas: Mapping[str,
 
     Capacity = the sum of the targets x ``capacity_share``, rounded down; each replica's target goes to the
     queues' placement. ``queues`` None: new queues with ``params``. The one sizing rule, shared by
-    :class:`dataplane.admission.gate.Admission` and the simulators (:mod:`tools.sim.policies`, :mod:`tools.sim.tiers`).
+    :class:`dataplane.admission.gate.Admission` (the proxy's and the fleet simulator's) and the tier and regions
+    simulators (:mod:`tools.sim.tiers`, :mod:`tools.sim.regions`).
     """
     capacity = int(sum(replicas.values()) * capacity_share)
     if queues is None:

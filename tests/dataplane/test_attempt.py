@@ -2,14 +2,16 @@
 
 A spy on the loop's class sees each of them decide, send and (the simulator, on an engine's refusal) ask the
 retry rule through it, and nothing else retries in the simulator's policy. A spy on the admission gate's class
-(dataplane.admission.gate.Admission) sees the proxy and the simulator offer, release and expire through it, and
-the simulator's policy has no queue logic of its own."""
+(dataplane.admission.gate.Admission) sees the proxy offer and release through it and the simulator offer, release
+and expire through it (and start what it dispatches at a table tick); the simulator's policy has no queue logic of
+its own."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import random
 from collections import Counter
 from typing import Any
 
@@ -25,6 +27,7 @@ from dataplane.attempt import AttemptLoop, Tried
 from dataplane.config import ProxySettings
 from dataplane.pick.p2c import Decision
 from dataplane.pick.state import Attempt
+from dataplane.table.local import Table
 from ferry.errors import FerryError
 from tests.dataplane.conftest import PAID, request
 from tests.dataplane.fakes import Behaviour
@@ -129,7 +132,7 @@ async def test_the_proxy_admits_through_the_gate(rig, gate_spy) -> None:
 
 def test_the_simulator_admits_through_the_same_gate_and_its_waits_expire_there(gate_spy) -> None:
     """Two replicas of two slots, twenty requests within 20 ms and a 50 ms queue timeout: four start; the gate
-    refuses the others at once (their expected wait is longer than the timeout) but one, which waits and is
+    refuses most others at once (their expected wait is longer than the timeout), and at least one waits and is
     refused by the gate's expiry at its limit; every refusal is the gate's, every start gives its slot back."""
     settings = ProxySettings.from_section({"queue_timeouts": [0.05, 0.05, 0.05]})
     engine = EngineParams(max_running=2, kv_blocks_total=256, prefix_cache_blocks=256)
@@ -142,6 +145,33 @@ def test_the_simulator_admits_through_the_same_gate_and_its_waits_expire_there(g
     assert gate_spy["offer"] == len(requests)
     assert gate_spy["expired"] >= 1 and gate_spy["shed"] + gate_spy["expired"] == rejected <= len(requests) - 4
     assert gate_spy["release"] == len(requests) - rejected  # every started request gave its slot back
+
+
+def test_the_fleet_starts_what_a_grown_gate_dispatches_at_the_table_tick() -> None:
+    """One slot of four at first (a capacity share of 0.25); at the first table tick (0.5 s) the share becomes 1.0:
+    the waiting requests start at that tick, while the first is still running, not when it ends."""
+    settings = ProxySettings.from_section({"admission_capacity_share": 0.25, "queue_timeouts": [30.0, 30.0, 30.0]})
+
+    def grown(proxy: int, rng: random.Random) -> Ferry:
+        policy = Ferry(rng, settings)
+        apply = policy.apply
+
+        def apply_grown(table: Table) -> list[int]:
+            if table.applied_at > 0:
+                policy.admission.capacity_share = 1.0
+            return apply(table)
+
+        policy.apply = apply_grown  # type: ignore[method-assign]
+        return policy
+
+    engine = EngineParams(max_running=2, kv_blocks_total=256, prefix_cache_blocks=256)
+    requests = [SimRequest(i, 0.001 * i, 100, 400, (30_000 + i,)) for i in range(4)]
+    result = Fleet(FleetConfig(replicas=2, proxies=1, engine=engine), grown, requests).run()
+    first, *waited = result.served
+    assert not any(s.rejected for s in result.served) and first.e2e is not None and first.e2e > 0.6
+    for served, req in zip(waited, requests[1:], strict=True):
+        assert served.ttft is not None
+        assert 0.5 <= req.arrival + served.ttft < first.e2e  # started at the tick, before the first ended
 
 
 def test_the_simulators_policy_has_no_retry_rule_budget_or_queue_logic_of_its_own() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -198,11 +199,49 @@ def test_the_admit_step_without_a_loop_offer_release_a_grown_table_and_expiry() 
     for ticket in waiting:
         adm.offer("chat", ticket)
     late = next(t for t in waiting if t.state == "queued")
+    depth = adm.models["chat"].depth("batch")
     clock.now = 60.0
-    assert adm.expire("chat", late) and late.state == "done"
+    assert adm.expire("chat", late) and late.state == "done" and adm.models["chat"].depth("batch") == depth - 1
     assert not adm.expire("chat", late) and not adm.expire("chat", third)  # once; never a running ticket
     assert registry.get_sample_value("ferry_proxy_shed_total", {"model": "chat", "tier": "batch",
                                                                 "reason": "timeout"}) == 1
+
+
+async def test_an_evicted_waiter_is_refused_at_once_and_the_offer_says_whom_it_evicted() -> None:
+    """A full tier (bound 2) where tenant a waits twice: b's offer evicts a's newest; a's wait ends with Shed
+    (evicted) at once, not at its timeout, counted once; the total queued does not grow."""
+    clock, registry = Clock(), CollectorRegistry()
+    adm = Admission(QueueParams(bounds={"interactive": 2, "standard": 2, "batch": 2}), clock=clock,
+                    registry=registry)
+    adm.models["chat"] = TierQueues(adm.params, 1)
+    await adm.acquire("chat", _t("standard", tenant="a"))
+    older, newest = _t("standard", tenant="a"), _t("standard", tenant="a")
+    waits = [asyncio.ensure_future(adm.acquire("chat", t)) for t in (older, newest)]
+    await asyncio.sleep(0)
+    newcomer = _t("standard", tenant="b")
+    assert adm.offer("chat", newcomer) == ([], [newest])
+    with pytest.raises(Shed) as info:
+        await asyncio.wait_for(waits[1], 1)
+    assert info.value.reason == "evicted" and not waits[0].done()
+    assert adm.models["chat"].depth("standard") == 2 and newest.state == "done"
+    assert registry.get_sample_value("ferry_proxy_shed_total", {"model": "chat", "tier": "standard",
+                                                                "reason": "evicted"}) == 1
+    waits[0].cancel()
+
+
+def test_a_full_proxy_that_evicts_for_a_newcomer_never_loses_the_evicted_one() -> None:
+    """Over its total bound (possible after a lowered ``queue_max_total``), a tier whose heaviest tenant gave way:
+    the newcomer takes the evicted one's place and the offer returns it, rather than refusing after evicting."""
+    adm = Admission(QueueParams(bounds={"interactive": 2, "standard": 2, "batch": 2}, max_queued=4), clock=Clock(),
+                    registry=CollectorRegistry())
+    adm.models["chat"] = TierQueues(adm.params, 0)
+    queued = [_t("standard", tenant="a"), _t("standard", tenant="a"), _t("batch"), _t("batch")]
+    for ticket in queued:
+        adm.offer("chat", ticket)
+    adm.models["chat"].params = adm.params = dataclasses.replace(adm.params, max_queued=3)  # lowered
+    offered = adm.offer("chat", _t("standard", tenant="b"))
+    assert offered.evicted == [queued[1]] and queued[1].state == "done"
+    assert adm.models["chat"].queued() == 4
 
 
 @pytest.mark.parametrize(

@@ -184,11 +184,11 @@ class Ferry:
         except Shed:
             self._drop(ticket)
             return [], [req.index]
-        refused = [self._drop(victim) for victim in offered.evicted if victim in self._by_ticket]
+        refused = [self._drop(victim) for victim in offered.evicted]
         return self._indices(offered.started), refused
 
     def _indices(self, started: list[Ticket]) -> list[int]:
-        return [self._by_ticket[t] for t in started if t in self._by_ticket]
+        return [self._by_ticket[t] for t in started]
 
     def _drop(self, ticket: Ticket) -> int:
         index = self._by_ticket.pop(ticket)

@@ -160,8 +160,8 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         positive("proxy", {"default_deadline_seconds": self.default_deadline_seconds, "max_inflight": self.max_inflight,
-                   "retry_after_seconds": self.retry_after_seconds,
-                   "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
+                           "retry_after_seconds": self.retry_after_seconds,
+                           "stream_unread_timeout_seconds": self.stream_unread_timeout_seconds})
         at_least_zero("proxy", {"memory_trim_growth_mib": self.memory_trim_growth_mib})
         self.drain()
 
@@ -197,7 +197,7 @@ class HttpSettings:
 
     def __post_init__(self) -> None:
         positive("proxy", {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                   if f.name not in ("http_listen", "http_strict_fields")})
+                           if f.name not in ("http_listen", "http_strict_fields")})
 
 
 PICKER_ENDS = ("report", "stream")  # PickerSettings.picker_end
@@ -220,7 +220,7 @@ class PickerSettings:
         if self.picker_end not in PICKER_ENDS:
             raise ConfigError("proxy.picker_end", "must be report or stream")
         positive("proxy", {"picker_max_body_bytes": self.picker_max_body_bytes,
-                   "picker_max_wait_seconds": self.picker_max_wait_seconds})
+                           "picker_max_wait_seconds": self.picker_max_wait_seconds})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

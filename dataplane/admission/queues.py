@@ -461,8 +461,9 @@ class TierQueues:
 
 def targets(entry: ModelEntry | None) -> dict[str, int]:
     """Each replica's concurrency target in a model's table entry, every version (None: no such model, none)."""
-    return {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool} \
-        if entry is not None else {}
+    if entry is None:
+        return {}
+    return {r.replica_id: r.max_concurrency for pool in entry.by_version.values() for r in pool}
 
 
 def sized(queues: TierQueues | None, params: QueueParams, replicas: Mapping[str, int],

@@ -117,7 +117,7 @@ class PickSettings:
         if not depths or depths[0] < 1 or any(b <= a for a, b in itertools.pairwise(depths)):
             raise ConfigError("proxy.prefix_depths", "must be increasing block counts, the first >= 1")
         at_least_zero("proxy", {"detour_factor": self.detour_factor, "place_factor": self.place_factor,
-                        "placements": self.placements})
+                                "placements": self.placements})
         self.plan()
 
     def plan(self) -> PlanSettings:
